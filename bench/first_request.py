@@ -1,0 +1,100 @@
+"""Latency from a signed ``issues.labeled`` delivery to the first model request.
+
+    .venv/bin/python bench/first_request.py [--rounds 10]
+
+Everything real but GitHub and the model (local servers): the web app, a
+``loopbot worker`` process (forking RQ worker plus its control lane), Redis, git and
+the sandbox. One loop runs first to warm the worker's mirror; then, each round, a
+writer labels a new issue and the time until the model server receives the loop's
+first request is measured (that includes the webhook, the permission check, the
+config read, the status comment, the mirror fetch and the worktree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from werkzeug.serving import make_server
+
+from bench import _env
+from bot.logs import configure
+from bot.loopstate import TERMINAL
+from bot.testing import anthropic_server as m
+from bot.webapp import create_app
+
+REPO = "bench/latency"
+YML = "verify: exit 0\nmax_turns: 1\ncritic:\n  enabled: false\nmerge:\n  enabled: false\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=10)
+    args = ap.parse_args()
+    configure("json", level=logging.WARNING)
+    b = _env.start()
+    worker = None
+    try:
+        server = make_server("127.0.0.1", 0, create_app(b.rt.settings, b.rt.redis), threaded=True)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        b.github.webhook_url = f"http://127.0.0.1:{server.server_port}/webhook"
+        iid = b.github.add_installation("bench")
+        b.github.add_repo(
+            REPO,
+            {".github/loop.yml": YML, "README.md": "hi\n"},
+            installation_id=iid,
+            collaborators={"writer": "write"},
+        )
+        b.model.responder = lambda body: m.text("nothing to do")
+        log = open(b.root / "worker.log", "wb")  # noqa: SIM115
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "bot.cli", "worker"],
+            env={**os.environ, **b.env},
+            stdout=log,
+            stderr=log,
+        )
+        latencies = []
+        with b.github.as_user("writer") as u:
+            for i in range(args.rounds + 1):
+                n = u.post(f"/repos/{REPO}/issues", json={"title": f"t{i}", "body": "b"}).json()[
+                    "number"
+                ]
+                seen = len(b.model.arrivals)
+                t0 = time.time()
+                u.post(f"/repos/{REPO}/issues/{n}/labels", json={"labels": ["loop:ready"]})
+                deadline = time.time() + 30
+                while len(b.model.arrivals) == seen and time.time() < deadline:
+                    time.sleep(0.002)
+                if len(b.model.arrivals) == seen:
+                    raise SystemExit(f"no model request for issue #{n}; see {b.root}/worker.log")
+                if i > 0:  # round 0 warms the mirror
+                    latencies.append((b.model.arrivals[seen] - t0) * 1000)
+                while True:
+                    r = b.rt.store.get(f"{REPO}#{n}")
+                    if r is not None and r.status in TERMINAL:
+                        break
+                    time.sleep(0.02)
+        latencies.sort()
+        print(f"labeled → first model request, warm mirror, {len(latencies)} rounds:")
+        print(
+            f"  median {statistics.median(latencies):.0f} ms   max {latencies[-1]:.0f} ms "
+            f"  (target < 1000 ms)"
+        )
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(10)
+        b.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Orchestration overhead per turn, with model and verify time excluded.
+
+    .venv/bin/python bench/loop_overhead.py [--turns 20]
+
+Runs one real loop job (real RQ worker, Redis, git, bubblewrap sandbox, the local GitHub
+and model servers) for ``--turns`` turns. Each turn the scripted model edits one file
+and finishes; verify (`exit 1`) always fails, so every turn goes through the whole
+cycle: re-read the issue, agent turn, commit, push, check run, verify, events, status
+comment. Overhead = time from one turn's start to the next, minus the model's answer
+time and verify's run time. Prints median, p90 and max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rq import Worker
+
+from bench import _env
+from bot.logs import configure
+from bot.queues import ALL_QUEUES
+from bot.testing import anthropic_server as m
+from jobs.dispatch import start_loop
+
+REPO = "bench/overhead"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--turns", type=int, default=20)
+    args = ap.parse_args()
+    configure("json", level=logging.WARNING)
+    b = _env.start()
+    try:
+        iid = b.github.add_installation("bench")
+        yml = (
+            f"verify: exit 1\nmax_turns: {args.turns}\ncritic:\n  enabled: false\n"
+            "merge:\n  enabled: false\n"
+        )
+        b.github.add_repo(REPO, {".github/loop.yml": yml, "app.py": "x = 0\n"}, installation_id=iid)
+        with b.github.as_user("bench") as u:
+            n = u.post(f"/repos/{REPO}/issues", json={"title": "t", "body": "b"}).json()["number"]
+            u.post(f"/repos/{REPO}/issues/{n}/labels", json={"labels": ["loop:ready"]})
+        counter = {"turn": 0}
+
+        def respond(body: dict[str, Any]) -> m.Item:
+            last = body["messages"][-1]["content"]
+            if any(block.get("type") == "tool_result" for block in last):
+                return m.text("edited")
+            counter["turn"] += 1
+            return m.write_file("app.py", f"x = {counter['turn']}\n")
+
+        b.model.responder = respond
+        start_loop(b.rt, REPO, n, iid, "bench", args.turns)
+        # A forking worker: the job runs in its own process, apart from the local servers.
+        Worker(list(ALL_QUEUES), connection=b.rt.redis).work(burst=True)
+        events = b.rt.store.events(f"{REPO}#{n}", count=100_000)
+        starts = [e["at"] for e in events if e["kind"] == "turn_started"]
+        done = [e["data"] for e in events if e["kind"] == "turn_completed"]
+        verify = [e["data"]["seconds"] for e in events if e["kind"] == "verify"]
+        overhead = []
+        for i in range(len(starts) - 1):
+            cycle = starts[i + 1] - starts[i]
+            overhead.append((cycle - done[i]["model_seconds"] - verify[i]) * 1000)
+        overhead.sort()
+        model_ms = statistics.median(d["model_seconds"] for d in done) * 1000
+        verify_ms = statistics.median(verify) * 1000
+        print(
+            f"orchestration overhead per turn over {len(overhead)} turns "
+            f"(model and verify excluded):"
+        )
+        print(
+            f"  median {statistics.median(overhead):.1f} ms   "
+            f"p90 {overhead[int(len(overhead) * 0.9)]:.1f} ms   max {overhead[-1]:.1f} ms"
+        )
+        print(
+            f"  (excluded per turn, median: model {model_ms:.1f} ms over 2 calls, "
+            f"verify {verify_ms:.1f} ms in the sandbox)"
+        )
+    finally:
+        b.close()
+
+
+if __name__ == "__main__":
+    main()

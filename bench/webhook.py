@@ -1,0 +1,224 @@
+"""Webhook ingress benchmark: loopbot's web app vs a bare Flask endpoint, same gunicorn.
+
+    .venv/bin/python bench/webhook.py [--seconds 10] [--workers 2] [--connections 16]
+
+Starts a private redis-server, runs each app under gunicorn (sync workers, same
+settings), and drives both on loopback with signed ``issues.labeled`` deliveries, each
+with a new delivery id (so loopbot verifies, dedupes, routes and enqueues every one):
+
+1. throughput: wrk, closed loop, ``--connections`` connections for ``--seconds``;
+2. latency: an open-loop driver at a fixed 200 requests/s, p50/p99.
+
+Prints one table. Needs wrk (``./scripts/setup --dev``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from bot.signature import sign
+from bot.testing.redis_server import RedisServer, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRET = "bench-secret"
+KEY = (
+    "-----BEGIN RSA PRIVATE KEY-----\nbench-key-not-used-by-the-web-process\n"
+    "-----END RSA PRIVATE KEY-----\n"
+)
+PAYLOAD = {
+    "action": "labeled",
+    "issue": {"number": 7, "title": "t", "body": "b" * 2000},
+    "label": {"name": "loop:ready"},
+    "sender": {"login": "alice", "type": "User"},
+    "installation": {"id": 1},
+    "repository": {"full_name": "acme/widgets"},
+}
+
+WRK_LUA = """
+local body = [[%BODY%]]
+local counter = 0
+local thread_id = 0
+local tid = 0
+setup = function(thread) thread:set("tid", tid); tid = tid + 1 end
+init = function(args) thread_id = tid end
+request = function()
+  counter = counter + 1
+  local headers = {}
+  headers["Content-Type"] = "application/json"
+  headers["X-GitHub-Event"] = "issues"
+  headers["X-GitHub-Delivery"] = string.format("wrk-%%s-%%d-%%d", "%RUN%", thread_id, counter)
+  headers["X-Hub-Signature-256"] = "%SIG%"
+  return wrk.format("POST", "/webhook", headers, body)
+end
+"""
+
+
+def gunicorn(app: str, port: int, env: dict[str, str], workers: int) -> subprocess.Popen[bytes]:
+    cmd = [
+        str(ROOT / ".venv/bin/gunicorn"),
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--workers",
+        str(workers),
+        "--worker-class",
+        "sync",
+        "--log-level",
+        "warning",
+        app,
+    ]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            httpx.post(f"http://127.0.0.1:{port}/webhook", content=b"{}", timeout=1)
+            return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit(f"{app} did not start on port {port}")
+
+
+def run_wrk(url: str, seconds: int, connections: int, body: str) -> float:
+    lua = (
+        WRK_LUA.replace("%BODY%", body)
+        .replace("%SIG%", sign(SECRET, body.encode()))
+        .replace("%RUN%", uuid.uuid4().hex[:8])
+    ).replace("%%", "%")
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(lua)
+    out = subprocess.run(
+        ["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "-s", f.name, url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    os.unlink(f.name)
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if non2xx:
+        raise SystemExit(f"wrk saw {non2xx.group(1)} error responses:\n{out}")
+    m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    assert m, out
+    return float(m.group(1))
+
+
+def open_loop(url: str, rate: int, seconds: int, body: bytes) -> list[float]:
+    """Send ``rate`` requests/s on a fixed schedule; latency counts from the scheduled time."""
+    sig = sign(SECRET, body)
+    latencies: list[float] = []
+    lock = threading.Lock()
+    total = rate * seconds
+    start = time.perf_counter() + 0.2
+    n_threads = 8
+
+    def worker(k: int) -> None:
+        with httpx.Client(timeout=5) as client:
+            for i in range(k, total, n_threads):
+                due = start + i / rate
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                r = client.post(
+                    url,
+                    content=body,
+                    headers={
+                        "Content-Type": "application/json",
+                        "X-GitHub-Event": "issues",
+                        "X-GitHub-Delivery": f"lat-{uuid.uuid4()}",
+                        "X-Hub-Signature-256": sig,
+                    },
+                )
+                done = time.perf_counter()
+                assert r.status_code in (200, 202), r.text
+                with lock:
+                    latencies.append((done - due) * 1000)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return latencies
+
+
+def pct(values: list[float], p: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(p) - 1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=int, default=10)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument("--rate", type=int, default=200)
+    args = ap.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed: ./scripts/setup --dev")
+
+    redis = RedisServer().start()
+    env = {
+        **os.environ,
+        "REDIS_URL": redis.url,
+        "GITHUB_APP_ID": "1",
+        "GITHUB_PRIVATE_KEY": KEY,
+        "GITHUB_WEBHOOK_SECRET": SECRET,
+        "LOOPBOT_LOG_FORMAT": "json",
+        "PYTHONPATH": str(ROOT),
+    }
+    body = json.dumps(PAYLOAD)
+    results = {}
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for name, app in [
+            ("bare flask", "bench.bare_app:app"),
+            ("loopbot", "bot.wsgi:app_from_env()"),
+        ]:
+            port = free_port()
+            proc = gunicorn(app, port, env, args.workers)
+            procs.append(proc)
+            url = f"http://127.0.0.1:{port}/webhook"
+            run_wrk(url, 2, args.connections, body)  # warm-up
+            rps = run_wrk(url, args.seconds, args.connections, body)
+            lat = open_loop(url, args.rate, args.seconds, body.encode())
+            results[name] = (rps, pct(lat, 50), pct(lat, 99))
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(10)
+        enqueued = subprocess.run(
+            ["redis-cli", "-p", str(redis.port), "llen", "rq:queue:loopbot-control"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        redis.stop()
+
+    print(
+        f"webhook ingress, gunicorn {args.workers} sync workers, wrk -c{args.connections}, "
+        f"{args.seconds}s; latency at {args.rate} req/s open loop"
+    )
+    print(f"{'app':<12}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}")
+    for name, (rps, p50, p99) in results.items():
+        print(f"{name:<12}{rps:>10.0f}{p50:>10.2f}{p99:>10.2f}")
+    ratio = results["loopbot"][0] / results["bare flask"][0]
+    print(f"loopbot / bare throughput: {ratio:.1%}   (jobs enqueued by loopbot: {enqueued})")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

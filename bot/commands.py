@@ -1,0 +1,114 @@
+"""Small typed commands: what the web process enqueues instead of payloads.
+
+Jobs fetch fresh state from GitHub; a command only says who asked for what, where.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+REPO_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+
+
+class _Command(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    installation_id: int
+    repo: str = Field(pattern=REPO_RE.pattern)
+    issue: int = Field(gt=0)
+    actor: str
+    delivery: str = ""
+
+    @property
+    def loop_key(self) -> str:
+        return loop_key(self.repo, self.issue)
+
+
+class LabelAdded(_Command):
+    """A label was put on an issue; the job decides whether it is the ready label."""
+
+    kind: Literal["label_added"] = "label_added"
+    label: str
+
+
+class ControlCommand(_Command):
+    """``/loop-cancel``, ``/loop-restart`` or ``/loop-status`` in an issue comment."""
+
+    kind: Literal["control"] = "control"
+    action: Literal["cancel", "restart", "status"]
+    comment_id: int
+
+
+class IssueInactive(_Command):
+    """The issue was closed or lost a label; a running loop must stop at its next check."""
+
+    kind: Literal["issue_inactive"] = "issue_inactive"
+    reason: Literal["closed", "unlabeled"]
+    label: str = ""
+
+
+class PullFeedback(_Command):
+    """A human asked loopbot's PR for changes (a review, or ``/loop`` on the PR).
+
+    ``issue`` is the loop's issue when the payload names the PR's head branch
+    (``loop/issue-N``); an ``issue_comment`` payload does not, so there it is 0 and the
+    job reads the PR to find it.
+    """
+
+    kind: Literal["pull_feedback"] = "pull_feedback"
+    issue: int = Field(ge=0)
+    pull: int = Field(gt=0)
+    body: str = ""
+    review_id: int | None = None
+    comment_id: int | None = None
+
+
+class ChecksCompleted(_Command):
+    """A check suite finished on loopbot's branch head: the merge gate may open."""
+
+    kind: Literal["checks_completed"] = "checks_completed"
+    head_sha: str
+    conclusion: str | None = None
+
+
+Command = Annotated[
+    LabelAdded | ControlCommand | IssueInactive | PullFeedback | ChecksCompleted,
+    Field(discriminator="kind"),
+]
+COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)
+
+
+def parse_command(data: str | bytes) -> Command:
+    return COMMAND_ADAPTER.validate_json(data)
+
+
+def loop_key(repo: str, issue: int) -> str:
+    """The loop's identity: one per repository and issue."""
+    return f"{repo}#{issue}"
+
+
+def loop_job_id(repo: str, issue: int) -> str:
+    """An RQ job id for the loop of ``repo#issue``.
+
+    RQ allows only ``[A-Za-z0-9_-]``; a hash keeps ``a-b/c`` and ``a/b-c`` apart while
+    the readable prefix keeps ``rq info`` legible.
+    """
+    slug = re.sub(r"[^A-Za-z0-9_-]", "_", repo.replace("/", "--"))[:60]
+    digest = hashlib.sha1(loop_key(repo, issue).encode()).hexdigest()[:8]
+    return f"loop-{slug}-{issue}-{digest}"
+
+
+def branch_for(issue: int) -> str:
+    return f"loop/issue-{issue}"
+
+
+BRANCH_RE = re.compile(r"^loop/issue-(\d+)$")
+
+
+def issue_from_branch(branch: str) -> int | None:
+    m = BRANCH_RE.match(branch)
+    return int(m.group(1)) if m else None

@@ -1,0 +1,145 @@
+"""``loopbot doctor``: one line per thing loopbot needs, and what to do when it fails."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import httpx
+
+from bot.redis_conn import connect
+from bot.settings import Settings, SettingsError, load_settings
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        mark = "ok  " if self.ok else "FAIL"
+        text = f"[{mark}] {self.name}: {self.detail}"
+        return text + (f"\n       → {self.fix}" if not self.ok and self.fix else "")
+
+
+REQUIRED = (
+    ("GITHUB_APP_ID", "the App's id, from its settings page"),
+    ("GITHUB_WEBHOOK_SECRET", "the webhook secret you gave the App"),
+    ("GITHUB_PRIVATE_KEY or GITHUB_PRIVATE_KEY_PATH", "the App's private key (PEM)"),
+    ("ANTHROPIC_API_KEY", "an Anthropic API key, for the agent and the critic"),
+)
+
+
+def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
+    source = os.environ if env is None else env
+    checks: list[Check] = []
+    settings: Settings | None = None
+    missing = [
+        (name, what)
+        for name, what in REQUIRED
+        if not any(source.get(n.strip()) for n in name.split(" or "))
+    ]
+    for name, what in missing:
+        checks.append(Check(f"setting {name}", False, "not set", f"set it to {what}"))
+    if not missing:
+        try:
+            settings = load_settings(env, role="worker")
+            checks.append(Check("settings", True, "every variable is set and well-formed"))
+        except SettingsError as exc:
+            for problem in exc.problems:
+                name, _, detail = problem.partition(":")
+                checks.append(
+                    Check(f"setting {name}", False, detail.strip(), "see README, Configure")
+                )
+    checks.append(_tool("git", ["git", "--version"], "apt-get install git"))
+    bwrap = _tool("bubblewrap", ["bwrap", "--version"], "apt-get install bubblewrap")
+    if not bwrap.ok and settings is not None and settings.allow_unsandboxed:
+        bwrap = Check("bubblewrap", True, "missing; LOOPBOT_ALLOW_UNSANDBOXED=true (no sandbox!)")
+    checks.append(bwrap)
+    if settings is None:
+        # Redis needs only REDIS_URL: still worth knowing while other settings are missing.
+        checks.append(_redis_url(source.get("REDIS_URL", "redis://localhost:6379/0")))
+        return checks
+    checks.append(_redis_url(settings.redis_url))
+    checks.append(_github(settings))
+    checks.append(_model(settings))
+    checks.append(_data_dir(settings))
+    return checks
+
+
+def _tool(name: str, argv: list[str], fix: str) -> Check:
+    if shutil.which(argv[0]) is None:
+        return Check(name, False, f"{argv[0]} not found on PATH", fix)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    return Check(name, out.returncode == 0, (out.stdout or out.stderr).strip().splitlines()[0])
+
+
+def _redis_url(url: str) -> Check:
+    try:
+        info = connect(url, retries=0, timeout=2).info("server")
+        return Check("redis", True, f"{url} answers (Redis {info['redis_version']})")
+    except Exception as exc:  # noqa: BLE001 - any failure is reported as the check's answer
+        return Check("redis", False, f"{url}: {exc}", "start redis-server, or set REDIS_URL")
+
+
+def _github(settings: Settings) -> Check:
+    from bot.github import GitHubApp
+
+    try:
+        app = GitHubApp(settings, sleep=lambda s: None)
+        info = app.app_info()
+        installs = app.installation_ids()
+        return Check(
+            "github app",
+            True,
+            f"authenticated as '{info.get('slug')}' at "
+            f"{settings.api_url}, {len(installs)} installation(s)",
+        )
+    except Exception as exc:  # noqa: BLE001
+        return Check(
+            "github app",
+            False,
+            f"{settings.api_url}: {exc}",
+            "check GITHUB_APP_ID and the private key (app settings → private keys)",
+        )
+
+
+def _model(settings: Settings) -> Check:
+    base = str(settings.anthropic_base_url or "https://api.anthropic.com").rstrip("/")
+    key = settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else ""
+    try:
+        resp = httpx.get(
+            f"{base}/v1/models",
+            timeout=10,
+            headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
+        )
+        if resp.status_code == 200:
+            return Check("model endpoint", True, f"{base} accepts the key")
+        return Check(
+            "model endpoint",
+            False,
+            f"{base}: HTTP {resp.status_code}",
+            "check ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL if you use a proxy)",
+        )
+    except httpx.HTTPError as exc:
+        return Check(
+            "model endpoint", False, f"{base}: {exc}", "check the network path to the Anthropic API"
+        )
+
+
+def _data_dir(settings: Settings) -> Check:
+    d = settings.data_dir
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / ".doctor"
+        probe.write_text("ok")
+        probe.unlink()
+        free = shutil.disk_usage(d).free / 2**30
+        return Check("data dir", True, f"{d} is writable, {free:.1f} GiB free")
+    except OSError as exc:
+        return Check("data dir", False, f"{d}: {exc}", "set LOOPBOT_DATA_DIR to a writable dir")

@@ -1,0 +1,143 @@
+"""The loop record and its statuses: plain data and pure rules, no I/O."""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Status(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    REVIEWING = "reviewing"
+    MERGING = "merging"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    STALLED = "stalled"
+    REFUSED = "refused"
+
+
+ACTIVE = frozenset({Status.QUEUED, Status.RUNNING, Status.REVIEWING, Status.MERGING})
+RESTARTABLE = frozenset({Status.FAILED, Status.CANCELLED, Status.STALLED, Status.REFUSED})
+TERMINAL = RESTARTABLE | {Status.COMPLETED}
+
+
+class Reason(StrEnum):
+    MAX_TURNS = "max_turns_reached"
+    ISSUE_INACTIVE = "issue_inactive"
+    CANCELLED = "cancelled"
+    STALL_TIMEOUT = "stall_timeout"
+    BUDGET = "budget_exhausted"
+    ERRORS = "error_max_retries"
+    CRITIC_ROUNDS = "critic_rounds_exhausted"
+    CRITIC_ERROR = "critic_error"
+    CHECKS_FAILED = "checks_failed"
+    CHECKS_TIMEOUT = "checks_timeout"
+    NOT_MERGEABLE = "not_mergeable"
+    ISSUE_CLOSED = "issue_closed"
+    PULL_CLOSED = "pull_closed"
+    BAD_CONFIG = "bad_config"
+    NEEDS_HUMAN = "needs_human"
+    MERGED = "merged"
+    PR_OPENED = "pr_opened"
+    NO_CHANGES = "no_changes"
+    PUSH_REJECTED = "push_rejected"
+
+
+class Usage(BaseModel):
+    """Tokens and cost for one (model, role) pair."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    messages: int = 0
+    cost_usd: float = 0.0
+
+    def add(self, other: Usage) -> None:
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cache_read_tokens += other.cache_read_tokens
+        self.cache_write_tokens += other.cache_write_tokens
+        self.messages += other.messages
+        self.cost_usd += other.cost_usd
+
+
+class LoopRecord(BaseModel):
+    model_config = ConfigDict(extra="ignore", validate_assignment=True)
+
+    repo: str
+    issue: int
+    installation_id: int
+    status: Status = Status.QUEUED
+    phase: str = "queued"
+    turn: int = 0
+    max_turns: int = 20
+    branch: str = ""
+    pr_number: int | None = None
+    pr_url: str = ""
+    head_sha: str = ""
+    reviewed_sha: str = ""
+    critic_round: int = 0
+    verdict: str = ""
+    findings: list[dict[str, Any]] = Field(default_factory=list)
+    last_verify: dict[str, Any] = Field(default_factory=dict)
+    usage: dict[str, Usage] = Field(default_factory=dict)  # "model/role" -> usage
+    cost_usd: float = 0.0
+    reason: str = ""
+    detail: str = ""
+    started_by: str = ""
+    status_comment_id: int | None = None
+    job_id: str = ""
+    error_count: int = 0
+    auto_resumes: int = 0
+    restarts: int = 0
+    check_fixes: int = 0  # continuation turns spent on failing checks
+    gate_since: float = 0.0  # when the merge gate first waited for checks
+    merge_sha: str = ""
+    resume_note: str = ""  # why the loop continues: critic findings, a human review, checks
+    verify_command: str = ""
+    created_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(default_factory=time.time)
+
+    @property
+    def key(self) -> str:
+        return f"{self.repo}#{self.issue}"
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE
+
+    def record_usage(self, model: str, role: str, usage: Usage) -> None:
+        slot = self.usage.setdefault(f"{model}/{role}", Usage())
+        slot.add(usage)
+        self.cost_usd = round(sum(u.cost_usd for u in self.usage.values()), 6)
+        self.usage = dict(self.usage)  # re-validate on assignment
+
+
+def can_restart(record: LoopRecord, lease_alive: bool) -> tuple[bool, str]:
+    """Whether ``/loop-restart`` may resume ``record``, and why not."""
+    if record.status == Status.COMPLETED:
+        return False, "this loop completed; it is history and cannot be restarted"
+    if record.status in RESTARTABLE:
+        return True, ""
+    if lease_alive:
+        return False, f"this loop is {record.status.value} and its worker is alive"
+    return True, ""  # active but nobody holds the lease: a dead worker
+
+
+def should_start(record: LoopRecord | None) -> tuple[bool, str]:
+    """Whether the ready label may start a loop, given what the store holds."""
+    if record is None:
+        return True, ""
+    if record.active:
+        return False, f"a loop is already {record.status.value} for this issue"
+    if record.status == Status.COMPLETED:
+        return False, "this issue's loop already completed"
+    return True, "restarting"  # re-adding the label to a stopped loop resumes it

@@ -1,0 +1,118 @@
+"""Prometheus metrics.
+
+Loop state lives in Redis, shared by every process on every machine, so the loop
+metrics are read from Redis at scrape time by a collector: any web process answers for
+the whole deployment. Job durations are recorded by the jobs into a Redis-backed
+histogram for the same reason. Webhook latency is measured in the web process itself
+(set ``PROMETHEUS_MULTIPROC_DIR`` under gunicorn to aggregate its workers).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from bot.loopstate import Status
+from bot.queues import ALL_QUEUES
+from bot.store import Store
+
+JOB_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, float("inf"))
+_JOB_KEY = "loopbot:metrics:job:"
+
+WEBHOOK_SECONDS = Histogram(
+    "loopbot_webhook_seconds",
+    "Time to verify, route and enqueue one webhook delivery",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+)
+
+
+def observe_job(redis: Any, kind: str, seconds: float) -> None:
+    """Record one job's duration (loop, critic, gate, dispatch)."""
+    key = _JOB_KEY + kind
+    pipe = redis.pipeline()
+    for bound in JOB_BUCKETS:
+        if seconds <= bound:
+            pipe.hincrby(key, str(bound), 1)
+    pipe.hincrbyfloat(key, "sum", seconds)
+    pipe.execute()
+
+
+class RedisCollector(Collector):
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+
+    def collect(self) -> Iterator[Any]:
+        store = Store(self.redis)
+        records = store.all()
+        loops = GaugeMetricFamily("loopbot_loops", "Loops by status", labels=["status"])
+        counts = {s.value: 0 for s in Status}
+        for r in records:
+            counts[r.status.value] += 1
+        for status, n in counts.items():
+            loops.add_metric([status], n)
+        yield loops
+        yield CounterMetricFamily(
+            "loopbot_turns", "Agent turns run by all loops", value=sum(r.turn for r in records)
+        )
+        yield CounterMetricFamily(
+            "loopbot_cost_usd",
+            "Model cost of all loops in USD",
+            value=sum(r.cost_usd for r in records),
+        )
+        tokens = CounterMetricFamily(
+            "loopbot_tokens", "Model tokens", labels=["model", "role", "kind"]
+        )
+        totals: dict[tuple[str, str, str], int] = {}
+        for r in records:
+            for slot, u in r.usage.items():
+                model, _, role = slot.rpartition("/")
+                for kind, n in (
+                    ("input", u.input_tokens),
+                    ("output", u.output_tokens),
+                    ("cache_read", u.cache_read_tokens),
+                    ("cache_write", u.cache_write_tokens),
+                ):
+                    totals[(model, role, kind)] = totals.get((model, role, kind), 0) + n
+        for labels, n in sorted(totals.items()):
+            tokens.add_metric(list(labels), n)
+        yield tokens
+        depth = GaugeMetricFamily("loopbot_queue_depth", "Jobs waiting", labels=["queue"])
+        for q in ALL_QUEUES:
+            depth.add_metric([q], int(self.redis.llen(f"rq:queue:{q}")))
+        yield depth
+        hist = HistogramMetricFamily(
+            "loopbot_job_duration_seconds", "Job durations", labels=["job"]
+        )
+        for raw in self.redis.scan_iter(_JOB_KEY + "*"):
+            kind = (raw.decode() if isinstance(raw, bytes) else raw).removeprefix(_JOB_KEY)
+            data = {k.decode(): float(v) for k, v in self.redis.hgetall(raw).items()}
+            buckets = [
+                (("+Inf" if b == float("inf") else str(b)), data.get(str(b), 0.0))
+                for b in JOB_BUCKETS
+            ]
+            hist.add_metric([kind], buckets, data.get("sum", 0.0))
+        yield hist
+
+
+def render(redis: Any) -> bytes:
+    registry = CollectorRegistry()
+    registry.register(RedisCollector(redis))
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    else:
+        registry.register(_Local())
+    return generate_latest(registry)
+
+
+class _Local(Collector):
+    """This process's own metrics (the webhook latency histogram)."""
+
+    def collect(self) -> Iterator[Any]:
+        yield from WEBHOOK_SECONDS.collect()

@@ -1,0 +1,119 @@
+"""The one typed settings object, built from the environment at start-up.
+
+Nothing reads ``os.environ`` at import time: ``load_settings()`` is called by the
+process entry points (``loopbot web``, ``loopbot worker``, the CLI) and the object is
+passed down. A missing or malformed variable stops start-up with a message that names
+the variable, never a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Role = Literal["web", "worker", "cli"]
+
+
+class SettingsError(Exception):
+    """Start-up configuration is missing or malformed; the message names each variable."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    redis_url: str = Field("redis://localhost:6379/0", alias="REDIS_URL")
+    github_app_id: int = Field(alias="GITHUB_APP_ID", gt=0)
+    github_private_key: SecretStr | None = Field(None, alias="GITHUB_PRIVATE_KEY")
+    github_private_key_path: Path | None = Field(None, alias="GITHUB_PRIVATE_KEY_PATH")
+    github_webhook_secret: SecretStr = Field(alias="GITHUB_WEBHOOK_SECRET", min_length=1)
+    github_api_url: AnyHttpUrl = Field(AnyHttpUrl("https://api.github.com"), alias="GITHUB_API_URL")
+    # githubkit's default is no timeout at all; a hung socket would hold a job forever.
+    github_timeout: float = Field(10.0, alias="LOOPBOT_GITHUB_TIMEOUT", gt=0)
+    # Longest single wait loopbot accepts from a Retry-After before giving up on a call.
+    github_max_retry_wait: float = Field(120.0, alias="LOOPBOT_GITHUB_MAX_RETRY_WAIT", ge=0)
+    anthropic_api_key: SecretStr | None = Field(None, alias="ANTHROPIC_API_KEY")
+    anthropic_base_url: AnyHttpUrl | None = Field(None, alias="ANTHROPIC_BASE_URL")
+    model: str = Field("claude-sonnet-4-6", alias="LOOPBOT_MODEL", min_length=1)
+    critic_model: str = Field("claude-sonnet-4-6", alias="LOOPBOT_CRITIC_MODEL", min_length=1)
+    # No answer from the model within this many seconds counts as a stall.
+    stall_timeout: float = Field(300.0, alias="LOOPBOT_STALL_TIMEOUT", gt=0)
+    # SDK-level retries of 429, 529, 5xx and timeouts before a call counts as failed.
+    model_retries: int = Field(4, alias="LOOPBOT_MODEL_RETRIES", ge=0, le=10)
+    fallback_model: str | None = Field(None, alias="LOOPBOT_FALLBACK_MODEL")
+    # A loop's lease lapses this long after its worker stops renewing it.
+    lease_ttl: float = Field(30.0, alias="LOOPBOT_LEASE_TTL", ge=2)
+    reconcile_interval: float = Field(10.0, alias="LOOPBOT_RECONCILE_INTERVAL", gt=0)
+    sweep_interval: float = Field(600.0, alias="LOOPBOT_SWEEP_INTERVAL", gt=0)
+    max_auto_resumes: int = Field(3, alias="LOOPBOT_MAX_AUTO_RESUMES", ge=0)
+    data_dir: Path = Field(Path.home() / ".loopbot", alias="LOOPBOT_DATA_DIR")
+    dashboard_token: SecretStr | None = Field(None, alias="LOOPBOT_DASHBOARD_TOKEN")
+    # Running agent commands without bubblewrap is an explicit operator decision.
+    allow_unsandboxed: bool = Field(False, alias="LOOPBOT_ALLOW_UNSANDBOXED")
+    log_format: Literal["json", "console"] = Field("json", alias="LOOPBOT_LOG_FORMAT")
+
+    @field_validator("github_private_key_path")
+    @classmethod
+    def _key_file_readable(cls, v: Path | None) -> Path | None:
+        if v is not None and not v.is_file():
+            raise ValueError(f"no such file: {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _exactly_one_key(self) -> Settings:
+        if self.github_private_key is None and self.github_private_key_path is None:
+            raise ValueError("set GITHUB_PRIVATE_KEY or GITHUB_PRIVATE_KEY_PATH")
+        if self.github_private_key is not None and self.github_private_key_path is not None:
+            raise ValueError("set only one of GITHUB_PRIVATE_KEY and GITHUB_PRIVATE_KEY_PATH")
+        if "BEGIN" not in self.private_key_pem():
+            raise ValueError("GitHub private key is not a PEM key (expected '-----BEGIN ...')")
+        return self
+
+    def private_key_pem(self) -> str:
+        if self.github_private_key is not None:
+            # Operators often paste the key with literal "\n" into one-line env files.
+            return self.github_private_key.get_secret_value().replace("\\n", "\n")
+        assert self.github_private_key_path is not None
+        return self.github_private_key_path.read_text()
+
+    @property
+    def api_url(self) -> str:
+        return str(self.github_api_url).rstrip("/")
+
+    def require(self, role: Role) -> Settings:
+        """Check what only some processes need; workers call the model, the web does not."""
+        if role == "worker" and self.anthropic_api_key is None:
+            raise SettingsError(
+                ["ANTHROPIC_API_KEY: required by the worker (the agent and critic)"]
+            )
+        return self
+
+
+def _alias_of(field: str) -> str:
+    info = Settings.model_fields.get(field)
+    return info.alias if info is not None and info.alias else field.upper()
+
+
+def load_settings(env: Mapping[str, str] | None = None, role: Role = "cli") -> Settings:
+    """Build settings from ``env`` (default: the process environment)."""
+    try:
+        # With env=None, pydantic-settings fills the fields from os.environ.
+        settings = Settings() if env is None else Settings.model_validate(dict(env))
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = [str(p) for p in err["loc"] if p != "__root__"]
+            name = ", ".join(_alias_of(p) for p in loc) if loc else "configuration"
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "missing":
+                msg = "is required but not set"
+            problems.append(f"{name}: {msg}")
+        raise SettingsError(problems) from None
+    return settings.require(role)

@@ -1,0 +1,204 @@
+"""Loop state in Redis: one record per loop, an event stream per loop and one global.
+
+Keys (all under ``loopbot:``):
+  loop:{repo}#{n}       JSON LoopRecord
+  loops                 set of loop keys
+  conv:{repo}#{n}       JSON conversation (the agent's messages), large, kept apart
+  events:{repo}#{n}     Redis Stream of this loop's events
+  events                Redis Stream of all events (capped)
+  lease:{repo}#{n}      the worker holding the loop, with a TTL
+  cancel:{repo}#{n}     set when a cancel was asked; the running loop polls it
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from redis import Redis
+from redis.exceptions import WatchError
+
+from bot.loopstate import LoopRecord
+
+P = "loopbot:"
+GLOBAL_EVENTS_MAXLEN = 50_000
+LOOP_EVENTS_MAXLEN = 5_000
+
+
+def _k(kind: str, key: str) -> str:
+    return f"{P}{kind}:{key}"
+
+
+class Store:
+    def __init__(self, redis: Redis) -> None:
+        # redis-py's return types are unions of bytes, str and awaitables; the client here
+        # is synchronous with bytes responses, so it is used untyped and decoded below.
+        self.redis: Any = redis
+
+    # -- records ---------------------------------------------------------------------------
+
+    def get(self, key: str) -> LoopRecord | None:
+        raw = self.redis.get(_k("loop", key))
+        return None if raw is None else LoopRecord.model_validate_json(raw)
+
+    def put(self, record: LoopRecord) -> LoopRecord:
+        record.updated_at = time.time()
+        pipe = self.redis.pipeline()
+        pipe.set(_k("loop", record.key), record.model_dump_json())
+        pipe.sadd(P + "loops", record.key)
+        pipe.execute()
+        return record
+
+    def update(self, key: str, fn: Callable[[LoopRecord], None]) -> LoopRecord:
+        """Read-modify-write under WATCH, so two processes never lose each other's changes."""
+        rkey = _k("loop", key)
+        while True:
+            with self.redis.pipeline() as pipe:
+                try:
+                    pipe.watch(rkey)
+                    raw = pipe.get(rkey)
+                    if raw is None:
+                        raise KeyError(key)
+                    record = LoopRecord.model_validate_json(raw)
+                    fn(record)
+                    record.updated_at = time.time()
+                    pipe.multi()
+                    pipe.set(rkey, record.model_dump_json())
+                    pipe.execute()
+                    return record
+                except WatchError:
+                    continue
+
+    def set_fields(self, key: str, **fields: Any) -> LoopRecord:
+        """Set fields of the record (validated on assignment), atomically."""
+
+        def apply(r: LoopRecord) -> None:
+            for name, value in fields.items():
+                setattr(r, name, value)
+
+        return self.update(key, apply)
+
+    def all(self) -> list[LoopRecord]:
+        keys = sorted(
+            k.decode() if isinstance(k, bytes) else k for k in self.redis.smembers(P + "loops")
+        )
+        if not keys:
+            return []
+        raws = self.redis.mget([_k("loop", k) for k in keys])
+        return [LoopRecord.model_validate_json(r) for r in raws if r is not None]
+
+    # -- conversation ----------------------------------------------------------------------
+
+    def save_conversation(self, key: str, messages: list[dict[str, Any]]) -> None:
+        self.redis.set(_k("conv", key), json.dumps(messages))
+
+    def conversation(self, key: str) -> list[dict[str, Any]]:
+        raw = self.redis.get(_k("conv", key))
+        return [] if raw is None else list(json.loads(raw))
+
+    # -- events -------------------------------------------------------------------------------
+
+    def event(self, key: str, kind: str, **fields: Any) -> None:
+        data = {
+            "loop": key,
+            "kind": kind,
+            "at": f"{time.time():.3f}",
+            "data": json.dumps(fields, default=str),
+        }
+        pipe = self.redis.pipeline()
+        pipe.xadd(_k("events", key), data, maxlen=LOOP_EVENTS_MAXLEN, approximate=True)
+        pipe.xadd(P + "events", data, maxlen=GLOBAL_EVENTS_MAXLEN, approximate=True)
+        pipe.execute()
+
+    def events(
+        self, key: str | None = None, *, after: str = "-", count: int = 1000
+    ) -> list[dict[str, Any]]:
+        stream = _k("events", key) if key else P + "events"
+        start = after if after == "-" else f"({after}"
+        out = []
+        for entry_id, fields in self.redis.xrange(stream, min=start, count=count):
+            out.append(_decode_event(entry_id, fields))
+        return out
+
+    def follow(
+        self, key: str | None, last: str = "$", block_ms: int = 1000
+    ) -> list[dict[str, Any]]:
+        stream = _k("events", key) if key else P + "events"
+        res = self.redis.xread({stream: last}, block=block_ms, count=100)
+        return [_decode_event(i, f) for _, entries in res for i, f in entries]
+
+    # -- leases and cancellation -------------------------------------------------------------
+
+    def take_lease(self, key: str, owner: str, ttl: float) -> bool:
+        """Take the loop's lease unless another owner holds it."""
+        lkey = _k("lease", key)
+        if self.redis.set(lkey, owner, nx=True, px=int(ttl * 1000)):
+            return True
+        current = self.redis.get(lkey)
+        return current is not None and current.decode() == owner
+
+    def renew_lease(self, key: str, owner: str, ttl: float) -> bool:
+        # Compare-and-renew in Lua: never extend a lease someone else took over.
+        script = (
+            "if redis.call('get', KEYS[1]) == ARGV[1] then "
+            "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
+        )
+        return bool(self.redis.eval(script, 1, _k("lease", key), owner, int(ttl * 1000)))
+
+    def release_lease(self, key: str, owner: str) -> None:
+        script = (
+            "if redis.call('get', KEYS[1]) == ARGV[1] then "
+            "return redis.call('del', KEYS[1]) else return 0 end"
+        )
+        self.redis.eval(script, 1, _k("lease", key), owner)
+
+    def force_release_lease(self, key: str) -> None:
+        self.redis.delete(_k("lease", key))
+
+    def lease_holder(self, key: str) -> str | None:
+        raw = self.redis.get(_k("lease", key))
+        return None if raw is None else raw.decode()
+
+    def request_cancel(self, key: str, reason: str) -> None:
+        self.redis.set(_k("cancel", key), reason)
+
+    def cancel_requested(self, key: str) -> str | None:
+        raw = self.redis.get(_k("cancel", key))
+        return None if raw is None else raw.decode()
+
+    def clear_cancel(self, key: str) -> None:
+        self.redis.delete(_k("cancel", key))
+
+    def push_feedback(self, key: str, item: dict[str, Any]) -> None:
+        """Human feedback for the loop's next continuation turn."""
+        self.redis.rpush(_k("feedback", key), json.dumps(item))
+
+    def take_feedback(self, key: str) -> list[dict[str, Any]]:
+        pipe = self.redis.pipeline()
+        pipe.lrange(_k("feedback", key), 0, -1)
+        pipe.delete(_k("feedback", key))
+        raw, _ = pipe.execute()
+        return [json.loads(x) for x in raw]
+
+    @contextmanager
+    def lock(self, name: str, timeout: float = 30) -> Iterator[None]:
+        """A short Redis lock for a start/restart decision across processes."""
+        with self.redis.lock(P + "lock:" + name, timeout=timeout, blocking_timeout=timeout):
+            yield
+
+
+def _decode_event(entry_id: bytes | str, fields: dict[Any, Any]) -> dict[str, Any]:
+    f = {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in fields.items()
+    }
+    return {
+        "id": entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
+        "loop": f.get("loop", ""),
+        "kind": f.get("kind", ""),
+        "at": float(f.get("at", 0)),
+        "data": json.loads(f.get("data", "{}")),
+    }

@@ -1,0 +1,113 @@
+"""The Flask app: verify, dedupe, route, enqueue, answer. Nothing slow in a request."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from flask import Flask, Response, jsonify, request
+from prometheus_client import CONTENT_TYPE_LATEST
+from redis import Redis
+from redis.exceptions import RedisError
+
+from bot import dashboard, signature
+from bot.logs import get_logger
+from bot.metrics import WEBHOOK_SECONDS
+from bot.metrics import render as render_metrics
+from bot.queues import Duplicate, control_queue, enqueue_command
+from bot.redis_conn import connect
+from bot.routing import Enqueue, Ignore, Malformed, route
+from bot.settings import Settings
+from bot.store import Store
+
+MAX_BODY_BYTES = 25 * 1024 * 1024  # GitHub caps payloads at 25 MB
+
+log = get_logger("loopbot.web")
+
+
+def _answer(code: int, **body: Any) -> tuple[Response, int]:
+    return jsonify(body), code
+
+
+def create_app(settings: Settings, redis: Redis | None = None) -> Flask:
+    """Build the web app around ``settings``; ``redis`` defaults to ``settings.redis_url``."""
+    app = Flask("loopbot")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    # Few retries: a webhook request must answer fast; a 503 makes GitHub's redeliver usable.
+    conn = redis or connect(settings.redis_url, retries=2, timeout=2)
+    secret = settings.github_webhook_secret.get_secret_value().encode()
+    queue = control_queue(conn)  # one Queue: RQ caches the server version on it
+    app.extensions["loopbot.redis"] = conn
+    app.extensions["loopbot.settings"] = settings
+
+    @app.post("/webhook")
+    def webhook() -> tuple[Response, int]:
+        started = time.perf_counter()
+        body = request.get_data(cache=False)  # raises 413 past MAX_CONTENT_LENGTH
+        if not signature.verify(secret, body, request.headers.get("X-Hub-Signature-256")):
+            log.warning("webhook.bad_signature", remote=request.remote_addr)
+            return _answer(401, error="bad or missing X-Hub-Signature-256")
+        event = request.headers.get("X-GitHub-Event", "")
+        delivery = request.headers.get("X-GitHub-Delivery", "")
+        if not event or not delivery:
+            return _answer(400, error="missing X-GitHub-Event or X-GitHub-Delivery")
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return _answer(400, error="body is not JSON")
+        if event == "ping":
+            return _answer(200, status="pong")
+
+        bound = log.bind(delivery=delivery, gh_event=event, action=_action(payload))
+        decision = route(event, payload, app_id=settings.github_app_id, delivery=delivery)
+        if isinstance(decision, Malformed):
+            bound.warning("webhook.malformed", reason=decision.reason)
+            return _answer(400, error=decision.reason)
+        if isinstance(decision, Ignore):
+            # Nothing is stored for ignored deliveries: a repeat is ignored again.
+            bound.debug("webhook.ignored", reason=decision.reason)
+            return _answer(202, status="ignored", reason=decision.reason)
+        assert isinstance(decision, Enqueue)
+        cmd = decision.command
+        try:
+            job_id = enqueue_command(queue, cmd)
+        except Duplicate:
+            bound.info("webhook.duplicate")
+            return _answer(202, status="duplicate")
+        WEBHOOK_SECONDS.observe(time.perf_counter() - started)
+        bound.info(
+            "webhook.enqueued",
+            kind=cmd.kind,
+            repo=cmd.repo,
+            issue=cmd.issue,
+            actor=cmd.actor,
+            job=job_id,
+            ms=round((time.perf_counter() - started) * 1000, 2),
+        )
+        return _answer(202, status="queued", job=job_id)
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(render_metrics(conn), mimetype=CONTENT_TYPE_LATEST)
+
+    app.register_blueprint(dashboard.blueprint(settings, Store(conn)))
+
+    @app.get("/healthz")
+    def healthz() -> tuple[Response, int]:
+        try:
+            conn.ping()
+        except RedisError as exc:
+            return _answer(503, status="unhealthy", redis=str(exc))
+        return _answer(200, status="ok")
+
+    @app.errorhandler(RedisError)
+    def redis_down(exc: RedisError) -> tuple[Response, int]:
+        log.error("redis.unavailable", error=str(exc))
+        return _answer(503, error="queue unavailable; redeliver later")
+
+    return app
+
+
+def _action(payload: Any) -> str | None:
+    return payload.get("action") if isinstance(payload, dict) else None

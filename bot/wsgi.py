@@ -1,0 +1,21 @@
+"""WSGI entry for gunicorn: ``gunicorn 'bot.wsgi:app_from_env()'`` (see the Procfile)."""
+
+from __future__ import annotations
+
+import sys
+
+from flask import Flask
+
+from bot.logs import configure
+from bot.settings import SettingsError, load_settings
+from bot.webapp import create_app
+
+
+def app_from_env() -> Flask:
+    try:
+        settings = load_settings(role="web")
+    except SettingsError as exc:
+        sys.stderr.write(f"loopbot web: {exc}\n")
+        raise SystemExit(2) from None
+    configure(settings.log_format)
+    return create_app(settings)

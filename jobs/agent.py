@@ -1,0 +1,241 @@
+"""One agent turn: the step loop over Anthropic's Messages API with client tools.
+
+A step is one model call plus the tool calls it asks for. The turn ends on a non-tool
+finish, the step cap, the tool-call budget, a doom loop (the same call three times in a
+row), the cost cap, too many stalls, or cancellation; the reason is returned, never
+swallowed. The conversation is a list of plain dicts so it can be stored in Redis and
+continued by another worker.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anthropic
+
+from bot.loopstate import Usage
+from jobs.pricing import usage_from
+from jobs.tools import TOOLS, ToolBox
+
+End = Literal[
+    "finished",
+    "step_cap",
+    "tool_budget",
+    "doom_loop",
+    "cost_cap",
+    "stalled",
+    "cancelled",
+    "text_only",
+]
+DOOM_REPEATS = 3
+MAX_STALLS = 5
+MAX_TOKENS = 8192
+
+SYSTEM = """\
+You are loopbot, an autonomous software engineer working on one GitHub issue.
+The repository is checked out at {root}; commands run there, in a sandbox{network}.
+Make the smallest correct change that resolves the issue, with tests where the project
+has them. Use the bash tool to explore and run commands and the text editor tool to
+edit files. Do not commit, push or create branches: the harness commits your changes
+after each turn and runs the verify command `{verify}`; a turn ends when you stop
+calling tools. Finish with a short summary of what you changed and why."""
+
+
+@dataclass
+class Limits:
+    step_cap: int
+    tool_budget: int
+    cost_left_usd: float
+    stall_timeout: float = 300.0
+
+
+@dataclass
+class Outcome:
+    end: End
+    steps: int = 0
+    tool_calls: int = 0
+    usage: list[tuple[str, Usage]] = field(default_factory=list)  # (model, usage) per call
+    text: str = ""
+    detail: str = ""
+    model_seconds: float = 0.0  # time waiting for the model (for the overhead benchmark)
+    tool_seconds: float = 0.0
+
+    @property
+    def cost(self) -> float:
+        return sum(u.cost_usd for _, u in self.usage)
+
+
+def with_cache_points(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A copy of the conversation with a cache breakpoint on its last block.
+
+    Tools and system carry their own breakpoint; together they cache the stable prefix
+    (tools, system, conversation so far) and each step only pays for what is new.
+    """
+    out = copy.deepcopy(messages)
+    for msg in reversed(out):
+        content = msg.get("content")
+        if isinstance(content, str):
+            msg["content"] = [
+                {"type": "text", "text": content, "cache_control": {"type": "ephemeral"}}
+            ]
+            break
+        if isinstance(content, list) and content:
+            content[-1]["cache_control"] = {"type": "ephemeral"}
+            break
+    return out
+
+
+def add_user_text(messages: list[dict[str, Any]], text: str) -> None:
+    """Append a user prompt, merged into a trailing user message (e.g. tool results)."""
+    if messages and messages[-1]["role"] == "user":
+        content = messages[-1]["content"]
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        content.append({"type": "text", "text": text})
+        messages[-1]["content"] = content
+    else:
+        messages.append({"role": "user", "content": [{"type": "text", "text": text}]})
+
+
+def _signature(name: str, args: dict[str, Any]) -> str:
+    return name + ":" + json.dumps(args, sort_keys=True)
+
+
+class Agent:
+    def __init__(
+        self,
+        client: anthropic.Anthropic,
+        model: str,
+        tools: ToolBox,
+        *,
+        verify: str,
+        network: bool = False,
+        fallback_model: str | None = None,
+        on_step: Callable[[int, str], None] | None = None,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.client = client
+        self.model = model
+        self.fallback_model = fallback_model
+        self.tools = tools
+        self.system = SYSTEM.format(
+            root=tools.root,
+            verify=verify,
+            network=" with network access" if network else " without network",
+        )
+        self.on_step = on_step or (lambda n, what: None)
+        self.cancelled = cancelled
+
+    def _call(
+        self, messages: list[dict[str, Any]], with_tools: bool, timeout: float, model: str
+    ) -> Any:
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "max_tokens": MAX_TOKENS,
+            "system": [
+                {"type": "text", "text": self.system, "cache_control": {"type": "ephemeral"}}
+            ],
+            "messages": with_cache_points(messages),
+        }
+        if with_tools:
+            kwargs["tools"] = TOOLS
+        return self.client.with_options(timeout=timeout).messages.create(**kwargs)
+
+    def run_turn(self, messages: list[dict[str, Any]], prompt: str, limits: Limits) -> Outcome:
+        """Run one turn on ``messages`` (mutated in place) starting with ``prompt``."""
+        add_user_text(messages, prompt)
+        outcome = Outcome(end="finished")
+        recent: list[str] = []
+        stalls = 0
+        model = self.model
+        text_only = limits.step_cap == 0
+        while True:
+            if self.cancelled():
+                outcome.end = "cancelled"
+                return outcome
+            if not text_only and outcome.steps >= limits.step_cap:
+                outcome.end, outcome.detail = "step_cap", f"{limits.step_cap} steps"
+                return outcome
+            if outcome.cost >= limits.cost_left_usd:
+                outcome.end, outcome.detail = "cost_cap", f"${outcome.cost:.2f} spent this turn"
+                return outcome
+            called = time.monotonic()
+            try:
+                resp = self._call(messages, not text_only, limits.stall_timeout, model)
+            except (anthropic.APITimeoutError, anthropic.APIConnectionError) as exc:
+                outcome.model_seconds += time.monotonic() - called
+                stalls += 1
+                self.on_step(outcome.steps, f"stall {stalls}: {type(exc).__name__}")
+                if stalls >= MAX_STALLS:
+                    outcome.end, outcome.detail = "stalled", f"{stalls} stalls in a row"
+                    return outcome
+                continue
+            except anthropic.InternalServerError:
+                # The SDK already retried 5xx and 529; try the fallback model once if set.
+                if self.fallback_model and model != self.fallback_model:
+                    model = self.fallback_model
+                    continue
+                raise
+            outcome.model_seconds += time.monotonic() - called
+            stalls = 0
+            outcome.steps += 1
+            outcome.usage.append((resp.model or model, usage_from(resp.model or model, resp.usage)))
+            blocks = [b.model_dump(exclude_none=True) for b in resp.content]
+            messages.append({"role": "assistant", "content": blocks})
+            texts = [b["text"] for b in blocks if b.get("type") == "text" and b.get("text")]
+            if texts:
+                outcome.text = "\n".join(texts)
+            calls = [b for b in blocks if b.get("type") == "tool_use"]
+            if text_only:
+                outcome.end = "text_only"
+                return outcome
+            if resp.stop_reason != "tool_use" or not calls:
+                outcome.end = "finished"
+                return outcome
+            results: list[dict[str, Any]] = []
+            stop: tuple[End, str] | None = None
+            for call in calls:
+                sig = _signature(call["name"], call.get("input") or {})
+                recent = ([*recent, sig])[-DOOM_REPEATS:]
+                if stop is None and self.cancelled():
+                    stop = ("cancelled", "")
+                if stop is None and outcome.tool_calls >= limits.tool_budget:
+                    stop = ("tool_budget", f"{limits.tool_budget} tool calls")
+                if stop is None and len(recent) == DOOM_REPEATS and len(set(recent)) == 1:
+                    stop = (
+                        "doom_loop",
+                        f"{call['name']} called {DOOM_REPEATS} times with the same input",
+                    )
+                if stop is not None:
+                    # Answer every tool_use so the stored conversation stays valid.
+                    results.append(
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": call["id"],
+                            "content": f"not run: the turn ended ({stop[0]})",
+                            "is_error": True,
+                        }
+                    )
+                    continue
+                ran = time.monotonic()
+                text, is_error = self.tools.run(call["name"], call.get("input") or {})
+                outcome.tool_seconds += time.monotonic() - ran
+                outcome.tool_calls += 1
+                self.on_step(outcome.steps, call["name"])
+                results.append(
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": call["id"],
+                        "content": text,
+                        "is_error": is_error,
+                    }
+                )
+            messages.append({"role": "user", "content": results})
+            if stop is not None:
+                outcome.end, outcome.detail = stop
+                return outcome

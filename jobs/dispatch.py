@@ -1,0 +1,326 @@
+"""The control-queue job: check who asked, then start, stop, restart or report a loop.
+
+Every command is checked against the repository permission of its actor here, never
+in the web request. An actor without write access gets no effect at all: no reaction,
+no reply, nothing that tells them whether a loop exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from redis import Redis
+from rq import Retry, get_current_job
+from rq.command import send_stop_job_command
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
+from rq.job import Job, JobStatus
+
+from bot import repo_config
+from bot.commands import (
+    ChecksCompleted,
+    ControlCommand,
+    IssueInactive,
+    LabelAdded,
+    PullFeedback,
+    branch_for,
+    issue_from_branch,
+    loop_job_id,
+    parse_command,
+)
+from bot.github import Installation
+from bot.logs import get_logger
+from bot.loopstate import ACTIVE, LoopRecord, Reason, Status, can_restart, should_start
+from bot.queues import enqueue_gate, loop_queue
+from bot.store import Store
+from jobs import messages
+from jobs.runtime import Runtime, current, instrumented
+
+log = get_logger("loopbot.dispatch")
+
+LOOP_JOB = "jobs.loop.run_loop"
+MAX_JOB_RETRIES = 3
+PENDING = (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED)
+
+
+@instrumented("dispatch")
+def handle_command(raw: str) -> str:
+    """RQ entry point: one command, as JSON (see ``bot.commands``)."""
+    rt = current()
+    cmd = parse_command(raw)
+    bound = log.bind(
+        kind=cmd.kind, repo=cmd.repo, issue=cmd.issue, actor=cmd.actor, delivery=cmd.delivery
+    )
+    gh = rt.github.installation(cmd.installation_id)
+    if isinstance(cmd, LabelAdded):
+        result = _label_added(rt, gh, cmd)
+    elif isinstance(cmd, ControlCommand):
+        result = _control(rt, gh, cmd)
+    elif isinstance(cmd, IssueInactive):
+        result = _inactive(rt, gh, cmd)
+    elif isinstance(cmd, PullFeedback):
+        result = _feedback(rt, gh, cmd)
+    else:
+        assert isinstance(cmd, ChecksCompleted)
+        result = _checks(rt, cmd)
+    bound.info("dispatch.done", result=result)
+    return result
+
+
+# -- starting ---------------------------------------------------------------------------------
+
+
+def _label_added(rt: Runtime, gh: Installation, cmd: LabelAdded) -> str:
+    text = gh.file(cmd.repo, repo_config.CONFIG_PATH)
+    if cmd.label != repo_config.ready_label(text):
+        return "not the ready label"
+    if not gh.can_write(cmd.repo, cmd.actor):
+        return f"{cmd.actor} cannot write to {cmd.repo}: ignored"
+    try:
+        config = repo_config.parse(text)
+    except repo_config.ConfigError as exc:
+        gh.upsert_comment(
+            cmd.repo, cmd.issue, "config-error", messages.config_error(exc.problems, cmd.actor)
+        )
+        rt.store.event(f"{cmd.repo}#{cmd.issue}", "config_invalid", problems=exc.problems)
+        return "bad config: " + str(exc)
+    return start_loop(rt, cmd.repo, cmd.issue, cmd.installation_id, cmd.actor, config.max_turns)
+
+
+def start_loop(
+    rt: Runtime,
+    repo: str,
+    issue: int,
+    installation_id: int,
+    actor: str,
+    max_turns: int,
+    *,
+    restart: bool = False,
+    note: str = "",
+) -> str:
+    """Create or resume the loop record and enqueue its one job. Safe to call twice.
+
+    ``note`` tells the agent why it continues (the first line of its next prompt).
+    """
+    store = rt.store
+    key = f"{repo}#{issue}"
+    with store.lock(key):
+        record = store.get(key)
+        if restart and record is not None:
+            ok, why = can_restart(record, store.lease_holder(key) is not None)
+        else:
+            ok, why = should_start(record)
+        if not ok:
+            return why
+        if _job_pending(rt, loop_job_id(repo, issue)):
+            return "a loop job is already queued"
+        if record is None:
+            record = LoopRecord(
+                repo=repo,
+                issue=issue,
+                installation_id=installation_id,
+                branch=branch_for(issue),
+                started_by=actor,
+                max_turns=max_turns,
+            )
+            store.put(record)
+            store.event(key, "loop_created", actor=actor)
+        else:
+            # Same identity, branch, conversation and findings; fresh turn and error budget.
+            def resume(r: LoopRecord) -> None:
+                r.status = Status.QUEUED
+                r.phase = "queued"
+                r.turn = 0
+                r.error_count = 0
+                r.reason = ""
+                r.detail = ""
+                r.max_turns = max_turns
+                r.installation_id = installation_id
+                r.restarts += 1
+                r.resume_note = (
+                    note
+                    or r.resume_note
+                    or f"@{actor} restarted this loop; continue from the last commit."
+                )
+
+            store.update(key, resume)
+            store.event(key, "loop_restarted", actor=actor)
+        store.clear_cancel(key)
+        enqueue_loop(rt, repo, issue)
+    return "restarted" if record.restarts or restart else "started"
+
+
+def enqueue_loop(rt: Runtime, repo: str, issue: int, *, replace: bool = False) -> None:
+    """Enqueue the loop's one job. ``replace``: the old job's worker is known dead."""
+    job_id = loop_job_id(repo, issue)
+    if not replace and _job_pending(rt, job_id):
+        return
+    _delete_finished(rt, job_id)
+    loop_queue(rt.redis).enqueue(
+        LOOP_JOB,
+        repo,
+        issue,
+        job_id=job_id,
+        job_timeout=6 * 3600,
+        result_ttl=7 * 24 * 3600,
+        failure_ttl=7 * 24 * 3600,
+        description=f"loop {repo}#{issue}",
+        # Transient failures (GitHub down, a git timeout) retry the job; the loop's own
+        # error budget (jobs.loop.MAX_ERRORS) decides when to give up.
+        retry=Retry(max=MAX_JOB_RETRIES, interval=[15, 60, 180]),
+    )
+
+
+def _job_pending(rt: Runtime, job_id: str) -> bool:
+    try:
+        job = Job.fetch(job_id, connection=rt.redis)
+    except NoSuchJobError:
+        return False
+    this = get_current_job()
+    if this is not None and this.id == job_id:
+        return False
+    return job.get_status(refresh=True) in PENDING
+
+
+def _delete_finished(rt: Runtime, job_id: str) -> None:
+    with contextlib.suppress(NoSuchJobError):
+        Job.fetch(job_id, connection=rt.redis).delete()
+
+
+# -- control ------------------------------------------------------------------------------------
+
+
+def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
+    if not gh.can_write(cmd.repo, cmd.actor):
+        return f"{cmd.actor} cannot write to {cmd.repo}: ignored"
+    gh.react(cmd.repo, cmd.comment_id, "eyes")
+    key = cmd.loop_key
+    record = rt.store.get(key)
+    reply_key = f"reply:{cmd.comment_id}"
+    if cmd.action == "status":
+        gh.upsert_comment(cmd.repo, cmd.issue, reply_key, messages.status_reply(record))
+        return "status"
+    if record is None:
+        gh.upsert_comment(cmd.repo, cmd.issue, reply_key, messages.no_loop(cmd.action))
+        return "no loop"
+    if cmd.action == "cancel":
+        result = cancel_loop(rt.redis, key, Reason.CANCELLED, cmd.actor)
+        gh.upsert_comment(
+            cmd.repo, cmd.issue, reply_key, messages.cancelled(record, cmd.actor, result)
+        )
+        return result
+    text = gh.file(cmd.repo, repo_config.CONFIG_PATH)
+    try:
+        config = repo_config.parse(text)
+    except repo_config.ConfigError as exc:
+        gh.upsert_comment(
+            cmd.repo, cmd.issue, reply_key, messages.config_error(exc.problems, cmd.actor)
+        )
+        return "bad config"
+    result = start_loop(
+        rt, cmd.repo, cmd.issue, cmd.installation_id, cmd.actor, config.max_turns, restart=True
+    )
+    gh.upsert_comment(cmd.repo, cmd.issue, reply_key, messages.restarted(record, cmd.actor, result))
+    return result
+
+
+def cancel_loop(redis: Redis, key: str, reason: Reason, actor: str) -> str:
+    """Stop a loop within seconds: flag it, stop its job, drop it from the queue.
+
+    The branch, worktree, conversation and findings are kept for ``/loop-restart``.
+    Needs only Redis, so ``loopbot cancel`` works without GitHub credentials.
+    """
+    store = Store(redis)
+    record = store.get(key)
+    if record is None:
+        return "no loop"
+    if not record.active:
+        return f"already {record.status.value}"
+    store.request_cancel(key, reason.value)
+
+    def mark(r: LoopRecord) -> None:
+        if r.status in ACTIVE:
+            r.status = Status.CANCELLED
+            r.reason = reason.value
+            r.detail = f"by {actor}"
+            r.phase = "cancelled"
+
+    store.update(key, mark)
+    store.event(key, "loop_cancelled", reason=reason.value, actor=actor)
+    job_id = loop_job_id(record.repo, record.issue)
+    try:
+        job = Job.fetch(job_id, connection=redis)
+        status = job.get_status(refresh=True)
+        if status == JobStatus.STARTED:
+            send_stop_job_command(redis, job_id)
+            # The stopped work horse cannot release its lease; a restart must not wait
+            # for it to lapse. A holder that is somehow still alive sees the cancel flag.
+            store.force_release_lease(key)
+        elif status in PENDING:
+            job.cancel()
+    except (NoSuchJobError, InvalidJobOperation):
+        pass
+    return "cancelled"
+
+
+def _inactive(rt: Runtime, gh: Installation, cmd: IssueInactive) -> str:
+    if cmd.reason == "unlabeled":
+        text = gh.file(cmd.repo, repo_config.CONFIG_PATH)
+        if cmd.label != repo_config.ready_label(text):
+            return "not the ready label"
+    record = rt.store.get(cmd.loop_key)
+    if record is None or not record.active:
+        return "no active loop"
+    if cmd.reason == "closed" and record.pr_number is not None:
+        # A pull request exists: stop whatever runs and refuse it, with a comment, unless
+        # the close came from our own squash merge ("Closes #N").
+        from jobs.merge_gate import refuse_closed
+
+        return refuse_closed(rt, gh, cmd.loop_key, cmd.actor)
+    return cancel_loop(rt.redis, cmd.loop_key, Reason.ISSUE_INACTIVE, cmd.actor)
+
+
+# -- pull request feedback and checks ---------------------------------------------------------
+
+
+def _feedback(rt: Runtime, gh: Installation, cmd: PullFeedback) -> str:
+    issue = cmd.issue
+    if issue == 0:
+        pull = gh.pull(cmd.repo, cmd.pull)
+        found = issue_from_branch(pull.head_ref)
+        if found is None:
+            return "not a loopbot pull request"
+        issue = found
+    if not gh.can_write(cmd.repo, cmd.actor):
+        return f"{cmd.actor} cannot write to {cmd.repo}: ignored"
+    if cmd.comment_id:
+        gh.react(cmd.repo, cmd.comment_id, "eyes")
+    key = f"{cmd.repo}#{issue}"
+    record = rt.store.get(key)
+    if record is None or record.status == Status.COMPLETED:
+        return "no loop to continue"
+    feedback = {"from": cmd.actor, "body": cmd.body, "pull": cmd.pull}
+    rt.store.push_feedback(key, feedback)
+    rt.store.event(key, "human_feedback", actor=cmd.actor, pull=cmd.pull)
+    if record.active and rt.store.lease_holder(key):
+        return "queued for the running loop"
+    cfg = repo_config.parse(gh.file(cmd.repo, repo_config.CONFIG_PATH))
+    return start_loop(
+        rt,
+        cmd.repo,
+        issue,
+        cmd.installation_id,
+        cmd.actor,
+        cfg.max_turns,
+        restart=True,
+        note=f"@{cmd.actor} asked for changes on pull request #{cmd.pull}.",
+    )
+
+
+def _checks(rt: Runtime, cmd: ChecksCompleted) -> str:
+    record = rt.store.get(cmd.loop_key)
+    if record is None or record.status != Status.MERGING:
+        return "no loop waiting for checks"
+    if record.head_sha and record.head_sha != cmd.head_sha:
+        return "checks for another head"
+    enqueue_gate(rt.redis, record.repo, record.issue)
+    return "gate woken"

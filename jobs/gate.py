@@ -1,0 +1,131 @@
+"""The merge decision: a pure function of what the gate read at the moment of merging."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from bot.loopstate import Reason
+
+OWN_CHECKS = frozenset({"loopbot", "loopbot/critic"})
+
+ChecksState = Literal["none", "pending", "success", "failure"]
+
+
+@dataclass(frozen=True)
+class Facts:
+    issue_open: bool
+    pr_open: bool
+    pr_merged: bool
+    head_sha: str
+    reviewed_sha: str
+    open_sev1: int
+    checks: ChecksState
+    failing_checks: tuple[str, ...]
+    mergeable: bool | None
+    require_checks: bool
+    fix_turns_used: int
+    max_fix_turns: int
+    waited_seconds: float
+    max_wait_seconds: float
+
+
+@dataclass(frozen=True)
+class Merge:
+    sha: str
+
+
+@dataclass(frozen=True)
+class AlreadyMerged:
+    pass
+
+
+@dataclass(frozen=True)
+class Wait:
+    why: str
+
+
+@dataclass(frozen=True)
+class Review:
+    why: str
+
+
+@dataclass(frozen=True)
+class FixChecks:
+    failing: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Refuse:
+    reason: Reason
+    why: str
+
+
+Decision = Merge | AlreadyMerged | Wait | Review | FixChecks | Refuse
+
+
+def decide(f: Facts) -> Decision:
+    """Merge only reviewed code, for an open issue, with no blocking finding and green checks."""
+    if f.pr_merged:
+        return AlreadyMerged()
+    if not f.issue_open:
+        return Refuse(Reason.ISSUE_CLOSED, "the issue was closed while the loop ran")
+    if not f.pr_open:
+        return Refuse(Reason.PULL_CLOSED, "the pull request was closed")
+    if f.open_sev1:
+        return Refuse(Reason.CRITIC_ROUNDS, f"{f.open_sev1} sev1 finding(s) stand")
+    if not f.reviewed_sha or f.head_sha != f.reviewed_sha:
+        return Review(
+            f"the head moved to {f.head_sha[:10]} after the review of "
+            f"{f.reviewed_sha[:10] or 'nothing'}"
+        )
+    if f.require_checks:
+        if f.checks == "failure":
+            if f.fix_turns_used < f.max_fix_turns:
+                return FixChecks(f.failing_checks)
+            return Refuse(
+                Reason.CHECKS_FAILED, "required checks fail: " + ", ".join(f.failing_checks)
+            )
+        if f.checks == "pending":
+            if f.waited_seconds >= f.max_wait_seconds:
+                return Refuse(
+                    Reason.CHECKS_TIMEOUT,
+                    f"checks still pending after {f.waited_seconds / 60:.0f} minutes",
+                )
+            return Wait("required checks are still running")
+    if f.mergeable is False:
+        return Refuse(Reason.NOT_MERGEABLE, "the pull request conflicts with the default branch")
+    if f.mergeable is None:
+        return Wait("GitHub is still computing whether the pull request can merge")
+    return Merge(f.reviewed_sha)
+
+
+def summarize_checks(
+    runs: list[tuple[str, str, str | None]], statuses: list[tuple[str, str]]
+) -> tuple[ChecksState, tuple[str, ...]]:
+    """Fold check runs (name, status, conclusion) and commit statuses (context, state).
+
+    loopbot's own runs are left out: the gate is what decides on them.
+    """
+    failing: list[str] = []
+    pending = False
+    seen = 0
+    for name, status, conclusion in runs:
+        if name in OWN_CHECKS:
+            continue
+        seen += 1
+        if status != "completed":
+            pending = True
+        elif conclusion not in ("success", "neutral", "skipped"):
+            failing.append(name)
+    for context, state in statuses:
+        seen += 1
+        if state in ("failure", "error"):
+            failing.append(context)
+        elif state == "pending":
+            pending = True
+    if failing:
+        return "failure", tuple(failing)
+    if pending:
+        return "pending", ()
+    return ("success" if seen else "none"), ()

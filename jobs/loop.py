@@ -1,0 +1,455 @@
+"""The loop job: labelled issue → worktree → agent turns → verify → pull request.
+
+One RQ job per issue (its id derived from repo and issue) and, inside it, a Redis lease
+renewed on a wall-clock timer, so exactly one worker runs a loop however often GitHub
+or the reconciler asks. Every turn's commit is pushed at once: a worker that dies loses
+at most the turn in progress.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import anthropic
+
+from bot import repo_config
+from bot.failures import GitHubError
+from bot.github import IssueInfo
+from bot.logs import get_logger
+from bot.loopstate import ACTIVE, LoopRecord, Reason, Status
+from bot.queues import enqueue_critic, enqueue_gate
+from bot.store import Store
+from jobs import messages, prompts, transitions
+from jobs.agent import Agent, Limits, Outcome
+from jobs.runtime import Runtime, current, instrumented
+from jobs.sandbox import Sandbox
+from jobs.tools import ToolBox
+from jobs.worktree import GitError, Worktrees
+
+log = get_logger("loopbot.loop")
+
+LEASE_TTL = 60.0
+LEASE_LOST = "lease lost: another worker took this loop over"
+MAX_ERRORS = 3
+CHECK_NAME = "loopbot"
+
+
+@instrumented("loop")
+def run_loop(repo: str, issue: int) -> str:
+    """RQ entry point."""
+    return LoopRunner(current(), repo, issue).run()
+
+
+class Lease:
+    """Holds the loop's lease and renews it every ``ttl / 3`` seconds on its own thread.
+
+    Renewal does not depend on the agent producing output: a long model call or a slow
+    verify keeps the lease; a dead process loses it within ``ttl``.
+    """
+
+    def __init__(self, store: Store, key: str, ttl: float = LEASE_TTL) -> None:
+        self.store, self.key, self.ttl = store, key, ttl
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self) -> bool:
+        if not self.store.take_lease(self.key, self.owner, self.ttl):
+            return False
+        self._thread = threading.Thread(target=self._renew, daemon=True, name="lease")
+        self._thread.start()
+        return True
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            try:
+                if not self.store.renew_lease(self.key, self.owner, self.ttl):
+                    self.lost.set()
+                    return
+            except Exception:  # noqa: BLE001 - Redis blips: keep trying until the TTL says lost
+                log.warning("lease.renew_failed", loop=self.key)
+
+    def release(self) -> None:
+        self._stop.set()
+        try:
+            self.store.release_lease(self.key, self.owner)
+        except Exception:  # noqa: BLE001 - the TTL frees it anyway
+            log.warning("lease.release_failed", loop=self.key)
+
+
+class LoopRunner:
+    def __init__(self, rt: Runtime, repo: str, issue: int) -> None:
+        self.rt = rt
+        self.repo = repo
+        self.issue_number = issue
+        self.key = f"{repo}#{issue}"
+        self.store = rt.store
+        self.log = log.bind(repo=repo, issue=issue, loop=self.key)
+        self.worktrees = Worktrees(rt.settings.data_dir)
+        self._verify_tail = ""
+        self._check_runs: dict[str, int] = {}  # head sha -> our check run there
+        self._push: tuple[_Background, int, str] | None = None
+
+    # -- entry -------------------------------------------------------------------------------
+
+    def run(self) -> str:
+        record = self.store.get(self.key)
+        if record is None or record.status not in ACTIVE:
+            return f"nothing to run ({record.status.value if record else 'no record'})"
+        lease = Lease(self.store, self.key, self.rt.settings.lease_ttl)
+        if not lease.acquire():
+            return "another worker holds this loop"
+        self.lease = lease
+        try:
+            return self._run(record)
+        except (GitHubError, GitError, anthropic.APIError, OSError) as exc:
+            return self._error(exc)
+        finally:
+            lease.release()
+
+    def _error(self, exc: Exception) -> str:
+        """Count a failure against the loop's error budget; retry through RQ or give up."""
+        self.log.exception("loop.error")
+        detail = f"{type(exc).__name__}: {exc}"[:500]
+        record = self.store.update(self.key, lambda r: _inc_error(r, detail))
+        self.store.event(self.key, "error", error=detail, count=record.error_count)
+        if record.error_count >= MAX_ERRORS:
+            self._finish(Status.FAILED, Reason.ERRORS, detail)
+            return "failed: " + detail
+        raise exc  # RQ retries the job (see enqueue in jobs.dispatch)
+
+    def _cancelled(self) -> bool:
+        return self.lease.lost.is_set() or self.store.cancel_requested(self.key) is not None
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _run(self, record: LoopRecord) -> str:
+        gh = self.rt.github.installation(record.installation_id)
+        self.gh = gh
+        self._set(status=Status.RUNNING, phase="preparing")
+        self.store.event(self.key, "loop_started", worker=self.lease.owner)
+        repo_info = gh.repo(self.repo)
+        try:
+            config = repo_config.parse(gh.file(self.repo, repo_config.CONFIG_PATH))
+        except repo_config.ConfigError as exc:
+            gh.upsert_comment(
+                self.repo,
+                self.issue_number,
+                "config-error",
+                messages.config_error(exc.problems, record.started_by),
+            )
+            return self._finish(Status.FAILED, Reason.BAD_CONFIG, "; ".join(exc.problems))
+        self.config = config
+        self._set(max_turns=config.max_turns, verify_command=config.verify)
+        self._status_comment()
+
+        token = gh.token()
+        mirror = self.worktrees.sync_mirror(self.repo, repo_info.clone_url, token)
+        checkout = self.worktrees.checkout(
+            self.repo, self.issue_number, record.branch, repo_info.default_branch, mirror
+        )
+        self.store.event(
+            self.key, "worktree_ready", path=str(checkout.path), resumed=checkout.resumed
+        )
+        sandbox = Sandbox(
+            checkout.path,
+            settings=self.rt.settings,
+            network=config.sandbox.network,
+            timeout=config.sandbox.timeout_seconds,
+            readonly=(mirror,),
+        )
+        if config.setup and not checkout.resumed:
+            self._set(phase="setup")
+            result = sandbox.run(config.setup)
+            self.store.event(self.key, "setup", exit_code=result.exit_code, seconds=result.seconds)
+        self.checkout = checkout
+        self.sandbox = sandbox
+        agent = Agent(
+            self.rt.model,
+            self.rt.settings.model,
+            ToolBox(checkout.path, sandbox),
+            verify=config.verify,
+            network=config.sandbox.network,
+            fallback_model=self.rt.settings.fallback_model,
+            cancelled=self._cancelled,
+            on_step=lambda n, what: self.store.event(self.key, "step", step=n, tool=what),
+        )
+        return self._turns(agent, repo_info.default_branch)
+
+    def _turns(self, agent: Agent, base: str) -> str:
+        conversation = self.store.conversation(self.key)
+        failure = self._record().resume_note if conversation else ""
+        while True:
+            if self.lease.lost.is_set():
+                return LEASE_LOST
+            record = self._record()
+            issue = self.gh.issue(self.repo, self.issue_number)
+            step = transitions.before_turn(
+                turn=record.turn,
+                max_turns=self.config.max_turns,
+                issue_open=issue.open,
+                has_label=self.config.labels.ready in issue.labels,
+                cancel=self.store.cancel_requested(self.key),
+            )
+            if isinstance(step, transitions.Stop):
+                return self._finish(step.status, step.reason, step.detail)
+            turn = step.turn
+            self._set(turn=turn, phase="coding", resume_note="")
+            self.store.event(self.key, "turn_started", turn=turn)
+            self._status_comment()
+            if not conversation:
+                prompt = prompts.issue_prompt(self.repo, issue, self.config.verify)
+            else:
+                prompt = prompts.continuation(
+                    turn,
+                    failure or "Continue.",
+                    self.store.take_feedback(self.key),
+                    self._blocking_findings(record),
+                )
+            limits = Limits(
+                step_cap=self.config.step_cap,
+                tool_budget=self.config.tool_budget,
+                cost_left_usd=max(self.config.max_cost_usd - record.cost_usd, 0.0),
+                stall_timeout=self.rt.settings.stall_timeout,
+            )
+            outcome = agent.run_turn(conversation, prompt, limits)
+            if self.lease.lost.is_set():
+                # Presumed dead and taken over: the other worker owns the record now.
+                return LEASE_LOST
+            self.store.save_conversation(self.key, conversation)
+            self._record_usage(outcome)
+            if outcome.end not in ("finished", "text_only"):
+                self.store.event(
+                    self.key, "turn_capped", turn=turn, reason=outcome.end, detail=outcome.detail
+                )
+            cut = transitions.cut_short(outcome.end)
+            if cut is not None:
+                self._commit_and_push(turn, outcome)  # keep what the turn did
+                return self._finish(cut.status, cut.reason, cut.detail or outcome.detail)
+            self._commit_and_push(turn, outcome)
+            self._set(phase="verifying")
+            verify = self.sandbox.run(self.config.verify)  # while the push runs
+            self._pushed()
+            self._verify_tail = verify.output[-prompts.TAIL_CHARS :]
+            result = {
+                "turn": turn,
+                "passed": verify.passed,
+                "exit_code": verify.exit_code,
+                "seconds": round(verify.seconds, 3),
+                "timed_out": verify.timed_out,
+            }
+            self._set(last_verify=result)
+            self.store.event(self.key, "verify", **result)
+            record = self._record()
+            self.store.event(
+                self.key,
+                "turn_completed",
+                turn=turn,
+                end=outcome.end,
+                steps=outcome.steps,
+                tool_calls=outcome.tool_calls,
+                cost_usd=round(outcome.cost, 6),
+                model_seconds=round(outcome.model_seconds, 4),
+                tool_seconds=round(outcome.tool_seconds, 4),
+            )
+            after = transitions.after_turn(
+                end=outcome.end,
+                verify_passed=verify.passed,
+                has_changes=self.worktrees.changed_since_base(self.checkout),
+                cost=record.cost_usd,
+                max_cost=self.config.max_cost_usd,
+                verify_tail=self._verify_tail,
+            )
+            if isinstance(after, transitions.Stop):
+                return self._finish(after.status, after.reason, after.detail)
+            if isinstance(after, transitions.Verified):
+                return self._open_pull(base, outcome)
+            failure = after.failure
+            self._status_comment()
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def _commit_and_push(self, turn: int, outcome: Outcome) -> str | None:
+        """Commit now; push in the background while verify runs.
+
+        The push (seconds, against GitHub) overlaps verify and the next turn's start.
+        ``_pushed()`` waits for it before anything that needs the remote branch: the
+        next push, the pull request, the end of the loop.
+        """
+        summary = (outcome.text.strip().splitlines() or ["changes"])[0][:72]
+        sha = self.worktrees.commit_all(self.checkout, f"loop(turn-{turn}): {summary}")
+        if sha is None:
+            return None
+        self._pushed()
+        token = self.gh.token()
+        # Only git on the thread: GitHub calls stay on the job's thread and its client.
+        self._push = (_Background(lambda: self.worktrees.push(self.checkout, token)), turn, sha)
+        return sha
+
+    def _pushed(self) -> None:
+        """Wait for the background push, then report it; its failure fails the turn."""
+        if self._push is None:
+            return
+        (push, turn, sha), self._push = self._push, None
+        push.join()
+        self._set(head_sha=sha)
+        self.store.event(self.key, "pushed", turn=turn, sha=sha)
+        self._check_run("in_progress", title=f"turn {turn}: verified", new_head=True)
+
+    def _open_pull(self, base: str, outcome: Outcome) -> str:
+        self._pushed()
+        record = self._record()
+        self._set(phase="opening_pr")
+        issue = self.gh.issue(self.repo, self.issue_number)
+        stat = self.worktrees.diff_stat(self.checkout)
+        body = pull_body(issue, record, outcome.text, stat)
+        pull = self.gh.open_pull(self.repo, record.branch, base, issue.title, body)
+        self._set(pr_number=pull.number, pr_url=pull.html_url, head_sha=pull.head_sha)
+        self.store.event(self.key, "pr_opened", pr=pull.number, sha=pull.head_sha)
+        self._check_run(
+            "completed", conclusion="success", title=f"verify passed on turn {record.turn}"
+        )
+        if self.config.critic.enabled:
+            self._set(status=Status.REVIEWING, phase="reviewing")
+            self._status_comment()
+            enqueue_critic(self.rt.redis, self.repo, self.issue_number)
+            return f"pull request #{pull.number} opened; critic queued"
+        if self.config.merge.enabled:
+            self._set(status=Status.MERGING, phase="merging")
+            self._status_comment()
+            enqueue_gate(self.rt.redis, self.repo, self.issue_number)
+            return f"pull request #{pull.number} opened; merge gate queued"
+        return self._finish(Status.COMPLETED, Reason.PR_OPENED, f"pull request #{pull.number}")
+
+    def _blocking_findings(self, record: LoopRecord) -> list[dict[str, Any]]:
+        return [f for f in record.findings if f.get("severity") == "sev1" and not f.get("resolved")]
+
+    # -- record, status comment, check run -------------------------------------------------------
+
+    def _record(self) -> LoopRecord:
+        record = self.store.get(self.key)
+        assert record is not None
+        return record
+
+    def _set(self, **fields: Any) -> LoopRecord:
+        return self.store.set_fields(self.key, **fields)
+
+    def _record_usage(self, outcome: Outcome) -> None:
+        def apply(r: LoopRecord) -> None:
+            for model, usage in outcome.usage:
+                r.record_usage(model, "agent", usage)
+
+        self.store.update(self.key, apply)
+
+    def _finish(self, status: Status, reason: Reason, detail: str = "") -> str:
+        self._pushed()
+
+        def apply(r: LoopRecord) -> None:
+            # A cancel that landed meanwhile wins: it was asked for by a person.
+            if r.status == Status.CANCELLED and status != Status.COMPLETED:
+                return
+            r.status, r.reason, r.detail, r.phase = status, reason.value, detail, status.value
+
+        record = self.store.update(self.key, apply)
+        self.store.event(
+            self.key,
+            "loop_finished",
+            status=record.status.value,
+            reason=record.reason,
+            detail=record.detail,
+            turn=record.turn,
+        )
+        self.log.info("loop.finished", status=record.status.value, reason=record.reason)
+        try:
+            self._status_comment()
+            if record.head_sha and status != Status.COMPLETED:
+                self._check_run(
+                    "completed",
+                    conclusion=_conclusion(record.status),
+                    title=f"{record.status.value}: {record.reason}",
+                )
+        except GitHubError:
+            self.log.warning("loop.final_report_failed")
+        return f"{record.status.value}: {record.reason}"
+
+    def _status_comment(self) -> None:
+        record = self._record()
+        body = messages.status_comment(
+            record, "" if record.last_verify.get("passed") else self._verify_tail
+        )
+        comment = self.gh.upsert_comment(
+            self.repo, self.issue_number, "status", body, known_id=record.status_comment_id
+        )
+        if record.status_comment_id != comment.id:
+            self._set(status_comment_id=comment.id)
+
+    def _check_run(
+        self,
+        status: str,
+        *,
+        conclusion: str | None = None,
+        title: str = "",
+        new_head: bool = False,
+    ) -> None:
+        record = self._record()
+        if not record.head_sha:
+            return
+        summary = messages.status_line(record)
+        run = self.gh.upsert_check_run(
+            self.repo,
+            CHECK_NAME,
+            record.head_sha,
+            status=status,
+            conclusion=conclusion,
+            title=title or record.phase,
+            summary=summary,
+            known_id=self._check_runs.get(record.head_sha),
+            new_head=new_head,
+        )
+        self._check_runs[record.head_sha] = run.id
+
+
+class _Background:
+    """Run ``fn`` on a thread; ``join()`` waits and re-raises what it raised."""
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True, name="push")
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to join()
+            self._error = exc
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+def _inc_error(r: LoopRecord, detail: str) -> None:
+    r.error_count += 1
+    r.detail = detail
+
+
+def _conclusion(status: Status) -> str:
+    return {Status.CANCELLED: "cancelled", Status.COMPLETED: "success"}.get(status, "failure")
+
+
+def pull_body(issue: IssueInfo, record: LoopRecord, summary: str, stat: str) -> str:
+    return (
+        f"Closes #{issue.number}\n\n"
+        f"{summary.strip() or 'Changes made by loopbot.'}\n\n"
+        f"| turns | cost | verify |\n|---|---|---|\n"
+        f"| {record.turn} | ${record.cost_usd:.2f} | `{record.verify_command}` passed |\n\n"
+        f"<details><summary>diff stat</summary>\n\n```\n{stat.strip()}\n```\n</details>\n\n"
+        "<sub>Opened by loopbot. `/loop <request>` on this PR asks for another turn.</sub>"
+    )

@@ -1,0 +1,198 @@
+"""The merge gate job: re-read the issue and PR now, decide (``jobs.gate``), act.
+
+Woken by the critic, by ``check_suite``/``check_run`` webhooks, and by its own timer
+while checks are pending. The squash merge pins the reviewed sha, so GitHub itself
+refuses (409) if the head moved between our read and the merge.
+"""
+
+from __future__ import annotations
+
+import time
+
+from bot import repo_config
+from bot.failures import Conflict
+from bot.github import Installation
+from bot.logs import get_logger
+from bot.loopstate import LoopRecord, Reason, Status
+from bot.queues import enqueue_critic, enqueue_gate
+from jobs import messages
+from jobs.dispatch import enqueue_loop
+from jobs.gate import (
+    AlreadyMerged,
+    Facts,
+    FixChecks,
+    Merge,
+    Refuse,
+    Review,
+    Wait,
+    decide,
+    summarize_checks,
+)
+from jobs.runtime import Runtime, current, instrumented
+
+log = get_logger("loopbot.gate")
+RECHECK_SECONDS = 60
+
+
+@instrumented("gate")
+def run_gate(repo: str, issue: int) -> str:
+    return Gate(current(), repo, issue).run()
+
+
+def refuse_closed(rt: Runtime, gh: Installation, key: str, actor: str) -> str:
+    """The issue was closed while its pull request waited: refuse it, saying why.
+
+    Runs under the gate's lock, so it never interleaves with a merge in progress.
+    """
+    from jobs.dispatch import cancel_loop
+
+    record = rt.store.get(key)
+    assert record is not None
+    gate = Gate(rt, record.repo, record.issue)
+    with rt.store.lock(f"gate:{key}", timeout=120):
+        fresh = rt.store.get(key)
+        if fresh is None or fresh.status == Status.COMPLETED or fresh.pr_number is None:
+            return "already completed"
+        if gh.pull(fresh.repo, fresh.pr_number).merged:
+            return "closed by the merge"
+        cancel_loop(rt.redis, key, Reason.ISSUE_CLOSED, actor)
+        why = "the issue was closed while the loop ran"
+        return gate._refuse(gh, fresh, Reason.ISSUE_CLOSED, why)
+
+
+class Gate:
+    def __init__(self, rt: Runtime, repo: str, issue: int) -> None:
+        self.rt, self.repo, self.issue = rt, repo, issue
+        self.key = f"{repo}#{issue}"
+        self.store = rt.store
+
+    def run(self) -> str:
+        store = self.store
+        with store.lock(f"gate:{self.key}", timeout=120):
+            record = store.get(self.key)
+            if record is None or record.status != Status.MERGING or record.pr_number is None:
+                return "not waiting to merge"
+            gh = self.rt.github.installation(record.installation_id)
+            config = repo_config.parse(gh.file(self.repo, repo_config.CONFIG_PATH))
+            issue = gh.issue(self.repo, self.issue)
+            pull = gh.pull(self.repo, record.pr_number)
+            runs = [
+                (c.name, c.status, c.conclusion) for c in gh.check_runs(self.repo, pull.head_sha)
+            ]
+            statuses = gh.commit_statuses(self.repo, pull.head_sha)
+            checks, failing = summarize_checks(runs, statuses)
+            now = time.time()
+            since = record.gate_since or now
+            facts = Facts(
+                issue_open=issue.open,
+                pr_open=pull.state == "open",
+                pr_merged=pull.merged,
+                head_sha=pull.head_sha,
+                reviewed_sha=record.reviewed_sha,
+                open_sev1=sum(
+                    1
+                    for f in record.findings
+                    if f.get("severity") == "sev1" and f.get("sha") == pull.head_sha
+                ),
+                checks=checks,
+                failing_checks=failing,
+                mergeable=pull.mergeable,
+                require_checks=config.merge.require_checks,
+                fix_turns_used=record.check_fixes,
+                max_fix_turns=config.merge.max_fix_turns,
+                waited_seconds=now - since,
+                max_wait_seconds=config.merge.wait_checks_minutes * 60,
+            )
+            decision = decide(facts)
+            store.event(
+                self.key,
+                "gate",
+                decision=type(decision).__name__,
+                checks=checks,
+                head=pull.head_sha,
+                reviewed=record.reviewed_sha,
+            )
+            if isinstance(decision, Merge):
+                return self._merge(gh, record, decision.sha, issue.title)
+            if isinstance(decision, AlreadyMerged):
+                return self._completed(gh, record, pull.head_sha)
+            if isinstance(decision, Refuse):
+                return self._refuse(gh, record, decision.reason, decision.why)
+            if isinstance(decision, Review):
+                self._set(status=Status.REVIEWING, phase="reviewing", detail=decision.why)
+                enqueue_critic(self.rt.redis, self.repo, self.issue)
+                return "review again: " + decision.why
+            if isinstance(decision, FixChecks):
+                note = (
+                    "The pull request's required checks fail: "
+                    + ", ".join(decision.failing)
+                    + ". Fix the code so they pass."
+                )
+                self._set(
+                    status=Status.QUEUED,
+                    phase="queued",
+                    resume_note=note,
+                    turn=0,
+                    check_fixes=record.check_fixes + 1,
+                    gate_since=0.0,
+                )
+                enqueue_loop(self.rt, self.repo, self.issue)
+                return "fixing checks"
+            assert isinstance(decision, Wait)
+            waiting = self._set(gate_since=since, phase="waiting_for_checks", detail=decision.why)
+            # Webhooks wake the gate sooner; this timer is the fallback if one is lost.
+            # One timer per loop at a time, however often webhooks wake the gate.
+            if self.rt.redis.set(
+                f"loopbot:gate-timer:{self.key}", "1", nx=True, ex=RECHECK_SECONDS - 5
+            ):
+                enqueue_gate(self.rt.redis, self.repo, self.issue, after=RECHECK_SECONDS)
+            gh.upsert_comment(self.repo, self.issue, "status", messages.status_comment(waiting))
+            return "waiting: " + decision.why
+
+    def _merge(self, gh: Installation, record: LoopRecord, sha: str, title: str) -> str:
+        assert record.pr_number is not None
+        try:
+            result = gh.merge_pull(
+                self.repo, record.pr_number, sha, "squash", f"{title} (#{record.pr_number})"
+            )
+        except Conflict as exc:
+            if exc.status == 409:  # the head moved between our read and the merge
+                self._set(
+                    status=Status.REVIEWING,
+                    phase="reviewing",
+                    detail="the head moved while merging",
+                )
+                enqueue_critic(self.rt.redis, self.repo, self.issue)
+                return "head moved: review again"
+            pull = gh.pull(self.repo, record.pr_number)  # 405: merged already, or not mergeable
+            if pull.merged:
+                return self._completed(gh, record, pull.head_sha)
+            return self._refuse(gh, record, Reason.NOT_MERGEABLE, str(exc))
+        self._set(merge_sha=result.sha)
+        self.store.event(self.key, "merged", sha=result.sha, pr=record.pr_number)
+        return self._completed(gh, record, sha)
+
+    def _completed(self, gh: Installation, record: LoopRecord, head: str) -> str:
+        # Record the merge first: everything after it is tidying up that a retry may redo.
+        updated = self._set(
+            status=Status.COMPLETED,
+            reason=Reason.MERGED.value,
+            phase="completed",
+            detail=f"squash-merged pull request #{record.pr_number}",
+        )
+        self.store.event(self.key, "loop_finished", status="completed", reason="merged")
+        gh.delete_branch(self.repo, record.branch)
+        gh.upsert_comment(self.repo, self.issue, "status", messages.status_comment(updated))
+        return "merged"
+
+    def _refuse(self, gh: Installation, record: LoopRecord, reason: Reason, why: str) -> str:
+        updated = self._set(status=Status.REFUSED, reason=reason.value, phase="refused", detail=why)
+        self.store.event(self.key, "merge_refused", reason=reason.value, why=why)
+        text = f"🛑 loopbot did not merge this pull request: {why}."
+        if record.pr_number is not None:
+            gh.upsert_comment(self.repo, record.pr_number, f"refused:{record.reviewed_sha}", text)
+        gh.upsert_comment(self.repo, self.issue, "status", messages.status_comment(updated))
+        return f"refused: {why}"
+
+    def _set(self, **fields: object) -> LoopRecord:
+        return self.store.set_fields(self.key, **fields)

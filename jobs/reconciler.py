@@ -1,0 +1,172 @@
+"""Periodic repair: resume loops whose worker died, pick up missed labels, reap worktrees.
+
+Runs on a timer in every ``loopbot worker``; a Redis lock lets one of them act per
+interval. Nothing runs at start-up: the first pass comes one interval after the worker
+starts, so starting a process changes no loop.
+
+- **Lapsed leases.** A loop that should be running (queued, running) but whose lease
+  expired lost its worker (SIGKILL, a machine gone). It is resumed on any worker, at
+  most ``max_auto_resumes`` times; after that it is ``stalled``.
+- **Sweep.** GitHub never redelivers a failed webhook. Each installation's open issues
+  with the ready label and no loop are started, if the person who added the label can
+  write to the repository.
+- **Reaping.** Worktrees on this machine whose loop completed, or that no loop owns,
+  are removed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from rq.job import Job, JobStatus
+
+from bot import repo_config
+from bot.commands import loop_job_id
+from bot.failures import GitHubError
+from bot.logs import get_logger
+from bot.loopstate import LoopRecord, Reason, Status
+from jobs.dispatch import enqueue_loop, start_loop
+from jobs.runtime import Runtime
+from jobs.worktree import Worktrees
+
+log = get_logger("loopbot.reconciler")
+# A queued loop whose job nobody has taken for this long is looked at too (a lost enqueue).
+QUEUED_GRACE_SECONDS = 120
+
+
+def _job_state(rt: Runtime, record: LoopRecord) -> JobStatus | None:
+    try:
+        job = Job.fetch(loop_job_id(record.repo, record.issue), connection=rt.redis)
+        return job.get_status(refresh=True)
+    except Exception:  # noqa: BLE001 - a missing or unreadable job is a lost job
+        return None
+
+
+def resume_lapsed(rt: Runtime) -> list[str]:
+    """Resume loops that should run but nobody runs; returns the keys acted on."""
+    store = rt.store
+    acted = []
+    now = time.time()
+    for record in store.all():
+        if record.status not in (Status.RUNNING, Status.QUEUED):
+            continue
+        if store.lease_holder(record.key) is not None:
+            continue
+        state = _job_state(rt, record)
+        if record.status == Status.QUEUED and (
+            state in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED)
+            or now - record.updated_at < QUEUED_GRACE_SECONDS
+        ):
+            continue  # waiting its turn in the queue
+        if record.status == Status.RUNNING and state in (JobStatus.SCHEDULED, JobStatus.QUEUED):
+            continue  # between RQ retries after an error: the retry will take the lease
+        if record.status == Status.RUNNING and now - record.updated_at < rt.settings.lease_ttl:
+            continue  # just started; the lease may not be taken yet
+        with store.lock(record.key):
+            fresh = store.get(record.key)
+            if fresh is None or fresh.status not in (Status.RUNNING, Status.QUEUED):
+                continue
+            if store.lease_holder(record.key) is not None:
+                continue
+            if fresh.auto_resumes >= rt.settings.max_auto_resumes:
+                _stall(rt, fresh)
+                acted.append(record.key)
+                continue
+
+            def resume(r: LoopRecord) -> None:
+                r.auto_resumes += 1
+                r.status = Status.QUEUED
+                r.phase = "queued"
+                r.resume_note = (
+                    f"The worker running turn {r.turn} stopped; you are continuing "
+                    "on another worker from the last pushed commit."
+                )
+
+            store.update(record.key, resume)
+            store.event(
+                record.key, "loop_resumed", reason="lease_lapsed", attempt=fresh.auto_resumes + 1
+            )
+            enqueue_loop(rt, record.repo, record.issue, replace=True)
+            log.warning("reconciler.resumed", loop=record.key, attempt=fresh.auto_resumes + 1)
+            acted.append(record.key)
+    return acted
+
+
+def _stall(rt: Runtime, record: LoopRecord) -> None:
+    def apply(r: LoopRecord) -> None:
+        r.status, r.reason, r.phase = Status.STALLED, Reason.STALL_TIMEOUT.value, "stalled"
+        r.detail = f"the worker was lost {r.auto_resumes + 1} times"
+
+    rt.store.update(record.key, apply)
+    rt.store.event(record.key, "loop_finished", status="stalled", reason="stall_timeout")
+
+
+def sweep(rt: Runtime) -> list[str]:
+    """Start loops for labelled issues whose webhook never arrived."""
+    started = []
+    for iid in rt.github.installation_ids():
+        gh = rt.github.installation(iid)
+        for repo in gh.repositories():
+            try:
+                text = gh.file(repo, repo_config.CONFIG_PATH)
+                if text is None:
+                    continue
+                label = repo_config.ready_label(text)
+                for issue in gh.open_issues_with_label(repo, label):
+                    key = f"{repo}#{issue.number}"
+                    if rt.store.get(key) is not None:
+                        continue
+                    actor = gh.last_labeler(repo, issue.number, label)
+                    if actor is None or not gh.can_write(repo, actor):
+                        continue
+                    config = repo_config.parse(text)
+                    result = start_loop(rt, repo, issue.number, iid, actor, config.max_turns)
+                    rt.store.event(key, "swept", actor=actor, result=result)
+                    started.append(key)
+            except (GitHubError, repo_config.ConfigError) as exc:
+                log.warning("reconciler.sweep_failed", repo=repo, error=str(exc))
+    return started
+
+
+def reap(rt: Runtime) -> list[str]:
+    """Recycle (or remove) worktrees on this machine that no unfinished loop needs."""
+    wt = Worktrees(rt.settings.data_dir)
+    removed = []
+    for repo, issue, path in wt.owned_worktrees():
+        record = rt.store.get(f"{repo}#{issue}")
+        if record is None or record.status == Status.COMPLETED:
+            wt.release(repo, issue)
+            removed.append(str(path))
+    return removed
+
+
+class Reconciler(threading.Thread):
+    """The timer that runs the passes above; one worker acts per interval (Redis lock)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        super().__init__(daemon=True, name="loopbot-reconciler")
+        self.rt = rt
+        self.stop = threading.Event()
+        self._last_sweep = time.time()
+
+    def run(self) -> None:
+        interval = self.rt.settings.reconcile_interval
+        while not self.stop.wait(interval):
+            try:
+                self.tick()
+            except Exception:
+                log.exception("reconciler.failed")
+
+    def tick(self) -> None:
+        log.debug("reconciler.tick")
+        reap(self.rt)  # worktrees are on this machine: every worker reaps its own
+        redis = self.rt.redis
+        if not redis.set(
+            "loopbot:reconciler", "1", nx=True, px=int(self.rt.settings.reconcile_interval * 900)
+        ):
+            return
+        resume_lapsed(self.rt)
+        if time.time() - self._last_sweep >= self.rt.settings.sweep_interval:
+            self._last_sweep = time.time()
+            sweep(self.rt)

@@ -1,0 +1,178 @@
+"""The critic's report and what follows from it: typed data and pure decisions.
+
+``plan_after_review`` is a pure function of the report (the forge-loop idea): merge,
+code again with the findings, ask a human, or stop. An approval with no findings on a
+large diff is not trusted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bot.diffmap import right_side_lines
+from bot.loopstate import Reason, Status
+
+Severity = Literal["sev1", "sev2", "sev3"]
+Category = Literal[
+    "correctness", "security", "tests", "performance", "style", "docs", "maintainability"
+]
+Verdict = Literal["approve", "request_changes", "error"]
+SEVERITIES: tuple[Severity, ...] = ("sev1", "sev2", "sev3")
+
+
+class Finding(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    severity: Severity
+    category: Category
+    path: str
+    line: int | None = Field(None, ge=1)
+    title: str = Field(min_length=1, max_length=200)
+    body: str
+
+
+class CriticReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    verdict: Verdict
+    summary: str
+    findings: list[Finding] = []
+
+    def count(self, severity: Severity) -> int:
+        return sum(1 for f in self.findings if f.severity == severity)
+
+    @property
+    def blocking(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "sev1"]
+
+
+def output_schema() -> dict[str, Any]:
+    """The JSON schema sent as ``output_config.format``: every object closed, every key
+    required (nullable where optional), as structured outputs require."""
+    finding = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["severity", "category", "path", "line", "title", "body"],
+        "properties": {
+            "severity": {
+                "type": "string",
+                "enum": list(SEVERITIES),
+                "description": "sev1 blocks the merge; sev2 should fix; sev3 nit",
+            },
+            "category": {"type": "string", "enum": list(Category.__args__)},  # type: ignore[attr-defined]
+            "path": {"type": "string"},
+            "line": {
+                "anyOf": [{"type": "integer"}, {"type": "null"}],
+                "description": "a line number on the new side of the diff, or null",
+            },
+            "title": {"type": "string"},
+            "body": {"type": "string"},
+        },
+    }
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["verdict", "summary", "findings"],
+        "properties": {
+            "verdict": {"type": "string", "enum": ["approve", "request_changes"]},
+            "summary": {"type": "string"},
+            "findings": {"type": "array", "items": finding},
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Inline:
+    path: str
+    line: int
+    body: str
+
+
+def place_findings(report: CriticReport, diff: str) -> tuple[list[Inline], list[Finding]]:
+    """Split findings into inline comments (on a line the diff shows) and the rest."""
+    lines = right_side_lines(diff)
+    inline, rest = [], []
+    for f in report.findings:
+        if f.line is not None and f.line in lines.get(f.path, set()):
+            inline.append(
+                Inline(
+                    f.path, f.line, f"**{f.severity}** · {f.category} · **{f.title}**\n\n{f.body}"
+                )
+            )
+        else:
+            rest.append(f)
+    return inline, rest
+
+
+def review_body(report: CriticReport, others: list[Finding], round_: int) -> str:
+    counts = " · ".join(f"{s}: {report.count(s)}" for s in SEVERITIES)
+    verdict = {
+        "approve": "✅ approve",
+        "request_changes": "❌ changes requested",
+        "error": "⚠️ error",
+    }[report.verdict]
+    parts = [f"### loopbot critic — {verdict}", f"Round {round_} · {counts}", report.summary]
+    if others:
+        parts.append(
+            "Findings outside the changed lines:\n"
+            + "\n".join(
+                f"- **{f.severity}** {f.category} `{f.path}{':' + str(f.line) if f.line else ''}` "
+                f"**{f.title}**: {f.body}"
+                for f in others
+            )
+        )
+    if report.blocking:
+        parts.append("sev1 findings block the merge; loopbot will address them and ask again.")
+    return "\n\n".join(parts)
+
+
+@dataclass(frozen=True)
+class MergeNext:
+    pass
+
+
+@dataclass(frozen=True)
+class CodeAgain:
+    findings: list[Finding]
+
+
+@dataclass(frozen=True)
+class NeedsHuman:
+    why: str
+
+
+@dataclass(frozen=True)
+class StopLoop:
+    status: Status
+    reason: Reason
+    detail: str
+
+
+Plan = MergeNext | CodeAgain | NeedsHuman | StopLoop
+
+
+def plan_after_review(
+    report: CriticReport, *, diff_lines: int, round_: int, max_rounds: int, large_diff_lines: int
+) -> Plan:
+    if report.verdict == "error":
+        return StopLoop(Status.FAILED, Reason.CRITIC_ERROR, report.summary)
+    if report.blocking:
+        if round_ >= max_rounds:
+            return StopLoop(
+                Status.FAILED,
+                Reason.CRITIC_ROUNDS,
+                f"{len(report.blocking)} sev1 finding(s) after {round_} review rounds",
+            )
+        return CodeAgain(report.blocking)
+    if report.verdict == "approve" and not report.findings and diff_lines > large_diff_lines:
+        return NeedsHuman(
+            f"an approval with no findings on a {diff_lines}-line diff is not "
+            "trusted; a person should review it"
+        )
+    if report.verdict == "request_changes":
+        # Changes requested without a sev1: not blocking by definition, but not an approval.
+        return NeedsHuman("the critic requested changes without a blocking finding")
+    return MergeNext()

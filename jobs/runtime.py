@@ -1,0 +1,90 @@
+"""What a worker process builds once at start-up and every job uses.
+
+``loopbot worker`` builds a ``Runtime`` from the validated settings and installs it
+before the first job; forked work horses inherit it. Nothing is read at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import ParamSpec, TypeVar
+
+import anthropic
+import structlog
+from redis import Redis
+from rq import get_current_job
+
+from bot.github import GitHubApp
+from bot.metrics import observe_job
+from bot.settings import Settings
+from bot.store import Store
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    redis: Redis
+    github: GitHubApp = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.github = GitHubApp(self.settings)
+
+    @property
+    def store(self) -> Store:
+        return Store(self.redis)
+
+    @cached_property
+    def model(self) -> anthropic.Anthropic:
+        key = self.settings.anthropic_api_key
+        base = self.settings.anthropic_base_url
+        return anthropic.Anthropic(
+            api_key=key.get_secret_value() if key else None,
+            base_url=str(base).rstrip("/") if base else None,
+            max_retries=self.settings.model_retries,  # the SDK retries 429, 529, 5xx
+            timeout=600,
+        )
+
+
+_current: Runtime | None = None
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def install(runtime: Runtime) -> Runtime:
+    global _current
+    _current = runtime
+    return runtime
+
+
+def current() -> Runtime:
+    if _current is None:
+        raise RuntimeError("no loopbot runtime installed; start jobs with `loopbot worker`")
+    return _current
+
+
+def instrumented(kind: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Wrap an RQ entry point: bind job, repo and issue to every log line, time the job."""
+
+    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(fn)
+        def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            job = get_current_job()
+            context: dict[str, object] = {"job": job.id if job else None, "job_kind": kind}
+            if len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], int):
+                context |= {"repo": args[0], "issue": args[1]}
+            started = time.monotonic()
+            with structlog.contextvars.bound_contextvars(**context):
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    with contextlib.suppress(Exception):  # metrics never fail a job
+                        observe_job(current().redis, kind, time.monotonic() - started)
+
+        return run
+
+    return wrap

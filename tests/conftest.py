@@ -1,0 +1,232 @@
+"""Shared fixtures: a private redis-server, the local GitHub and Anthropic servers, the web
+app on a real port, settings pointing at all of them, and real RQ workers.
+
+Tests never talk to a Redis they did not start: the session's own redis-server is
+flushed before each test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis import Redis
+from rq import SimpleWorker, Worker
+from werkzeug.serving import make_server
+
+from bot.logs import configure
+from bot.queues import ALL_QUEUES, CONTROL_QUEUE
+from bot.settings import Settings, load_settings
+from bot.testing.anthropic_server import AnthropicServer
+from bot.testing.github_server import GitHubServer
+from bot.testing.redis_server import RedisServer
+from bot.webapp import create_app
+from jobs import runtime as runtime_mod
+from jobs.runtime import Runtime
+
+configure("console")
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer(persist=True).start()  # persistent, for the restart test
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis(redis_server: RedisServer) -> Iterator[Redis]:
+    conn = Redis.from_url(redis_server.url)
+    conn.flushdb()  # our own server, started above
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def github(tmp_path: Path) -> Iterator[GitHubServer]:
+    server = GitHubServer(tmp_path / "github").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def model() -> Iterator[AnthropicServer]:
+    server = AnthropicServer().start()
+    yield server
+    server.stop()
+
+
+def make_env(redis_url: str, gh: GitHubServer, model_url: str, data_dir: Path) -> dict[str, str]:
+    return {
+        "REDIS_URL": redis_url,
+        "GITHUB_APP_ID": str(gh.app_id),
+        "GITHUB_PRIVATE_KEY": gh.private_key_pem,
+        "GITHUB_WEBHOOK_SECRET": gh.webhook_secret,
+        "GITHUB_API_URL": gh.url,
+        "ANTHROPIC_API_KEY": "sk-ant-local-test",
+        "ANTHROPIC_BASE_URL": model_url,
+        "LOOPBOT_DATA_DIR": str(data_dir),
+        "LOOPBOT_MODEL": "claude-test",
+        "LOOPBOT_CRITIC_MODEL": "claude-test",
+        "LOOPBOT_GITHUB_MAX_RETRY_WAIT": "5",
+        "LOOPBOT_LOG_FORMAT": "console",
+    }
+
+
+@pytest.fixture
+def env(
+    redis_server: RedisServer,
+    redis: Redis,
+    github: GitHubServer,
+    model: AnthropicServer,
+    tmp_path: Path,
+) -> dict[str, str]:
+    return make_env(redis_server.url, github, model.url, tmp_path / "data")
+
+
+@pytest.fixture
+def settings(env: dict[str, str]) -> Settings:
+    return load_settings(env, role="worker")
+
+
+@pytest.fixture
+def rt(settings: Settings, redis: Redis) -> Iterator[Runtime]:
+    runtime = runtime_mod.install(Runtime(settings, redis))
+    yield runtime
+    runtime_mod._current = None
+
+
+@dataclass
+class Web:
+    url: str
+
+    @property
+    def webhook_url(self) -> str:
+        return self.url + "/webhook"
+
+
+@pytest.fixture
+def web(settings: Settings, redis: Redis, github: GitHubServer) -> Iterator[Web]:
+    """The real Flask app on a real port; the local GitHub sends its webhooks here."""
+    server = make_server("127.0.0.1", 0, create_app(settings, redis), threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    w = Web(f"http://127.0.0.1:{server.server_port}")
+    github.webhook_url = w.webhook_url
+    yield w
+    server.shutdown()
+    server.server_close()
+
+
+def run_worker(redis: Redis, *, fork: bool = False) -> None:
+    """Drain loopbot's queues with a real RQ worker in burst mode."""
+    cls = Worker if fork else SimpleWorker
+    worker = cls(list(ALL_QUEUES), connection=redis)
+    worker.work(burst=True, with_scheduler=False, logging_level="WARNING")
+
+
+def run_control_jobs(redis: Redis) -> None:
+    """Run only the control queue: dispatch decisions, without running the loops."""
+    SimpleWorker([CONTROL_QUEUE], connection=redis).work(burst=True)
+
+
+@pytest.fixture
+def drain(redis: Redis, rt: Runtime, github: GitHubServer):  # type: ignore[no-untyped-def]
+    """Deliver pending webhooks, then run every queued job, until nothing is left."""
+
+    def _drain(rounds: int = 10) -> None:
+        for _ in range(rounds):
+            github.wait_for_webhooks()
+            if not any(redis.llen(f"rq:queue:{q}") for q in ALL_QUEUES):
+                return
+            run_worker(redis)
+
+    return _drain
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+class WorkerProcess:
+    """``loopbot worker`` as a real process (forking RQ worker, control lane, reconciler)."""
+
+    def __init__(self, env: dict[str, str], data_dir: Path) -> None:
+        self.env = {**os.environ, **env, "LOOPBOT_DATA_DIR": str(data_dir)}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = data_dir.parent / f"worker-{data_dir.name}.log"
+
+    def start(self) -> WorkerProcess:
+        exe = Path(sys.executable).parent / "loopbot"
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [str(exe), "worker"],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the worker and every descendant, as when its machine goes away.
+
+        RQ's work horse calls setsid(), so killing the process group is not enough.
+        """
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for pid in [*_descendants(self.proc.pid), self.proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@pytest.fixture
+def workers(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(name: str = "a", **extra: str) -> WorkerProcess:
+        w = WorkerProcess({**env, **extra}, tmp_path / f"data-{name}").start()
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.kill()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Git in tests must not read the developer's ~/.gitconfig.
+    os.environ.setdefault("GIT_CONFIG_NOSYSTEM", "1")

@@ -1,0 +1,77 @@
+"""Small helpers shared by the end-to-end tests (not fixtures: plain functions)."""
+
+from __future__ import annotations
+
+from redis import Redis
+
+from bot.queues import CONTROL_QUEUE, LOOP_QUEUE
+from bot.testing.github_server import GitHubServer
+
+REPO = "acme/widgets"
+
+LOOP_YML = """\
+verify: python -m unittest -q
+max_turns: 3
+"""
+
+CALC = """\
+def add(a, b):
+    return a - b
+"""
+
+TEST_CALC = """\
+import unittest
+
+from calc import add
+
+
+class AddTest(unittest.TestCase):
+    def test_add(self):
+        self.assertEqual(add(2, 3), 5)
+"""
+
+
+def sample_repo(
+    github: GitHubServer, *, loop_yml: str | None = LOOP_YML, extra: dict[str, str] | None = None
+) -> int:
+    """A repository with a failing test, installed for the App; returns the installation id."""
+    iid = github.add_installation("acme")
+    files = {"calc.py": CALC, "test_calc.py": TEST_CALC, "README.md": "# widgets\n"}
+    if loop_yml is not None:
+        files[".github/loop.yml"] = loop_yml
+    files.update(extra or {})
+    github.add_repo(
+        REPO, files, installation_id=iid, collaborators={"writer": "write", "reader": "read"}
+    )
+    return iid
+
+
+def open_issue(
+    github: GitHubServer,
+    title: str = "add() subtracts",
+    body: str = "add(2, 3) should be 5. Fix calc.add.",
+) -> int:
+    with github.as_user("writer") as u:
+        r = u.post(f"/repos/{REPO}/issues", json={"title": title, "body": body})
+        r.raise_for_status()
+        return int(r.json()["number"])
+
+
+def label(github: GitHubServer, user: str, number: int, name: str = "loop:ready") -> None:
+    with github.as_user(user) as u:
+        u.post(f"/repos/{REPO}/issues/{number}/labels", json={"labels": [name]}).raise_for_status()
+
+
+def comment(github: GitHubServer, user: str, number: int, body: str) -> int:
+    with github.as_user(user) as u:
+        r = u.post(f"/repos/{REPO}/issues/{number}/comments", json={"body": body})
+        r.raise_for_status()
+        return int(r.json()["id"])
+
+
+def queued(redis: Redis, queue: str = LOOP_QUEUE) -> int:
+    return int(redis.llen(f"rq:queue:{queue}"))
+
+
+def control_queued(redis: Redis) -> int:
+    return queued(redis, CONTROL_QUEUE)

@@ -1,0 +1,137 @@
+"""Pure decisions: loop transitions, the review plan, the merge gate. No I/O."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from bot.loopstate import LoopRecord, Reason, Status, can_restart, should_start
+from jobs import transitions as t
+from jobs.gate import (
+    AlreadyMerged,
+    Facts,
+    FixChecks,
+    Merge,
+    Refuse,
+    Review,
+    Wait,
+    decide,
+    summarize_checks,
+)
+from jobs.review import (
+    CodeAgain,
+    CriticReport,
+    Finding,
+    MergeNext,
+    NeedsHuman,
+    StopLoop,
+    plan_after_review,
+)
+
+FACTS = Facts(
+    issue_open=True,
+    pr_open=True,
+    pr_merged=False,
+    head_sha="b" * 40,
+    reviewed_sha="b" * 40,
+    open_sev1=0,
+    checks="success",
+    failing_checks=(),
+    mergeable=True,
+    require_checks=True,
+    fix_turns_used=0,
+    max_fix_turns=2,
+    waited_seconds=0,
+    max_wait_seconds=3600,
+)
+
+
+def test_gate_merges_only_reviewed_green_open_work() -> None:
+    assert decide(FACTS) == Merge("b" * 40)
+    assert decide(replace(FACTS, checks="none")) == Merge("b" * 40)
+    assert isinstance(decide(replace(FACTS, issue_open=False)), Refuse)
+    assert decide(replace(FACTS, issue_open=False)).reason == Reason.ISSUE_CLOSED  # type: ignore[union-attr]
+    assert isinstance(decide(replace(FACTS, pr_open=False)), Refuse)
+    assert isinstance(decide(replace(FACTS, open_sev1=1)), Refuse)
+    assert isinstance(decide(replace(FACTS, head_sha="c" * 40)), Review)
+    assert isinstance(decide(replace(FACTS, reviewed_sha="")), Review)
+    assert isinstance(decide(replace(FACTS, checks="pending")), Wait)
+    assert isinstance(decide(replace(FACTS, checks="pending", waited_seconds=4000)), Refuse)
+    assert decide(replace(FACTS, checks="failure", failing_checks=("ci",))) == FixChecks(("ci",))
+    assert isinstance(decide(replace(FACTS, checks="failure", fix_turns_used=2)), Refuse)
+    assert isinstance(decide(replace(FACTS, mergeable=False)), Refuse)
+    assert isinstance(decide(replace(FACTS, mergeable=None)), Wait)
+    assert decide(replace(FACTS, checks="failure", require_checks=False)) == Merge("b" * 40)
+    assert decide(replace(FACTS, pr_merged=True, issue_open=False)) == AlreadyMerged()
+
+
+def test_closed_issue_wins_over_everything_else() -> None:
+    bad = replace(FACTS, issue_open=False, head_sha="c" * 40, checks="failure", open_sev1=2)
+    assert decide(bad).reason == Reason.ISSUE_CLOSED  # type: ignore[union-attr]
+
+
+def test_checks_summary_ignores_loopbots_own_runs() -> None:
+    assert summarize_checks([("loopbot", "in_progress", None)], []) == ("none", ())
+    assert summarize_checks([("ci", "completed", "success")], [("lint", "pending")])[0] == "pending"
+    assert summarize_checks([("ci", "completed", "failure")], [("lint", "error")]) == (
+        "failure",
+        ("ci", "lint"),
+    )
+    assert summarize_checks([("ci", "completed", "skipped")], [])[0] == "success"
+
+
+def f(sev: str) -> Finding:
+    return Finding(severity=sev, category="correctness", path="a.py", line=1, title="t", body="b")  # type: ignore[arg-type]
+
+
+def test_review_plan() -> None:
+    kw = {"diff_lines": 10, "round_": 1, "max_rounds": 3, "large_diff_lines": 400}
+    assert plan_after_review(CriticReport(verdict="approve", summary="ok"), **kw) == MergeNext()  # type: ignore[arg-type]
+    sev1 = CriticReport(verdict="request_changes", summary="no", findings=[f("sev1"), f("sev3")])
+    plan = plan_after_review(sev1, **kw)  # type: ignore[arg-type]
+    assert isinstance(plan, CodeAgain) and len(plan.findings) == 1
+    last = plan_after_review(sev1, **{**kw, "round_": 3})  # type: ignore[arg-type]
+    assert isinstance(last, StopLoop) and last.reason == Reason.CRITIC_ROUNDS
+    big = plan_after_review(
+        CriticReport(verdict="approve", summary="ok"), **{**kw, "diff_lines": 900}
+    )  # type: ignore[arg-type]
+    assert isinstance(big, NeedsHuman)
+    err = plan_after_review(CriticReport(verdict="error", summary="bad"), **kw)  # type: ignore[arg-type]
+    assert isinstance(err, StopLoop) and err.reason == Reason.CRITIC_ERROR
+    minor = CriticReport(verdict="approve", summary="ok", findings=[f("sev2")])
+    assert plan_after_review(minor, **{**kw, "diff_lines": 900}) == MergeNext()  # type: ignore[arg-type]
+
+
+def test_turn_transitions() -> None:
+    go = {"turn": 0, "max_turns": 3, "issue_open": True, "has_label": True, "cancel": None}
+    assert t.before_turn(**go) == t.RunTurn(1)  # type: ignore[arg-type]
+    assert t.before_turn(**{**go, "turn": 3}) == t.Stop(
+        Status.FAILED, Reason.MAX_TURNS, "3 turns without passing verify"
+    )  # type: ignore[arg-type]
+    assert t.before_turn(**{**go, "issue_open": False}).reason == Reason.ISSUE_INACTIVE  # type: ignore[arg-type,union-attr]
+    assert t.before_turn(**{**go, "has_label": False}).reason == Reason.ISSUE_INACTIVE  # type: ignore[arg-type,union-attr]
+    assert t.before_turn(**{**go, "cancel": "cancelled"}).reason == Reason.CANCELLED  # type: ignore[arg-type,union-attr]
+    after = {
+        "end": "finished",
+        "verify_passed": True,
+        "has_changes": True,
+        "cost": 0.1,
+        "max_cost": 1.0,
+        "verify_tail": "x",
+    }
+    assert t.after_turn(**after) == t.Verified()  # type: ignore[arg-type]
+    assert isinstance(t.after_turn(**{**after, "verify_passed": False}), t.Continue)  # type: ignore[arg-type]
+    assert isinstance(t.after_turn(**{**after, "has_changes": False}), t.Continue)  # type: ignore[arg-type]
+    assert t.after_turn(**{**after, "cost": 1.0}).reason == Reason.BUDGET  # type: ignore[arg-type,union-attr]
+    assert t.after_turn(**{**after, "end": "stalled"}).status == Status.STALLED  # type: ignore[arg-type,union-attr]
+    capped = t.after_turn(**{**after, "end": "doom_loop", "verify_passed": False})  # type: ignore[arg-type]
+    assert isinstance(capped, t.Continue) and "same tool call" in capped.failure
+
+
+def test_start_and_restart_rules() -> None:
+    r = LoopRecord(repo="a/b", issue=1, installation_id=1)
+    assert should_start(None) == (True, "")
+    assert should_start(r)[0] is False  # queued: one loop per issue
+    assert can_restart(r.model_copy(update={"status": Status.COMPLETED}), False)[0] is False
+    assert can_restart(r.model_copy(update={"status": Status.FAILED}), False)[0] is True
+    assert can_restart(r.model_copy(update={"status": Status.RUNNING}), True)[0] is False
+    assert can_restart(r.model_copy(update={"status": Status.RUNNING}), False)[0] is True

@@ -1,0 +1,335 @@
+"""Critic and merge gate end to end: real RQ worker, real git, local GitHub and model."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from redis import Redis
+
+from bot.loopstate import Status
+from bot.store import Store
+from bot.testing import anthropic_server as m
+from bot.testing import gitrepo
+from bot.testing.anthropic_server import AnthropicServer
+from bot.testing.github_server import GitHubServer
+from tests.conftest import Web
+from tests.helpers import REPO, label, open_issue, sample_repo
+
+YML = "verify: python3 -m unittest -q\nmax_turns: 3\n"
+FIX = m.replace("calc.py", "return a - b", "return a + b")
+KEY = f"{REPO}#1"
+
+
+def report(
+    verdict: str = "approve",
+    findings: list[dict[str, Any]] | None = None,
+    summary: str = "Looks right.",
+) -> m.Reply:
+    return m.structured({"verdict": verdict, "summary": summary, "findings": findings or []})
+
+
+def finding(
+    sev: str, path: str, line: int | None, title: str = "t", cat: str = "correctness"
+) -> dict[str, Any]:
+    return {
+        "severity": sev,
+        "category": cat,
+        "path": path,
+        "line": line,
+        "title": title,
+        "body": f"{title} body",
+    }
+
+
+def run(github: GitHubServer, drain: Any, yml: str = YML) -> None:
+    sample_repo(github, loop_yml=yml)
+    n = open_issue(github)
+    label(github, "writer", n)
+    drain()
+
+
+def record(redis: Redis) -> Any:
+    return Store(redis).get(KEY)
+
+
+def main_log(github: GitHubServer) -> list[str]:
+    return gitrepo.git(github.repo(REPO).path, "log", "--format=%s", "main").splitlines()
+
+
+def is_critic(body: dict[str, Any]) -> bool:
+    return "output_config" in body
+
+
+def test_clean_report_reviews_inline_and_squash_merges(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    model.play(
+        FIX,
+        m.text("Fixed add."),
+        report(
+            findings=[
+                finding("sev3", "calc.py", 2, "nit: docstring", "docs"),
+                finding("sev2", "README.md", 1, "mention add", "docs"),
+            ]
+        ),
+    )
+    run(github, drain)
+    r = record(redis)
+    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    repo = github.repo(REPO)
+    reviews = repo.reviews[r.pr_number]
+    assert len(reviews) == 1 and reviews[0]["state"] == "COMMENTED"
+    assert "sev1: 0 · sev2: 1 · sev3: 1" in reviews[0]["body"]
+    assert "mention add" in reviews[0]["body"]  # not on a changed line: listed in the body
+    inline = repo.review_comments[r.pr_number]
+    assert [(c["path"], c["line"]) for c in inline] == [("calc.py", 2)]
+    critic_runs = [c for c in repo.check_runs.values() if c["name"] == "loopbot/critic"]
+    assert critic_runs[-1]["conclusion"] == "success"
+    assert critic_runs[-1]["output"]["annotations"][0]["annotation_level"] == "notice"
+    # A real squash merge: one new commit on main, with the fix; branch deleted; issue closed.
+    assert main_log(github)[0] == f"add() subtracts (#{r.pr_number})"
+    assert "return a + b" in github.file_at(REPO, "main", "calc.py")  # type: ignore[operator]
+    assert github.ref(REPO, "loop/issue-1") is None
+    assert repo.issues[1].state == "closed"
+    assert r.reviewed_sha == repo.pulls[r.pr_number].closed_head_sha
+    critic_req = next(b for b in model.requests if is_critic(b))
+    assert critic_req["output_config"]["format"]["type"] == "json_schema"
+    assert "diff --git a/calc.py" in critic_req["messages"][0]["content"]
+    assert "sev3" in json.dumps(critic_req["output_config"])
+
+
+def test_issue_closed_during_review_refuses(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    def close_during_review(body: dict[str, Any]) -> m.Item:
+        with github.as_user("writer") as u:
+            u.patch(f"/repos/{REPO}/issues/1", json={"state": "closed"})
+        return report()
+
+    model.play(FIX, m.text("Fixed."))
+    model.responder = close_during_review
+    run(github, drain)
+    r = record(redis)
+    assert (r.status, r.reason) == (Status.REFUSED, "issue_closed"), r
+    assert len(main_log(github)) == 1  # only the initial commit: nothing merged
+    pr_comments = [c for c in github.repo(REPO).comments.values() if c["_issue"] == r.pr_number]
+    assert any("did not merge" in c["body"] and "closed" in c["body"] for c in pr_comments)
+
+
+def test_sev1_goes_back_to_coding_then_merges(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    model.play(
+        FIX,
+        m.text("Fixed."),
+        report("request_changes", [finding("sev1", "calc.py", 2, "no test for negatives")]),
+        m.write_file(
+            "test_neg.py",
+            "import unittest\nfrom calc import add\n\n\n"
+            "class T(unittest.TestCase):\n    def test_neg(self):\n"
+            "        self.assertEqual(add(-1, -1), -2)\n",
+        ),
+        m.text("Added a test for negatives."),
+        report(),
+    )
+    run(github, drain)
+    r = record(redis)
+    assert (r.status, r.reason, r.critic_round) == (Status.COMPLETED, "merged", 2), r
+    # The further turn's prompt carried the finding, on the same conversation.
+    fix_turn = [b for b in model.requests if not is_critic(b)][2]
+    texts = json.dumps(fix_turn["messages"][-1])
+    assert "no test for negatives" in texts and "sev1" in texts
+    assert len(github.repo(REPO).reviews[r.pr_number]) == 2
+    assert github.file_at(REPO, "main", "test_neg.py") is not None
+
+
+def test_head_pushed_by_someone_else_is_reviewed_before_merge(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    pushed: list[str] = []
+
+    def push_during_review(body: dict[str, Any]) -> m.Item:
+        if not pushed:  # someone pushes to the branch while the critic reads the old head
+            path = github.repo(REPO).path
+            pushed.append(gitrepo.seed(path, "loop/issue-1", {"EXTRA.md": "sneaky\n"}, "extra"))
+        return report()
+
+    model.play(FIX, m.text("Fixed."))
+    model.responder = push_during_review
+    run(github, drain)
+    r = record(redis)
+    assert r.status == Status.COMPLETED, r
+    reviews = github.repo(REPO).reviews[r.pr_number]
+    # Two reviews: the old head, then the new one; the merge pinned the reviewed new head.
+    assert len(reviews) == 2
+    assert reviews[-1]["commit_id"] == pushed[0] == r.reviewed_sha
+    events = [e["data"].get("decision") for e in Store(redis).events(KEY) if e["kind"] == "gate"]
+    assert events[0] == "Review" and events[-1] == "Merge"
+
+
+def test_checks_pending_then_green_merges(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    def ci_starts(body: dict[str, Any]) -> m.Item:
+        sha = github.ref(REPO, "loop/issue-1")
+        with github.as_user("acme") as u:
+            u.post(f"/repos/{REPO}/statuses/{sha}", json={"state": "pending", "context": "ci"})
+        return report()
+
+    model.play(FIX, m.text("Fixed."))
+    model.responder = ci_starts
+    run(github, drain)
+    r = record(redis)
+    assert (r.status, r.phase) == (Status.MERGING, "waiting_for_checks"), r
+    sha = github.ref(REPO, "loop/issue-1")
+    with github.as_user("acme") as u:
+        u.post(f"/repos/{REPO}/statuses/{sha}", json={"state": "success", "context": "ci"})
+    github.complete_check_suite(REPO, sha)  # type: ignore[arg-type]
+    drain()
+    assert record(redis).status == Status.COMPLETED
+
+
+def test_failing_checks_get_a_fix_turn(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    failed: list[str] = []
+
+    def ci(body: dict[str, Any]) -> m.Item:
+        if not is_critic(body):
+            # The fix turn: edit a file, then finish, so the gate sees a new head.
+            last = body["messages"][-1]["content"]
+            if any(b.get("type") == "tool_result" for b in last):
+                return m.text("Fixed the lint problem.")
+            return m.write_file("LINT.md", "clean\n")
+        sha = github.ref(REPO, "loop/issue-1")
+        if not failed:  # CI fails on the first head only
+            failed.append(sha)  # type: ignore[arg-type]
+            with github.as_user("acme") as u:
+                u.post(
+                    f"/repos/{REPO}/statuses/{sha}", json={"state": "failure", "context": "lint"}
+                )
+        return report()
+
+    model.play(FIX, m.text("Fixed."))
+    model.responder = ci
+    run(github, drain)
+    r = record(redis)
+    assert (r.status, r.reason, r.check_fixes) == (Status.COMPLETED, "merged", 1), r
+    fix_prompt = json.dumps([b for b in model.requests if not is_critic(b)][2]["messages"][-1])
+    assert "lint" in fix_prompt
+    assert r.reviewed_sha != failed[0]  # the failing head was never merged
+    assert github.file_at(REPO, "main", "LINT.md") == "clean\n"
+
+
+def test_checks_that_keep_failing_are_refused(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    def ci(body: dict[str, Any]) -> m.Item:
+        if not is_critic(body):
+            return m.text("Tried.")
+        sha = github.ref(REPO, "loop/issue-1")
+        with github.as_user("acme") as u:
+            u.post(f"/repos/{REPO}/statuses/{sha}", json={"state": "failure", "context": "lint"})
+        return report()
+
+    model.play(FIX, m.text("Fixed."))
+    model.responder = ci
+    run(github, drain, YML + "merge:\n  max_fix_turns: 1\n")
+    r = record(redis)
+    assert (r.status, r.reason, r.check_fixes) == (Status.REFUSED, "checks_failed", 1), r
+    assert len(main_log(github)) == 1
+
+
+def test_lost_answer_after_review_still_one_review(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    github.inject("POST", r"/pulls/\d+/reviews$", 502, after=True)
+    model.play(FIX, m.text("Fixed."), report())
+    run(github, drain)
+    r = record(redis)
+    assert r.status == Status.COMPLETED
+    assert len(github.repo(REPO).reviews[r.pr_number]) == 1
+
+
+def test_malformed_critic_answer_twice_is_an_error_and_no_merge(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    model.play(
+        FIX,
+        m.text("Fixed."),
+        m.text("LGTM!"),
+        m.structured({"verdict": "approve", "summary": "x", "findings": [{"severity": "sev9"}]}),
+    )
+    run(github, drain)
+    r = record(redis)
+    assert (r.status, r.reason, r.verdict) == (Status.FAILED, "critic_error", "error"), r
+    assert len(main_log(github)) == 1
+    critic_runs = [
+        c for c in github.repo(REPO).check_runs.values() if c["name"] == "loopbot/critic"
+    ]
+    assert critic_runs[-1]["conclusion"] == "failure"
+    status = next(
+        c
+        for c in github.repo(REPO).comments.values()
+        if c["_issue"] == 1 and c["user"]["type"] == "Bot"
+    )["body"]
+    assert "critic_error" in status and "did not validate" in status
+    assert [e["kind"] for e in Store(redis).events(KEY)].count("critic_invalid") == 2
+
+
+def test_approval_without_findings_on_a_large_diff_needs_a_human(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    big = "\n".join(f"# line {i}" for i in range(50)) + "\n"
+    model.play(FIX, m.write_file("notes.py", big), m.text("Fixed."), report())
+    run(github, drain, YML + "critic:\n  large_diff_lines: 20\n")
+    r = record(redis)
+    assert (r.status, r.reason) == (Status.REFUSED, "needs_human")
+    assert "loop:needs-human" in github.repo(REPO).issues[1].labels
+    assert len(main_log(github)) == 1
+
+
+def test_human_feedback_on_the_pr_gets_a_turn_then_review_and_merge(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    def ci_pending_once(body: dict[str, Any]) -> m.Item:
+        sha = github.ref(REPO, f"loop/issue-{n}")
+        if not github.repo(REPO).statuses:
+            with github.as_user("acme") as u:
+                u.post(f"/repos/{REPO}/statuses/{sha}", json={"state": "pending", "context": "ci"})
+        return report()
+
+    model.play(FIX, m.text("Fixed."), report())
+    run(github, drain, YML)
+    assert record(redis).status == Status.COMPLETED
+    # A second issue, held at the gate by pending CI, gets a human's /loop request.
+    n = open_issue(github, "second", "Add a docstring to add().")
+    assert n == 3  # issue 1, its PR 2, this issue 3
+    model.play(
+        m.replace("calc.py", "    return a + b", '    """Add."""\n    return a + b'),
+        m.text("Docstring."),
+    )
+    model.responder = ci_pending_once
+    label(github, "writer", n)
+    drain()
+    key = f"{REPO}#{n}"
+    rec = Store(redis).get(key)
+    assert rec is not None and rec.phase == "waiting_for_checks", rec
+    model.responder = None
+    model.play(
+        m.write_file("CHANGELOG.md", "- add() adds\n"), m.text("Added a changelog."), report()
+    )
+    with github.as_user("reader") as u:  # a non-writer's request changes nothing
+        u.post(f"/repos/{REPO}/issues/{rec.pr_number}/comments", json={"body": "/loop delete all"})
+    with github.as_user("writer") as u:
+        u.post(
+            f"/repos/{REPO}/issues/{rec.pr_number}/comments",
+            json={"body": "/loop please add a changelog entry"},
+        )
+    drain()
+    rec = Store(redis).get(key)
+    assert rec is not None and rec.status == Status.COMPLETED, rec
+    turn_prompt = json.dumps([b for b in model.requests if not is_critic(b)][-2]["messages"])
+    assert "please add a changelog entry" in turn_prompt and "delete all" not in turn_prompt
+    assert github.file_at(REPO, "main", "CHANGELOG.md") == "- add() adds\n"

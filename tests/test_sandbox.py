@@ -1,0 +1,120 @@
+"""The sandbox, run for real under bubblewrap."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot.settings import Settings
+from jobs.sandbox import Sandbox, SandboxUnavailable
+
+
+@pytest.fixture
+def box_settings(tmp_path: Path) -> Settings:
+    from bot.settings import load_settings
+
+    key = tmp_path / "app-key.pem"
+    key.write_text(
+        "-----BEGIN RSA PRIVATE KEY-----\nsecret-key-material\n-----END RSA PRIVATE KEY-----\n"
+    )
+    env = {
+        "GITHUB_APP_ID": "1",
+        "GITHUB_PRIVATE_KEY_PATH": str(key),
+        "GITHUB_WEBHOOK_SECRET": "whsec",
+        "LOOPBOT_DATA_DIR": str(tmp_path / "data"),
+        "ANTHROPIC_API_KEY": "sk-secret",
+    }
+    (tmp_path / "data" / "mirrors").mkdir(parents=True)
+    (tmp_path / "data" / "mirrors" / "other-secret.txt").write_text("other repo")
+    return load_settings(env, role="worker")
+
+
+@pytest.fixture
+def worktree(box_settings: Settings) -> Path:
+    wt = box_settings.data_dir / "worktrees" / "issue-1"
+    wt.mkdir(parents=True)
+    (wt / "hello.txt").write_text("hi\n")
+    return wt
+
+
+def test_runs_in_worktree_and_can_write_there(box_settings: Settings, worktree: Path) -> None:
+    r = Sandbox(worktree, settings=box_settings).run("cat hello.txt && echo made > new.txt && pwd")
+    assert r.passed, r.output
+    assert "hi" in r.output and str(worktree) in r.output
+    assert (worktree / "new.txt").read_text() == "made\n"
+
+
+def test_cannot_write_outside_worktree(
+    box_settings: Settings, worktree: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "escape.txt"
+    r = Sandbox(worktree, settings=box_settings).run(
+        f"echo x > {target}; echo x > /etc/evil; echo x > ../sibling"
+    )
+    assert not target.exists()
+    assert not Path("/etc/evil").exists()
+    assert not (worktree.parent / "sibling").exists()
+    assert "Read-only file system" in r.output or "No such file" in r.output
+
+
+def test_tmp_is_private_and_writable(box_settings: Settings, worktree: Path) -> None:
+    r = Sandbox(worktree, settings=box_settings).run("echo x > /tmp/t && cat /tmp/t && ls -A /tmp")
+    assert r.passed and "home" in r.output
+
+
+def test_no_network(box_settings: Settings, worktree: Path, redis_server: object) -> None:
+    port = redis_server.port  # type: ignore[attr-defined]
+    connect = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)"
+    probe = f"python3 -c \"{connect}; print('CONNECTED')\""
+    r = Sandbox(worktree, settings=box_settings).run(probe)
+    assert "CONNECTED" not in r.output and not r.passed
+    allowed = Sandbox(worktree, settings=box_settings, network=True).run(probe)
+    assert "CONNECTED" in allowed.output
+
+
+def test_secrets_and_environment_are_hidden(
+    box_settings: Settings, worktree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GITHUB_WEBHOOK_SECRET", "whsec")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-secret")
+    key = box_settings.github_private_key_path
+    r = Sandbox(worktree, settings=box_settings).run(
+        f"env; cat {key}; ls {box_settings.data_dir}/mirrors; "
+        "echo PROCS=$(ls /proc | grep -c '^[0-9]')"
+    )
+    assert "sk-secret" not in r.output and "whsec" not in r.output
+    assert "secret-key-material" not in r.output
+    assert "other-secret" not in r.output
+    # A new PID namespace: only the sandbox's own few processes, not the worker's.
+    procs = int(r.output.split("PROCS=")[1].split()[0])
+    assert procs < 6
+
+
+def test_timeout_kills_the_whole_tree(box_settings: Settings, worktree: Path) -> None:
+    r = Sandbox(worktree, settings=box_settings, timeout=1).run("sleep 30 & sleep 30; echo never")
+    assert r.timed_out and not r.passed and r.seconds < 10
+    assert "timed out" in r.output
+
+
+def test_output_is_bounded(box_settings: Settings, worktree: Path) -> None:
+    r = Sandbox(worktree, settings=box_settings, max_output=4096).run(
+        "python3 -c \"print('A' * 100000); print('THE END')\""
+    )
+    assert r.truncated and len(r.output) < 5000
+    assert "THE END" in r.output and "omitted" in r.output
+
+
+def test_exit_codes_pass_through(box_settings: Settings, worktree: Path) -> None:
+    assert Sandbox(worktree, settings=box_settings).run("exit 3").exit_code == 3
+
+
+def test_refuses_without_bubblewrap_unless_opted_out(
+    box_settings: Settings, worktree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("jobs.sandbox.bwrap_path", lambda: None)
+    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        Sandbox(worktree, settings=box_settings)
+    opted = box_settings.model_copy(update={"allow_unsandboxed": True})
+    r = Sandbox(worktree, settings=opted).run("echo $ANTHROPIC_API_KEY; echo ok")
+    assert r.passed and "sk-secret" not in r.output
