@@ -191,15 +191,22 @@ def run_demo(keep: bool = False) -> int:
         store = Store(redis)
         last = "0"
         record = None
+        finished = False
+        settled_at: float | None = None
         while time.monotonic() - start < DEADLINE:
             for event in store.follow(key, last, block_ms=200):
                 last = event["id"]
+                finished = finished or event["kind"] == "loop_finished"
                 text = _describe(event)
                 if text:
                     _line(start, text)
             record = store.get(key)
             if record is not None and record.status in TERMINAL:
-                break
+                # The record turns terminal a moment before its closing event is written;
+                # wait (briefly) for that event so the story ends with it.
+                settled_at = settled_at or time.monotonic()
+                if finished or time.monotonic() - settled_at > 5:
+                    break
             if worker.poll() is not None:
                 click.echo((root / "worker.log").read_text(errors="replace")[-3000:], err=True)
                 click.echo("loopbot demo: the worker exited", err=True)
