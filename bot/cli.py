@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from bot.logs import configure, get_logger
+from bot.loopstate import Status
 from bot.queues import ALL_QUEUES, CONTROL_QUEUE
 from bot.redis_conn import connect
 from bot.settings import Role, Settings, SettingsError, load_settings
@@ -136,8 +137,17 @@ def _loop_ref(value: str) -> tuple[str, int]:
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def status(as_json: bool) -> None:
-    """Every loop: status, phase, turn, cost and pull request."""
+@click.option(
+    "--limit", default=100, show_default=True, type=click.IntRange(min=0), help="0 shows all"
+)
+@click.option(
+    "--status",
+    "only",
+    type=click.Choice([s.value for s in Status]),
+    help="only loops with this status",
+)
+def status(as_json: bool, limit: int, only: str | None) -> None:
+    """Loops, newest first: status, phase, turn, cost and pull request."""
     import json
 
     from redis.exceptions import RedisError
@@ -145,33 +155,34 @@ def status(as_json: bool) -> None:
     from bot.store import Store
 
     try:
-        records = Store(_redis_only()).all()
+        found, total = Store(_redis_only()).recent(limit or 10**9, 0, only)
     except RedisError as exc:
         click.echo(f"loopbot: cannot read Redis: {exc}", err=True)
         raise SystemExit(1) from None
-    records.sort(key=lambda r: -r.updated_at)
     if as_json:
-        click.echo(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
+        click.echo(json.dumps(found, indent=2))
         return
-    if not records:
-        click.echo("no loops yet")
+    if not found:
+        click.echo(f"no {only} loops" if only else "no loops yet")
         return
     rows = [("LOOP", "STATUS", "PHASE", "TURN", "COST", "PR", "REASON")]
-    for r in records:
+    for r in found:
         rows.append(
             (
-                r.key,
-                r.status.value,
-                r.phase,
-                f"{r.turn}/{r.max_turns}",
-                f"${r.cost_usd:.2f}",
-                f"#{r.pr_number}" if r.pr_number else "-",
-                r.reason or "-",
+                r["key"],
+                r["status"],
+                r["phase"],
+                f"{r['turn']}/{r['max_turns']}",
+                f"${r['cost_usd']:.2f}",
+                f"#{r['pr_number']}" if r["pr_number"] else "-",
+                r["reason"] or "-",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    if total > len(found):
+        click.echo(f"({total - len(found)} older not shown; --limit 0 shows all)")
 
 
 @main.command()

@@ -8,11 +8,14 @@ answers 404, never an open page. With a token, requests carry it as
 from __future__ import annotations
 
 import hmac
+from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any
 
 from flask import Blueprint, Response, abort, jsonify, make_response, redirect, request
 
+from bot.loopstate import SUMMARY_FIELDS, Status
 from bot.settings import Settings
 from bot.store import Store
 
@@ -68,9 +71,21 @@ def blueprint(settings: Settings, store: Store) -> Blueprint:
         return LOOP_PAGE
 
     @bp.get("/api/loops")
-    def api_loops() -> Response:
-        records = sorted(store.all(), key=lambda r: -r.updated_at)
-        return jsonify([_summary(r.model_dump(mode="json")) for r in records])
+    def api_loops() -> tuple[Response, int]:
+        try:
+            page = parse_page(request.args)
+        except ValueError as exc:
+            return jsonify({"error": str(exc)}), 400
+        rows, total = store.recent(page.limit, page.offset, page.status)
+        return jsonify(
+            {
+                "loops": [_summary(r) for r in rows],
+                "total": total,
+                "limit": page.limit,
+                "offset": page.offset,
+                "status": page.status,
+            }
+        ), 200
 
     @bp.get("/api/loops/<owner>/<repo>/<int:issue>")
     def api_loop(owner: str, repo: str, issue: int) -> Response:
@@ -92,23 +107,46 @@ def blueprint(settings: Settings, store: Store) -> Blueprint:
 
 
 def _summary(d: dict[str, Any]) -> dict[str, Any]:
-    keep = (
-        "repo",
-        "issue",
-        "status",
-        "phase",
-        "turn",
-        "max_turns",
-        "cost_usd",
-        "pr_number",
-        "pr_url",
-        "reason",
-        "updated_at",
-        "branch",
-        "critic_round",
-        "verdict",
+    return {k: d[k] for k in SUMMARY_FIELDS}
+
+
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class Page:
+    limit: int
+    offset: int
+    status: str | None
+
+
+def parse_page(args: Mapping[str, str]) -> Page:
+    """``limit``, ``offset`` and ``status`` from a query string, or a ValueError that says
+    which one is wrong."""
+
+    def number(name: str, default: int, low: int, high: int) -> int:
+        raw = args.get(name)
+        if raw is None or raw == "":
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"{name} must be a whole number, got {raw!r}") from None
+        if not low <= value <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, got {value}")
+        return value
+
+    status = args.get("status") or None
+    if status is not None and status not in {s.value for s in Status}:
+        raise ValueError(
+            f"status must be one of {', '.join(s.value for s in Status)}, got {status!r}"
+        )
+    return Page(
+        limit=number("limit", DEFAULT_LIMIT, 1, MAX_LIMIT),
+        offset=number("offset", 0, 0, 10**9),
+        status=status,
     )
-    return {k: d[k] for k in keep}
 
 
 def _page(name: str) -> str:

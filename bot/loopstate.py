@@ -141,3 +141,34 @@ def should_start(record: LoopRecord | None) -> tuple[bool, str]:
     if record.status == Status.COMPLETED:
         return False, "this issue's loop already completed"
     return True, "restarting"  # re-adding the label to a stopped loop resumes it
+
+
+# The fields a list of loops shows (dashboard, `loopbot status`, metrics): a few hundred
+# bytes, where a whole record carries findings and verify output and runs to kilobytes.
+SUMMARY_FIELDS = (
+    "repo",
+    "issue",
+    "status",
+    "phase",
+    "turn",
+    "max_turns",
+    "cost_usd",
+    "pr_number",
+    "pr_url",
+    "reason",
+    "updated_at",
+    "branch",
+    "critic_round",
+    "verdict",
+)
+
+
+def summarize(record: LoopRecord) -> dict[str, Any]:
+    """The record's list view, with token totals per ``model/role`` for the metrics."""
+    data = record.model_dump(mode="json", include=set(SUMMARY_FIELDS))
+    data["key"] = record.key
+    data["tokens"] = {
+        slot: [u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens]
+        for slot, u in record.usage.items()
+    }
+    return data

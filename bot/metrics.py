@@ -23,6 +23,7 @@ from bot.store import Store
 
 JOB_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, float("inf"))
 _JOB_KEY = "loopbot:metrics:job:"
+_JOB_KINDS = "loopbot:metrics:job-kinds"  # which histograms exist: no keyspace SCAN per scrape
 
 WEBHOOK_SECONDS = Histogram(
     "loopbot_webhook_seconds",
@@ -39,7 +40,12 @@ def observe_job(redis: Any, kind: str, seconds: float) -> None:
         if seconds <= bound:
             pipe.hincrby(key, str(bound), 1)
     pipe.hincrbyfloat(key, "sum", seconds)
+    pipe.sadd(_JOB_KINDS, kind)
     pipe.execute()
+
+
+# The order of the token counts in a summary (see bot.loopstate.summarize).
+TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
 
 
 class RedisCollector(Collector):
@@ -47,36 +53,33 @@ class RedisCollector(Collector):
         self.redis = redis
 
     def collect(self) -> Iterator[Any]:
-        store = Store(self.redis)
-        records = store.all()
+        # Summaries, not whole records: a scrape stays cheap with thousands of loops.
+        summaries = Store(self.redis).summaries()
         loops = GaugeMetricFamily("loopbot_loops", "Loops by status", labels=["status"])
         counts = {s.value: 0 for s in Status}
-        for r in records:
-            counts[r.status.value] += 1
+        for row in summaries:
+            counts[row["status"]] = counts.get(row["status"], 0) + 1
         for status, n in counts.items():
             loops.add_metric([status], n)
         yield loops
         yield CounterMetricFamily(
-            "loopbot_turns", "Agent turns run by all loops", value=sum(r.turn for r in records)
+            "loopbot_turns",
+            "Agent turns run by all loops",
+            value=sum(row["turn"] for row in summaries),
         )
         yield CounterMetricFamily(
             "loopbot_cost_usd",
             "Model cost of all loops in USD",
-            value=sum(r.cost_usd for r in records),
+            value=sum(row["cost_usd"] for row in summaries),
         )
         tokens = CounterMetricFamily(
             "loopbot_tokens", "Model tokens", labels=["model", "role", "kind"]
         )
         totals: dict[tuple[str, str, str], int] = {}
-        for r in records:
-            for slot, u in r.usage.items():
+        for row in summaries:
+            for slot, counts_by_kind in row["tokens"].items():
                 model, _, role = slot.rpartition("/")
-                for kind, n in (
-                    ("input", u.input_tokens),
-                    ("output", u.output_tokens),
-                    ("cache_read", u.cache_read_tokens),
-                    ("cache_write", u.cache_write_tokens),
-                ):
+                for kind, n in zip(TOKEN_KINDS, counts_by_kind, strict=True):
                     totals[(model, role, kind)] = totals.get((model, role, kind), 0) + n
         for labels, n in sorted(totals.items()):
             tokens.add_metric(list(labels), n)
@@ -88,9 +91,12 @@ class RedisCollector(Collector):
         hist = HistogramMetricFamily(
             "loopbot_job_duration_seconds", "Job durations", labels=["job"]
         )
-        for raw in self.redis.scan_iter(_JOB_KEY + "*"):
-            kind = (raw.decode() if isinstance(raw, bytes) else raw).removeprefix(_JOB_KEY)
-            data = {k.decode(): float(v) for k, v in self.redis.hgetall(raw).items()}
+        kinds = sorted(k.decode() for k in self.redis.smembers(_JOB_KINDS))
+        pipe = self.redis.pipeline(transaction=False)
+        for kind in kinds:
+            pipe.hgetall(_JOB_KEY + kind)
+        for kind, raw in zip(kinds, pipe.execute(), strict=True):
+            data = {k.decode(): float(v) for k, v in raw.items()}
             buckets = [
                 (("+Inf" if b == float("inf") else str(b)), data.get(str(b), 0.0))
                 for b in JOB_BUCKETS

@@ -3,6 +3,8 @@
 Keys (all under ``loopbot:``):
   loop:{repo}#{n}       JSON LoopRecord
   loops                 set of loop keys
+  summaries             hash: loop key -> JSON summary (the list view; see summarize)
+  recent                sorted set: loop key scored by updated_at (newest first paging)
   conv:{repo}#{n}       JSON conversation (the agent's messages), large, kept apart
   events:{repo}#{n}     Redis Stream of this loop's events
   events                Redis Stream of all events (capped)
@@ -21,15 +23,27 @@ from typing import Any
 from redis import Redis
 from redis.exceptions import WatchError
 
-from bot.loopstate import LoopRecord
+from bot.loopstate import LoopRecord, summarize
 
 P = "loopbot:"
 GLOBAL_EVENTS_MAXLEN = 50_000
 LOOP_EVENTS_MAXLEN = 5_000
+SUMMARIES = P + "summaries"
+RECENT = P + "recent"
 
 
 def _k(kind: str, key: str) -> str:
     return f"{P}{kind}:{key}"
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _index(pipe: Any, record: LoopRecord) -> None:
+    """Keep the list view in step with the record, in the same transaction."""
+    pipe.hset(SUMMARIES, record.key, json.dumps(summarize(record)))
+    pipe.zadd(RECENT, {record.key: record.updated_at})
 
 
 class Store:
@@ -44,11 +58,14 @@ class Store:
         raw = self.redis.get(_k("loop", key))
         return None if raw is None else LoopRecord.model_validate_json(raw)
 
-    def put(self, record: LoopRecord) -> LoopRecord:
-        record.updated_at = time.time()
+    def put(self, record: LoopRecord, *, touch: bool = True) -> LoopRecord:
+        """Write ``record`` whole; ``touch=False`` keeps its ``updated_at`` (restores, tests)."""
+        if touch:
+            record.updated_at = time.time()
         pipe = self.redis.pipeline()
         pipe.set(_k("loop", record.key), record.model_dump_json())
         pipe.sadd(P + "loops", record.key)
+        _index(pipe, record)
         pipe.execute()
         return record
 
@@ -67,6 +84,7 @@ class Store:
                     record.updated_at = time.time()
                     pipe.multi()
                     pipe.set(rkey, record.model_dump_json())
+                    _index(pipe, record)
                     pipe.execute()
                     return record
                 except WatchError:
@@ -80,6 +98,47 @@ class Store:
                 setattr(r, name, value)
 
         return self.update(key, apply)
+
+    def summaries(self) -> list[dict[str, Any]]:
+        """Every loop's summary: what lists and metrics need, without whole records."""
+        self._backfill()
+        return [json.loads(raw) for raw in self.redis.hvals(SUMMARIES)]
+
+    def recent(
+        self, limit: int, offset: int = 0, status: str | None = None
+    ) -> tuple[list[dict[str, Any]], int]:
+        """One page of summaries, newest first, and how many there are in all."""
+        self._backfill()
+        if status is None:
+            keys = self.redis.zrevrange(RECENT, offset, offset + limit - 1)
+            total = int(self.redis.zcard(RECENT))
+            raws = self.redis.hmget(SUMMARIES, keys) if keys else []
+            return [json.loads(r) for r in raws if r is not None], total
+        rows = [s for s in self.summaries() if s["status"] == status]
+        rows.sort(key=lambda s: -s["updated_at"])
+        return rows[offset : offset + limit], len(rows)
+
+    def _backfill(self) -> None:
+        """Index records that have no summary (written before the index existed).
+
+        Written with HSETNX and ZADD NX, so a record updated meanwhile keeps its newer
+        summary.
+        """
+        if self.redis.hlen(SUMMARIES) >= self.redis.scard(P + "loops"):
+            return
+        indexed = {_s(k) for k in self.redis.hkeys(SUMMARIES)}
+        missing = sorted(_s(k) for k in self.redis.smembers(P + "loops") if _s(k) not in indexed)
+        for start in range(0, len(missing), 500):
+            chunk = missing[start : start + 500]
+            raws = self.redis.mget([_k("loop", k) for k in chunk])
+            pipe = self.redis.pipeline(transaction=False)
+            for raw in raws:
+                if raw is None:
+                    continue
+                record = LoopRecord.model_validate_json(raw)
+                pipe.hsetnx(SUMMARIES, record.key, json.dumps(summarize(record)))
+                pipe.zadd(RECENT, {record.key: record.updated_at}, nx=True)
+            pipe.execute()
 
     def all(self) -> list[LoopRecord]:
         keys = sorted(

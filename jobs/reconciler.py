@@ -48,8 +48,13 @@ def resume_lapsed(rt: Runtime) -> list[str]:
     store = rt.store
     acted = []
     now = time.time()
-    for record in store.all():
-        if record.status not in (Status.RUNNING, Status.QUEUED):
+    # Summaries pick the candidates; only those records are read whole.
+    wanted = {Status.RUNNING.value, Status.QUEUED.value}
+    for summary in store.summaries():
+        if summary["status"] not in wanted:
+            continue
+        record = store.get(summary["key"])
+        if record is None or record.status not in (Status.RUNNING, Status.QUEUED):
             continue
         if store.lease_holder(record.key) is not None:
             continue

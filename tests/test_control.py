@@ -225,22 +225,13 @@ def test_lapsed_lease_is_resumed_then_stalled_after_the_limit(
     store.put(
         LoopRecord(repo=REPO, issue=1, installation_id=1, status=Status.RUNNING, updated_at=0)
     )
-    store.redis.set(
-        f"loopbot:loop:{KEY}",
-        store.get(KEY)
-        .model_copy(  # type: ignore[union-attr]
-            update={"updated_at": 0}
-        )
-        .model_dump_json(),
-    )
+    store.put(store.get(KEY).model_copy(update={"updated_at": 0}), touch=False)  # type: ignore[union-attr]
     assert resume_lapsed(rt) == [KEY]
     r = store.get(KEY)
     assert r is not None and r.status == Status.QUEUED and r.auto_resumes == 1
-    store.redis.set(
-        f"loopbot:loop:{KEY}",
-        r.model_copy(
-            update={"status": Status.RUNNING, "updated_at": 0, "auto_resumes": 3}
-        ).model_dump_json(),
+    store.put(
+        r.model_copy(update={"status": Status.RUNNING, "updated_at": 0, "auto_resumes": 3}),
+        touch=False,
     )
     # The resumed job was taken by a worker that died too (its job is gone, no lease).
     Job.fetch(loop_job_id(REPO, 1), connection=redis).delete()
@@ -248,11 +239,9 @@ def test_lapsed_lease_is_resumed_then_stalled_after_the_limit(
     r = store.get(KEY)
     assert r is not None and (r.status, r.reason) == (Status.STALLED, "stall_timeout")
     # A loop whose lease is held is left alone.
-    store.redis.set(
-        f"loopbot:loop:{KEY}",
-        r.model_copy(
-            update={"status": Status.RUNNING, "updated_at": 0, "auto_resumes": 0}
-        ).model_dump_json(),
+    store.put(
+        r.model_copy(update={"status": Status.RUNNING, "updated_at": 0, "auto_resumes": 0}),
+        touch=False,
     )
     store.take_lease(KEY, "someone", 30)
     assert resume_lapsed(rt) == []

@@ -135,6 +135,19 @@ def test_status_events_and_cancel(env: dict[str, str], redis: Redis) -> None:
     assert "already completed" in again.stdout
 
 
+def test_status_pages_and_filters(env: dict[str, str], redis: Redis) -> None:
+    seed_loops(redis)
+    only = {"REDIS_URL": env["REDIS_URL"]}
+    out = cli("status", "--limit", "1", env=only)
+    assert out.returncode == 0, out.stderr
+    assert "acme/widgets#2" in out.stdout and "acme/widgets#1" not in out.stdout  # newest
+    assert "(1 older not shown" in out.stdout
+    done = cli("status", "--status", "completed", "--json", env=only)
+    assert [d["key"] for d in json.loads(done.stdout)] == ["acme/widgets#2"]
+    bad = cli("status", "--status", "finished", env=only)
+    assert bad.returncode == 2 and "'finished' is not one of" in bad.stderr
+
+
 def test_status_with_redis_down_is_a_clear_error() -> None:
     out = cli("status", env={"REDIS_URL": "redis://127.0.0.1:1/0"})
     assert out.returncode == 1 and "cannot read Redis" in out.stderr
@@ -177,13 +190,55 @@ def test_dashboard_needs_the_token(dash: Any, redis: Redis) -> None:
     assert dash.get("/api/loops", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert dash.get("/dashboard/loops/acme/widgets/1").status_code == 401
     ok = dash.get("/api/loops", headers={"Authorization": "Bearer s3cret-token"})
-    assert ok.status_code == 200 and {d["issue"] for d in ok.json} == {1, 2}
+    assert ok.status_code == 200 and {d["issue"] for d in ok.json["loops"]} == {1, 2}
     one = dash.get("/api/loops/acme/widgets/1", headers={"Authorization": "Bearer s3cret-token"})
     assert one.json["verify"][0]["exit_code"] == 1 and one.json["loop"]["turn"] == 2
     assert dash.post("/dashboard/login", data={"token": "nope"}).status_code == 401
     login = dash.post("/dashboard/login", data={"token": "s3cret-token"})
     assert login.status_code == 302 and "HttpOnly" in login.headers["Set-Cookie"]
     assert dash.get("/dashboard").status_code == 200  # the cookie now
+
+
+def test_dashboard_pages_newest_first(dash: Any, redis: Redis) -> None:
+    store = Store(redis)
+    for n in range(1, 121):
+        status = Status.COMPLETED if n % 3 == 0 else Status.FAILED
+        store.put(
+            LoopRecord(
+                repo="acme/many", issue=n, installation_id=1, status=status, updated_at=1000 + n
+            ),
+            touch=False,
+        )
+    auth = {"Authorization": "Bearer s3cret-token"}
+    first = dash.get("/api/loops", headers=auth).json
+    assert first["total"] == 120 and len(first["loops"]) == 50
+    assert [d["issue"] for d in first["loops"][:3]] == [120, 119, 118]
+    last = dash.get("/api/loops?limit=50&offset=100", headers=auth).json
+    assert [d["issue"] for d in last["loops"]] == list(range(20, 0, -1))
+    done = dash.get("/api/loops?status=completed&limit=5", headers=auth).json
+    assert done["total"] == 40 and [d["issue"] for d in done["loops"]] == [120, 117, 114, 111, 108]
+    assert all(set(d) == set(first["loops"][0]) for d in done["loops"])
+    for query, word in [
+        ("limit=0", "limit must be between 1 and 500"),
+        ("limit=ten", "limit must be a whole number"),
+        ("offset=-1", "offset must be between"),
+        ("status=finished", "status must be one of"),
+    ]:
+        resp = dash.get(f"/api/loops?{query}", headers=auth)
+        assert resp.status_code == 400 and word in resp.json["error"], (query, resp.json)
+
+
+def test_records_written_before_the_index_are_listed(redis: Redis) -> None:
+    # A record as an older loopbot stored it: no summary, no place in the recent index.
+    old = LoopRecord(repo="acme/old", issue=7, installation_id=1, status=Status.FAILED, turn=4)
+    redis.set(f"loopbot:loop:{old.key}", old.model_dump_json())
+    redis.sadd("loopbot:loops", old.key)
+    store = Store(redis)
+    rows, total = store.recent(10)
+    assert total == 1 and rows[0]["key"] == "acme/old#7" and rows[0]["turn"] == 4
+    # A later write replaces the backfilled summary.
+    store.set_fields(old.key, status=Status.CANCELLED)
+    assert [s["status"] for s in store.summaries()] == ["cancelled"]
 
 
 def test_dashboard_in_a_real_browser(
@@ -232,7 +287,13 @@ def test_dashboard_in_a_real_browser(
             page.wait_for_selector("text=acme/widgets#1")
             assert page.locator("tbody#rows tr").count() == 2
             assert "running" in page.inner_text("tbody#rows")
+            assert page.inner_text("#range") == "1\u20132 of 2"
             page.screenshot(path=str(shots / "dashboard.png"))
+            page.select_option("#status", "completed")
+            page.wait_for_function("document.querySelectorAll('tbody#rows tr').length === 1")
+            assert "acme/widgets#2" in page.inner_text("tbody#rows")
+            page.select_option("#status", "")
+            page.wait_for_function("document.querySelectorAll('tbody#rows tr').length === 2")
             page.click("text=acme/widgets#1")
             page.wait_for_selector("text=turn_started")
             assert "failed" in page.inner_text("tbody#verify")
