@@ -27,11 +27,12 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
-from bot.signature import sign
+from bot.signature import sign, verify
 from bot.testing.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,6 +156,63 @@ def open_loop(url: str, rate: int, seconds: int, body: bytes) -> list[float]:
     return latencies
 
 
+def in_process(redis_url: str, n: int = 2000) -> dict[str, float]:
+    """Microseconds per call without HTTP: where a loopbot request's time goes."""
+    import bare_app  # type: ignore[import-not-found]  # bench/ is on sys.path as a script
+    import structlog
+
+    from bot.queues import control_queue, enqueue_command
+    from bot.redis_conn import connect
+    from bot.routing import Enqueue, route
+    from bot.settings import load_settings
+    from bot.webapp import create_app
+
+    env = {
+        "REDIS_URL": redis_url,
+        "GITHUB_APP_ID": "1",
+        "GITHUB_PRIVATE_KEY": KEY,
+        "GITHUB_WEBHOOK_SECRET": SECRET,
+    }
+    # Logging as in production (a JSON line per request), written to /dev/null.
+    devnull = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the benchmark
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(devnull))
+    app = create_app(load_settings(env, role="web")).test_client()
+    bare = bare_app.app.test_client()
+    body = json.dumps(PAYLOAD).encode()
+    headers = {"X-GitHub-Event": "issues", "X-Hub-Signature-256": sign(SECRET, body)}
+    conn = connect(redis_url)
+    queue = control_queue(conn)
+    decision = route("issues", PAYLOAD, app_id=1, delivery="x")
+    assert isinstance(decision, Enqueue)
+    cmd = decision.command
+
+    def loopbot() -> None:
+        h = {**headers, "X-GitHub-Delivery": uuid.uuid4().hex}
+        assert app.post("/webhook", data=body, headers=h).status_code == 202
+
+    calls: dict[str, Callable[[], object]] = {
+        "bare flask request": lambda: bare.post("/webhook", data=body),
+        "loopbot request": loopbot,
+        "verify + parse + route": lambda: (
+            verify(SECRET.encode(), body, headers["X-Hub-Signature-256"]),
+            route("issues", json.loads(body), app_id=1, delivery=uuid.uuid4().hex),
+        ),
+        "RQ unique enqueue": lambda: enqueue_command(
+            queue, cmd.model_copy(update={"delivery": uuid.uuid4().hex})
+        ),
+        "one Redis PING": conn.ping,
+    }
+    out = {}
+    for name, fn in calls.items():
+        for _ in range(200):
+            fn()
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out[name] = (time.perf_counter() - start) / n * 1e6
+    return out
+
+
 def pct(values: list[float], p: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(p) - 1]
 
@@ -197,6 +255,7 @@ def main() -> None:
             results[name] = (rps, pct(lat, 50), pct(lat, 99))
             proc.send_signal(signal.SIGTERM)
             proc.wait(10)
+        micro = in_process(redis.url)
         enqueued = subprocess.run(
             ["redis-cli", "-p", str(redis.port), "llen", "rq:queue:loopbot-control"],
             capture_output=True,
@@ -217,6 +276,9 @@ def main() -> None:
         print(f"{name:<12}{rps:>10.0f}{p50:>10.2f}{p99:>10.2f}")
     ratio = results["loopbot"][0] / results["bare flask"][0]
     print(f"loopbot / bare throughput: {ratio:.1%}   (jobs enqueued by loopbot: {enqueued})")
+    print("\nin-process, no HTTP (µs per call):")
+    for name, us in micro.items():
+        print(f"  {name:<24}{us:>8.0f}")
     sys.stdout.flush()
 
 
