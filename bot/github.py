@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from bot.failures import (
     Fatal,
+    Forbidden,
     GitHubError,
     NotFound,
     Reauthenticate,
@@ -620,6 +621,34 @@ class Installation:
             lambda gh: gh.rest.repos.get_combined_status_for_ref(*_split(repo), ref).json()
         )
         return [(str(st.get("context")), str(st.get("state"))) for st in d.get("statuses") or []]
+
+    def required_checks(self, repo: str, branch: str) -> frozenset[str] | None:
+        """The check names ``branch`` requires, from rulesets and branch protection.
+
+        ``None`` when neither requires any (or neither can be read: rulesets are missing
+        on older GitHub Enterprise Server, and protection may be hidden), which the gate
+        reads as "every check on the head counts".
+        """
+        owner, name = _split(repo)
+        names: set[str] = set()
+        with contextlib.suppress(NotFound, Forbidden):
+            for rule in self._list(
+                lambda gh, n: gh.rest.repos.get_branch_rules(
+                    owner, name, branch, per_page=100, page=n
+                ).json()
+            ):
+                if rule.get("type") == "required_status_checks":
+                    params = rule.get("parameters") or {}
+                    for check in params.get("required_status_checks") or []:
+                        names.add(str(check.get("context")))
+        with contextlib.suppress(NotFound, Forbidden):
+            d = self._call(lambda gh: gh.rest.repos.get_branch(owner, name, branch).json())
+            protection = d.get("protection") or {}
+            checks = protection.get("required_status_checks") or {}
+            if protection.get("enabled", True) and checks.get("enforcement_level") != "off":
+                names.update(str(c) for c in checks.get("contexts") or [])
+                names.update(str(c.get("context")) for c in checks.get("checks") or [])
+        return frozenset(names) or None
 
     def upsert_check_run(
         self,

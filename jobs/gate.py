@@ -101,31 +101,42 @@ def decide(f: Facts) -> Decision:
 
 
 def summarize_checks(
-    runs: list[tuple[str, str, str | None]], statuses: list[tuple[str, str]]
+    runs: list[tuple[str, str, str | None]],
+    statuses: list[tuple[str, str]],
+    required: frozenset[str] | None = None,
 ) -> tuple[ChecksState, tuple[str, ...]]:
     """Fold check runs (name, status, conclusion) and commit statuses (context, state).
 
+    ``required`` is the set of check names the base branch requires (branch protection
+    or rulesets). Then only those count, and one that has not reported yet is pending,
+    as GitHub shows it ("Expected — waiting for status"): CI that has not started is
+    not a green light. ``None`` (the branch requires nothing) counts every check.
     loopbot's own runs are left out: the gate is what decides on them.
     """
+    wanted = None if required is None else required - OWN_CHECKS
     failing: list[str] = []
     pending = False
-    seen = 0
+    reported: set[str] = set()
     for name, status, conclusion in runs:
-        if name in OWN_CHECKS:
+        if name in OWN_CHECKS or (wanted is not None and name not in wanted):
             continue
-        seen += 1
+        reported.add(name)
         if status != "completed":
             pending = True
         elif conclusion not in ("success", "neutral", "skipped"):
             failing.append(name)
     for context, state in statuses:
-        seen += 1
+        if wanted is not None and context not in wanted:
+            continue
+        reported.add(context)
         if state in ("failure", "error"):
             failing.append(context)
         elif state == "pending":
             pending = True
+    if wanted is not None and wanted - reported:
+        pending = True
     if failing:
         return "failure", tuple(failing)
     if pending:
         return "pending", ()
-    return ("success" if seen else "none"), ()
+    return ("success" if reported else "none"), ()

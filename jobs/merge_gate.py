@@ -80,7 +80,12 @@ class Gate:
                 (c.name, c.status, c.conclusion) for c in gh.check_runs(self.repo, pull.head_sha)
             ]
             statuses = gh.commit_statuses(self.repo, pull.head_sha)
-            checks, failing = summarize_checks(runs, statuses)
+            required = (
+                gh.required_checks(self.repo, pull.base_ref)
+                if config.merge.require_checks
+                else None
+            )
+            checks, failing = summarize_checks(runs, statuses, required)
             now = time.time()
             since = record.gate_since or now
             facts = Facts(
@@ -109,6 +114,7 @@ class Gate:
                 "gate",
                 decision=type(decision).__name__,
                 checks=checks,
+                required=sorted(required) if required is not None else "all",
                 head=pull.head_sha,
                 reviewed=record.reviewed_sha,
             )

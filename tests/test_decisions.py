@@ -79,6 +79,23 @@ def test_checks_summary_ignores_loopbots_own_runs() -> None:
     assert summarize_checks([("ci", "completed", "skipped")], [])[0] == "success"
 
 
+def test_required_checks_count_alone_and_missing_ones_are_pending() -> None:
+    required = frozenset({"ci/test", "deploy-preview", "loopbot/critic"})
+    runs = [("ci/test", "completed", "success"), ("lint", "completed", "failure")]
+    # deploy-preview has not reported: GitHub would say "expected", so the gate waits.
+    assert summarize_checks(runs, [], required) == ("pending", ())
+    # Once it has, a failing check that is not required does not hold the merge.
+    assert summarize_checks(runs, [("deploy-preview", "success")], required) == ("success", ())
+    assert summarize_checks(runs, [("deploy-preview", "error")], required) == (
+        "failure",
+        ("deploy-preview",),
+    )
+    # Nothing has reported yet: pending, not "none" (which would let the gate merge).
+    assert summarize_checks([], [], frozenset({"ci/test"})) == ("pending", ())
+    # Requiring only loopbot's own check is requiring nothing the gate waits for.
+    assert summarize_checks([], [], frozenset({"loopbot/critic"})) == ("none", ())
+
+
 def f(sev: str) -> Finding:
     return Finding(severity=sev, category="correctness", path="a.py", line=1, title="t", body="b")  # type: ignore[arg-type]
 

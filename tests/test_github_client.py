@@ -122,3 +122,14 @@ def test_missing_things(gh) -> None:  # type: ignore[no-untyped-def]
         gh.issue(REPO, 99)
     assert gh.file(REPO, ".github/loop.yml") is None
     assert gh.file(REPO, "README.md") == "hi\n"
+
+
+def test_required_checks_from_protection_and_rulesets(gh, github: GitHubServer) -> None:  # type: ignore[no-untyped-def]
+    assert gh.required_checks(REPO, "main") is None  # nothing required: every check counts
+    github.require_checks(REPO, "main", ["ci/test"])
+    assert gh.required_checks(REPO, "main") == {"ci/test"}
+    github.require_checks(REPO, "main", ["deploy", "ci/test"], ruleset=True)
+    assert gh.required_checks(REPO, "main") == {"ci/test", "deploy"}
+    # Older GitHub Enterprise Server has no rulesets endpoint: protection still counts.
+    github.inject("GET", r"/rules/branches/", 404, times=5)
+    assert gh.required_checks(REPO, "main") == {"ci/test"}

@@ -190,6 +190,36 @@ def test_checks_pending_then_green_merges(
     assert record(redis).status == Status.COMPLETED
 
 
+def test_only_required_checks_hold_the_merge_and_missing_ones_wait(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    def optional_check_fails(body: dict[str, Any]) -> m.Item:
+        sha = github.ref(REPO, "loop/issue-1")
+        with github.as_user("acme") as u:
+            u.post(f"/repos/{REPO}/statuses/{sha}", json={"state": "failure", "context": "lint"})
+        return report()
+
+    sample_repo(github, loop_yml=YML)
+    github.require_checks(REPO, "main", ["ci/test"], ruleset=True)
+    model.play(FIX, m.text("Fixed."))
+    model.responder = optional_check_fails
+    label(github, "writer", open_issue(github))
+    drain()
+    # ci/test has not reported at all: that is waiting, not a green light.
+    r = record(redis)
+    assert (r.status, r.phase, r.check_fixes) == (Status.MERGING, "waiting_for_checks", 0), r
+    gate = [e["data"] for e in Store(redis).events(KEY) if e["kind"] == "gate"][-1]
+    assert gate["required"] == ["ci/test"] and gate["checks"] == "pending"
+    sha = github.ref(REPO, "loop/issue-1")
+    with github.as_user("acme") as u:
+        u.post(f"/repos/{REPO}/statuses/{sha}", json={"state": "success", "context": "ci/test"})
+    github.complete_check_suite(REPO, sha)  # type: ignore[arg-type]
+    drain()
+    # lint still fails, but the branch does not require it, so GitHub would merge too.
+    assert record(redis).status == Status.COMPLETED
+    assert len(main_log(github)) == 2
+
+
 def test_failing_checks_get_a_fix_turn(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:

@@ -111,6 +111,9 @@ class Repo:
     check_runs: dict[int, Json] = field(default_factory=dict)
     statuses: dict[str, list[Json]] = field(default_factory=dict)
     reactions: list[Json] = field(default_factory=list)
+    # Required status checks per branch: classic branch protection, and rulesets.
+    protection: dict[str, list[str]] = field(default_factory=dict)
+    ruleset_checks: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def full_name(self) -> str:
@@ -514,6 +517,52 @@ class GitHubServer:
         @app.get("/repos/<owner>/<name>")
         def get_repo(owner: str, name: str) -> Response:
             return jsonify(srv._repo_json(srv._repo(owner, name)))
+
+        @app.get("/repos/<owner>/<name>/branches/<path:branch>")
+        def get_branch(owner: str, name: str, branch: str) -> Response:
+            repo = srv._repo(owner, name)
+            sha = gitrepo.resolve(repo.path, f"refs/heads/{branch}")
+            if sha is None:
+                abort(_error(404, "Branch not found"))
+            contexts = repo.protection.get(branch)
+            protection: Json = {
+                "enabled": contexts is not None,
+                "required_status_checks": {
+                    "enforcement_level": "off" if contexts is None else "non_admins",
+                    "contexts": contexts or [],
+                    "checks": [{"context": c, "app_id": None} for c in contexts or []],
+                },
+            }
+            base = f"{srv.url}/repos/{owner}/{name}"
+            return jsonify(
+                {
+                    "name": branch,
+                    "commit": {"sha": sha, "url": f"{base}/commits/{sha}"},
+                    "protected": contexts is not None,
+                    "protection": protection,
+                    "protection_url": f"{base}/branches/{branch}/protection",
+                }
+            )
+
+        @app.get("/repos/<owner>/<name>/rules/branches/<path:branch>")
+        def branch_rules(owner: str, name: str, branch: str) -> Response:
+            repo = srv._repo(owner, name)
+            contexts = repo.ruleset_checks.get(branch)
+            rules: list[Json] = []
+            if contexts is not None:
+                rules.append(
+                    {
+                        "type": "required_status_checks",
+                        "ruleset_source_type": "Repository",
+                        "ruleset_source": repo.full_name,
+                        "ruleset_id": 1,
+                        "parameters": {
+                            "strict_required_status_checks_policy": False,
+                            "required_status_checks": [{"context": c} for c in contexts],
+                        },
+                    }
+                )
+            return jsonify(_page(rules))
 
         @app.get("/repos/<owner>/<name>/collaborators/<user>/permission")
         def permission(owner: str, name: str, user: str) -> Response:
@@ -1045,6 +1094,14 @@ class GitHubServer:
                 **self._event_base(repo, actor),
             },
         )
+
+    def require_checks(
+        self, full_name: str, branch: str, contexts: list[str], *, ruleset: bool = False
+    ) -> None:
+        """Make ``branch`` require these status checks, by branch protection or a ruleset."""
+        repo = self.repos[full_name]
+        with self.lock:
+            (repo.ruleset_checks if ruleset else repo.protection)[branch] = list(contexts)
 
     def complete_check_suite(self, full_name: str, sha: str, conclusion: str = "success") -> None:
         """Send ``check_suite.completed`` for ``sha`` as another CI App would."""
