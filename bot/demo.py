@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rq import Worker
 from werkzeug.serving import make_server
 
 from bot.logs import configure
@@ -161,7 +162,13 @@ def run_demo(keep: bool = False) -> int:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        _line(start, "started `loopbot worker` (a forking RQ worker)")
+        # Wait for the worker to register, so the times below are loopbot's, not Python's
+        # start-up.
+        while not Worker.all(connection=redis) and worker.poll() is None:
+            if time.monotonic() - start > DEADLINE:
+                break
+            time.sleep(0.05)
+        _line(start, "`loopbot worker` is up (a forking RQ worker)")
 
         iid = github.add_installation("demo")
         github.add_repo(
