@@ -85,6 +85,7 @@ class LoopRecord(BaseModel):
     head_sha: str = ""
     reviewed_sha: str = ""
     critic_round: int = 0
+    sev1_rounds: dict[str, int] = Field(default_factory=dict)  # finding fingerprint -> rounds
     verdict: str = ""
     findings: list[dict[str, Any]] = Field(default_factory=list)
     last_verify: dict[str, Any] = Field(default_factory=dict)

@@ -33,6 +33,7 @@ from jobs.review import (
     place_findings,
     plan_after_review,
     review_body,
+    tally,
 )
 from jobs.runtime import Runtime, current, instrumented
 
@@ -77,8 +78,16 @@ class Critic:
             self.repo, CHECK_NAME, sha, status="in_progress", title=f"reviewing (round {round_})"
         )
         report = self._review(issue.title, issue.body or "", diff)
+        plan = plan_after_review(
+            report,
+            diff_lines=changed_line_count(diff),
+            round_=round_,
+            max_rounds=config.critic.max_rounds,
+            large_diff_lines=config.critic.large_diff_lines,
+            seen=record.sev1_rounds,
+        )
         inline, others = place_findings(report, diff)
-        body = review_body(report, others, round_)
+        body = review_body(report, others, round_, plan)
         gh.post_review(
             self.repo,
             pull.number,
@@ -95,6 +104,7 @@ class Critic:
             r.verdict = report.verdict
             r.findings = findings
             r.critic_round = round_
+            r.sev1_rounds = tally(r.sev1_rounds, report)
 
         self.store.update(self.key, save)
         self.store.event(
@@ -106,13 +116,6 @@ class Critic:
             sev2=report.count("sev2"),
             sev3=report.count("sev3"),
             inline=len(inline),
-        )
-        plan = plan_after_review(
-            report,
-            diff_lines=changed_line_count(diff),
-            round_=round_,
-            max_rounds=config.critic.max_rounds,
-            large_diff_lines=config.critic.large_diff_lines,
         )
         return self._act(gh, record, plan, config)
 

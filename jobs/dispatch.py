@@ -125,12 +125,16 @@ def start_loop(
             store.put(record)
             store.event(key, "loop_created", actor=actor)
         else:
-            # Same identity, branch, conversation and findings; fresh turn and error budget.
+            # Same identity, branch, conversation and findings; fresh turn, error and review budget.
             def resume(r: LoopRecord) -> None:
                 r.status = Status.QUEUED
                 r.phase = "queued"
                 r.turn = 0
                 r.error_count = 0
+                # A person asked for another go: fresh review rounds too, or a loop stopped
+                # for critic_rounds_exhausted would stop again at its first sev1.
+                r.critic_round = 0
+                r.sev1_rounds = {}
                 r.reason = ""
                 r.detail = ""
                 r.max_turns = max_turns

@@ -7,6 +7,8 @@ large diff is not trusted.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -107,7 +109,9 @@ def place_findings(report: CriticReport, diff: str) -> tuple[list[Inline], list[
     return inline, rest
 
 
-def review_body(report: CriticReport, others: list[Finding], round_: int) -> str:
+def review_body(
+    report: CriticReport, others: list[Finding], round_: int, plan: Plan | None = None
+) -> str:
     counts = " · ".join(f"{s}: {report.count(s)}" for s in SEVERITIES)
     verdict = {
         "approve": "✅ approve",
@@ -124,8 +128,12 @@ def review_body(report: CriticReport, others: list[Finding], round_: int) -> str
                 for f in others
             )
         )
-    if report.blocking:
+    if isinstance(plan, CodeAgain):
         parts.append("sev1 findings block the merge; loopbot will address them and ask again.")
+    elif isinstance(plan, NeedsHuman):
+        parts.append(f"Not merging: {plan.why}. A person should take it from here.")
+    elif isinstance(plan, StopLoop):
+        parts.append(f"Not merging; the loop stops: {plan.detail}.")
     return "\n\n".join(parts)
 
 
@@ -153,12 +161,45 @@ class StopLoop:
 
 Plan = MergeNext | CodeAgain | NeedsHuman | StopLoop
 
+# A sev1 finding raised in this many review rounds means the agent is not converging on
+# it: a person is asked, instead of spending the remaining rounds on the same problem.
+REPEAT_LIMIT = 3
+
+
+def fingerprint(f: Finding) -> str:
+    """The same problem across rounds: its file and its title, case and punctuation
+    folded. Reworded titles do not match, which only means no early escalation."""
+    title = re.sub(r"[^a-z0-9]+", " ", f.title.lower()).strip()
+    return f"{f.path}|{title}"
+
+
+def tally(seen: Mapping[str, int], report: CriticReport) -> dict[str, int]:
+    """``seen`` (rounds per fingerprint) with this report's sev1 findings counted."""
+    out = dict(seen)
+    for fp in {fingerprint(f) for f in report.blocking}:
+        out[fp] = out.get(fp, 0) + 1
+    return out
+
 
 def plan_after_review(
-    report: CriticReport, *, diff_lines: int, round_: int, max_rounds: int, large_diff_lines: int
+    report: CriticReport,
+    *,
+    diff_lines: int,
+    round_: int,
+    max_rounds: int,
+    large_diff_lines: int,
+    seen: Mapping[str, int] | None = None,
 ) -> Plan:
+    """What follows a review; ``seen`` counts earlier rounds' sev1 findings by fingerprint."""
     if report.verdict == "error":
         return StopLoop(Status.FAILED, Reason.CRITIC_ERROR, report.summary)
+    for f in report.blocking:
+        rounds = (seen or {}).get(fingerprint(f), 0) + 1
+        if rounds >= REPEAT_LIMIT:
+            return NeedsHuman(
+                f"the same sev1 finding was raised in {rounds} review rounds and the agent "
+                f"has not fixed it: {f.title} (`{f.path}`)"
+            )
     if report.blocking:
         if round_ >= max_rounds:
             return StopLoop(

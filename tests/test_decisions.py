@@ -24,7 +24,9 @@ from jobs.review import (
     MergeNext,
     NeedsHuman,
     StopLoop,
+    fingerprint,
     plan_after_review,
+    tally,
 )
 
 FACTS = Facts(
@@ -98,6 +100,22 @@ def test_required_checks_count_alone_and_missing_ones_are_pending() -> None:
 
 def f(sev: str) -> Finding:
     return Finding(severity=sev, category="correctness", path="a.py", line=1, title="t", body="b")  # type: ignore[arg-type]
+
+
+def test_a_sev1_raised_in_three_rounds_goes_to_a_human() -> None:
+    kw = {"diff_lines": 10, "max_rounds": 10, "large_diff_lines": 400}
+    sev1 = CriticReport(verdict="request_changes", summary="no", findings=[f("sev1")])
+    seen = tally({}, sev1)
+    assert seen == {"a.py|t": 1}
+    assert isinstance(plan_after_review(sev1, round_=2, seen=seen, **kw), CodeAgain)  # type: ignore[arg-type]
+    seen = tally(seen, sev1)
+    plan = plan_after_review(sev1, round_=3, seen=seen, **kw)  # type: ignore[arg-type]
+    assert isinstance(plan, NeedsHuman) and "raised in 3 review rounds" in plan.why
+    # Case and punctuation fold; other words do not, and a sev2 is never counted.
+    same = Finding(severity="sev1", category="tests", path="a.py", title="T!", body="b")
+    other = Finding(severity="sev1", category="tests", path="a.py", title="u", body="b")
+    assert fingerprint(same) == fingerprint(f("sev1")) != fingerprint(other)
+    assert tally({}, CriticReport(verdict="approve", summary="", findings=[f("sev2")])) == {}
 
 
 def test_review_plan() -> None:

@@ -14,7 +14,7 @@ from bot.testing import gitrepo
 from bot.testing.anthropic_server import AnthropicServer
 from bot.testing.github_server import GitHubServer
 from tests.conftest import Web
-from tests.helpers import REPO, label, open_issue, sample_repo
+from tests.helpers import REPO, comment, label, open_issue, sample_repo
 
 YML = "verify: python3 -m unittest -q\nmax_turns: 3\n"
 FIX = m.replace("calc.py", "return a - b", "return a + b")
@@ -142,6 +142,48 @@ def test_sev1_goes_back_to_coding_then_merges(
     assert "no test for negatives" in texts and "sev1" in texts
     assert len(github.repo(REPO).reviews[r.pr_number]) == 2
     assert github.file_at(REPO, "main", "test_neg.py") is not None
+
+
+def test_the_same_sev1_three_times_asks_a_human_and_restart_resets_the_rounds(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    # The critic raises one problem every round, worded with different case and stops.
+    titles = iter(
+        [
+            "Division by zero is not handled",
+            "division by zero is NOT handled.",
+            "Division by zero -- is not handled!",
+        ]
+    )
+    attempts: list[int] = []
+
+    def stuck(body: dict[str, Any]) -> m.Item:
+        if is_critic(body):
+            return report("request_changes", [finding("sev1", "calc.py", 2, next(titles))])
+        last = body["messages"][-1]["content"]
+        if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
+            return m.text("Tried again.")
+        attempts.append(1)
+        return m.write_file(f"attempt{len(attempts)}.txt", "x\n")
+
+    model.play(FIX, m.text("Fixed."))
+    model.responder = stuck
+    run(github, drain, YML + "critic:\n  max_rounds: 6\n")
+    r = record(redis)
+    assert (r.status, r.reason, r.critic_round) == (Status.REFUSED, "needs_human", 3), r
+    assert "raised in 3 review rounds" in r.detail
+    assert "loop:needs-human" in github.repo(REPO).issues[1].labels
+    reviews = github.repo(REPO).reviews[r.pr_number]
+    assert len(reviews) == 3 and "A person should take it from here" in reviews[-1]["body"]
+    assert "will address them" in reviews[0]["body"]
+    assert len(main_log(github)) == 1  # nothing merged
+    # A person restarts it: review rounds and the repeat count start again.
+    model.responder = None
+    model.play(m.text("Handled division by zero."), report())
+    comment(github, "writer", 1, "/loop-restart")
+    drain()
+    r = record(redis)
+    assert (r.status, r.critic_round, r.sev1_rounds) == (Status.COMPLETED, 1, {}), r
 
 
 def test_head_pushed_by_someone_else_is_reviewed_before_merge(
