@@ -522,6 +522,19 @@ class Installation:
             )
         )
 
+    def pull_files(self, repo: str, number: int) -> list[str]:
+        """Every path the pull request touches, renamed-from paths included."""
+        paths: list[str] = []
+        for f in self._list(
+            lambda gh, n: gh.rest.pulls.list_files(
+                *_split(repo), number, per_page=100, page=n
+            ).json()
+        ):
+            paths.append(str(f.get("filename")))
+            if f.get("previous_filename"):
+                paths.append(str(f["previous_filename"]))
+        return paths
+
     def open_pull(self, repo: str, branch: str, base: str, title: str, body: str) -> PullInfo:
         """The open PR for ``branch``: found, or created once; its title and body updated."""
         existing = self.find_pull(repo, branch)

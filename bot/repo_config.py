@@ -31,6 +31,9 @@ class MergeConfig(_Strict):
     require_checks: bool = True
     wait_checks_minutes: int = Field(60, ge=1)
     max_fix_turns: int = Field(2, ge=0, le=10)
+    # Paths loopbot never merges changes to on its own: the agent could otherwise rewrite
+    # the CI that judges it. ``dir/**`` is everything under dir; other patterns are globs.
+    protected_paths: tuple[str, ...] = (".github/**",)
 
 
 class LabelsConfig(_Strict):

@@ -43,7 +43,7 @@ Make the smallest correct change that resolves the issue, with tests where the p
 has them. Use the bash tool to explore and run commands and the text editor tool to
 edit files. Do not commit, push or create branches: the harness commits your changes
 after each turn and runs the verify command `{verify}`; a turn ends when you stop
-calling tools. Finish with a short summary of what you changed and why."""
+calling tools.{protected} Finish with a short summary of what you changed and why."""
 
 
 @dataclass
@@ -115,6 +115,7 @@ class Agent:
         *,
         verify: str,
         network: bool = False,
+        protected: tuple[str, ...] = (),
         fallback_model: str | None = None,
         on_step: Callable[[int, str], None] | None = None,
         cancelled: Callable[[], bool] = lambda: False,
@@ -127,6 +128,13 @@ class Agent:
             root=tools.root,
             verify=verify,
             network=" with network access" if network else " without network",
+            protected=(
+                " Leave "
+                + ", ".join(f"`{p}`" for p in protected)
+                + " alone: loopbot never merges a change there on its own."
+                if protected
+                else ""
+            ),
         )
         self.on_step = on_step or (lambda n, what: None)
         self.cancelled = cancelled

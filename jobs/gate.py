@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Literal
 
 from bot.loopstate import Reason
@@ -28,6 +29,7 @@ class Facts:
     max_fix_turns: int
     waited_seconds: float
     max_wait_seconds: float
+    protected_changes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,15 @@ def decide(f: Facts) -> Decision:
         return Review(
             f"the head moved to {f.head_sha[:10]} after the review of "
             f"{f.reviewed_sha[:10] or 'nothing'}"
+        )
+    if f.protected_changes:
+        shown = ", ".join(f"`{p}`" for p in f.protected_changes[:5])
+        more = len(f.protected_changes) - 5
+        return Refuse(
+            Reason.NEEDS_HUMAN,
+            f"the pull request changes protected paths ({shown}"
+            + (f" and {more} more" if more > 0 else "")
+            + "), which loopbot never merges on its own",
         )
     if f.require_checks:
         if f.checks == "failure":
@@ -140,3 +151,18 @@ def summarize_checks(
     if pending:
         return "pending", ()
     return ("success" if reported else "none"), ()
+
+
+def protected_changes(paths: list[str], patterns: tuple[str, ...]) -> tuple[str, ...]:
+    """The paths that match a protected pattern: ``dir/**`` or a glob (``*`` spans ``/``)."""
+    hits = []
+    for path in paths:
+        for pattern in patterns:
+            if pattern.endswith("/**"):
+                matched = path.startswith(pattern[:-2])
+            else:
+                matched = fnmatchcase(path, pattern)
+            if matched:
+                hits.append(path)
+                break
+    return tuple(sorted(set(hits)))

@@ -176,6 +176,7 @@ class LoopRunner:
             ToolBox(checkout.path, sandbox),
             verify=config.verify,
             network=config.sandbox.network,
+            protected=config.merge.protected_paths,
             fallback_model=self.rt.settings.fallback_model,
             cancelled=self._cancelled,
             on_step=lambda n, what: self.store.event(self.key, "step", step=n, tool=what),

@@ -26,6 +26,7 @@ from jobs.gate import (
     Review,
     Wait,
     decide,
+    protected_changes,
     summarize_checks,
 )
 from jobs.runtime import Runtime, current, instrumented
@@ -86,6 +87,9 @@ class Gate:
                 else None
             )
             checks, failing = summarize_checks(runs, statuses, required)
+            protected = protected_changes(
+                gh.pull_files(self.repo, pull.number), config.merge.protected_paths
+            )
             now = time.time()
             since = record.gate_since or now
             facts = Facts(
@@ -107,6 +111,7 @@ class Gate:
                 max_fix_turns=config.merge.max_fix_turns,
                 waited_seconds=now - since,
                 max_wait_seconds=config.merge.wait_checks_minutes * 60,
+                protected_changes=protected,
             )
             decision = decide(facts)
             store.event(
@@ -123,6 +128,8 @@ class Gate:
             if isinstance(decision, AlreadyMerged):
                 return self._completed(gh, record, pull.head_sha)
             if isinstance(decision, Refuse):
+                if decision.reason == Reason.NEEDS_HUMAN:
+                    gh.add_labels(self.repo, self.issue, [config.labels.needs_human])
                 return self._refuse(gh, record, decision.reason, decision.why)
             if isinstance(decision, Review):
                 self._set(status=Status.REVIEWING, phase="reviewing", detail=decision.why)

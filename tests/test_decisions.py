@@ -15,6 +15,7 @@ from jobs.gate import (
     Review,
     Wait,
     decide,
+    protected_changes,
     summarize_checks,
 )
 from jobs.review import (
@@ -64,6 +65,21 @@ def test_gate_merges_only_reviewed_green_open_work() -> None:
     assert isinstance(decide(replace(FACTS, mergeable=None)), Wait)
     assert decide(replace(FACTS, checks="failure", require_checks=False)) == Merge("b" * 40)
     assert decide(replace(FACTS, pr_merged=True, issue_open=False)) == AlreadyMerged()
+
+
+def test_changes_to_protected_paths_are_never_merged() -> None:
+    patterns = (".github/**", "*.lock", "scripts/verify.sh")
+    paths = [".github/workflows/ci.yml", "src/app.py", "poetry.lock", "scripts/verify.sh"]
+    hits = protected_changes(paths, patterns)
+    assert hits == (".github/workflows/ci.yml", "poetry.lock", "scripts/verify.sh")
+    assert protected_changes(["src/.github.py", "github/x"], patterns) == ()
+    refused = decide(replace(FACTS, protected_changes=hits))
+    assert isinstance(refused, Refuse) and refused.reason == Reason.NEEDS_HUMAN
+    assert "`.github/workflows/ci.yml`" in refused.why
+    # The head moving still comes first: the files were read for a head nobody reviewed.
+    moved = replace(FACTS, protected_changes=hits, head_sha="c" * 40)
+    assert isinstance(decide(moved), Review)
+    assert decide(replace(FACTS, protected_changes=())) == Merge("b" * 40)
 
 
 def test_closed_issue_wins_over_everything_else() -> None:

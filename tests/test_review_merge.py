@@ -186,6 +186,27 @@ def test_the_same_sev1_three_times_asks_a_human_and_restart_resets_the_rounds(
     assert (r.status, r.critic_round, r.sev1_rounds) == (Status.COMPLETED, 1, {}), r
 
 
+def test_a_pull_request_that_edits_ci_goes_to_a_human(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    model.play(
+        FIX,
+        m.write_file(".github/workflows/ci.yml", "on: push\njobs: {}\n"),
+        m.text("Fixed, and simplified CI."),
+        report(),
+    )
+    run(github, drain)
+    r = record(redis)
+    assert (r.status, r.reason) == (Status.REFUSED, "needs_human"), r
+    assert "`.github/workflows/ci.yml`" in r.detail
+    assert "loop:needs-human" in github.repo(REPO).issues[1].labels
+    assert len(main_log(github)) == 1  # nothing merged
+    refusals = [c for c in github.repo(REPO).comments.values() if "did not merge" in c["body"]]
+    assert len(refusals) == 1 and "protected paths" in refusals[0]["body"]
+    # The agent was told up front.
+    assert "`.github/**` alone" in model.requests[0]["system"][0]["text"]
+
+
 def test_head_pushed_by_someone_else_is_reviewed_before_merge(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:

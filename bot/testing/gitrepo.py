@@ -38,18 +38,41 @@ def init_bare(path: Path, default_branch: str) -> None:
 
 
 def seed(bare: Path, branch: str, files: dict[str, str], message: str = "Initial commit") -> str:
-    """Commit ``files`` onto ``branch`` of a bare repository without a work tree."""
+    """Commit ``files`` onto ``branch`` of a bare repository without a work tree.
+
+    On an existing branch the files are added to (or replace files in) its tree, as a
+    push of one more commit would; on a new branch they are the whole tree.
+    """
     entries = []
     for name, content in sorted(files.items()):
         blob = git(bare, "hash-object", "-w", "--stdin", input=content.encode()).strip()
         mode = "100755" if name.endswith(".sh") else "100644"
         entries.append((name, mode, blob))
-    tree = _write_tree(bare, entries)
     parent = resolve(bare, f"refs/heads/{branch}")
+    tree = _write_tree(bare, entries) if parent is None else _amend_tree(bare, parent, entries)
     args = ["commit-tree", tree, "-m", message] + (["-p", parent] if parent else [])
     commit = git(bare, *args).strip()
     git(bare, "update-ref", f"refs/heads/{branch}", commit)
     return commit
+
+
+def _amend_tree(bare: Path, parent: str, entries: list[tuple[str, str, str]]) -> str:
+    index = bare / f"seed-index-{os.getpid()}"
+    env = {**os.environ, **_ENV, "HOME": str(bare), "GIT_INDEX_FILE": str(index)}
+
+    def run(*args: str) -> str:
+        proc = subprocess.run(
+            ["git", *args], cwd=bare, capture_output=True, env=env, timeout=120, check=True
+        )
+        return proc.stdout.decode().strip()
+
+    try:
+        run("read-tree", parent)
+        for name, mode, blob in entries:
+            run("update-index", "--add", "--cacheinfo", f"{mode},{blob},{name}")
+        return run("write-tree")
+    finally:
+        index.unlink(missing_ok=True)
 
 
 def _write_tree(bare: Path, entries: list[tuple[str, str, str]]) -> str:
@@ -90,7 +113,8 @@ def diff(bare: Path, base: str, head: str) -> str:
 
 def changed_files(bare: Path, base: str, head: str) -> list[dict[str, object]]:
     files: list[dict[str, object]] = []
-    for line in git(bare, "diff", "--numstat", f"{base}...{head}").splitlines():
+    # --no-renames: a rename is a deletion and an addition, each with a plain file name.
+    for line in git(bare, "diff", "--numstat", "--no-renames", f"{base}...{head}").splitlines():
         added, deleted, name = line.split("\t", 2)
         adds = int(added) if added.isdigit() else 0
         dels = int(deleted) if deleted.isdigit() else 0
