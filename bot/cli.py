@@ -66,8 +66,7 @@ def web(host: str, port: int, workers: int) -> None:
 def _run_worker(
     settings: Settings, queues: list[str], burst: bool, scheduler: bool, reconcile: bool = False
 ) -> None:
-    from rq import Worker
-
+    from jobs.drain import DrainingWorker
     from jobs.reconciler import Reconciler
     from jobs.runtime import Runtime, install
 
@@ -75,7 +74,8 @@ def _run_worker(
     rt = install(Runtime(settings, redis))
     if reconcile and not burst:
         Reconciler(rt).start()  # first pass one interval from now: start-up changes no loop
-    worker = Worker(queues, connection=redis)
+    # On SIGTERM a running loop hands itself over instead of waiting to be killed.
+    worker = DrainingWorker(queues, connection=redis)
     worker.work(burst=burst, with_scheduler=scheduler, logging_level="WARNING")
 
 

@@ -30,6 +30,7 @@ End = Literal[
     "cost_cap",
     "stalled",
     "cancelled",
+    "shutdown",
     "text_only",
 ]
 DOOM_REPEATS = 3
@@ -119,6 +120,7 @@ class Agent:
         fallback_model: str | None = None,
         on_step: Callable[[int, str], None] | None = None,
         cancelled: Callable[[], bool] = lambda: False,
+        draining: Callable[[], bool] = lambda: False,
     ) -> None:
         self.client = client
         self.model = model
@@ -138,6 +140,7 @@ class Agent:
         )
         self.on_step = on_step or (lambda n, what: None)
         self.cancelled = cancelled
+        self.draining = draining  # the worker is shutting down: hand over at the next step
 
     def _call(
         self, messages: list[dict[str, Any]], with_tools: bool, timeout: float, model: str
@@ -165,6 +168,9 @@ class Agent:
         while True:
             if self.cancelled():
                 outcome.end = "cancelled"
+                return outcome
+            if self.draining():
+                outcome.end = "shutdown"
                 return outcome
             if not text_only and outcome.steps >= limits.step_cap:
                 outcome.end, outcome.detail = "step_cap", f"{limits.step_cap} steps"
@@ -212,6 +218,8 @@ class Agent:
                 recent = ([*recent, sig])[-DOOM_REPEATS:]
                 if stop is None and self.cancelled():
                     stop = ("cancelled", "")
+                if stop is None and self.draining():
+                    stop = ("shutdown", "")
                 if stop is None and outcome.tool_calls >= limits.tool_budget:
                     stop = ("tool_budget", f"{limits.tool_budget} tool calls")
                 if stop is None and len(recent) == DOOM_REPEATS and len(set(recent)) == 1:

@@ -26,6 +26,7 @@ from bot.queues import enqueue_critic, enqueue_gate
 from bot.store import Store
 from jobs import messages, prompts, transitions
 from jobs.agent import Agent, Limits, Outcome
+from jobs.drain import DRAIN, HANDOFF_PHASE
 from jobs.runtime import Runtime, current, instrumented
 from jobs.sandbox import Sandbox
 from jobs.tools import ToolBox
@@ -179,6 +180,7 @@ class LoopRunner:
             protected=config.merge.protected_paths,
             fallback_model=self.rt.settings.fallback_model,
             cancelled=self._cancelled,
+            draining=DRAIN.is_set,
             on_step=lambda n, what: self.store.event(self.key, "step", step=n, tool=what),
         )
         return self._turns(agent, repo_info.default_branch)
@@ -189,6 +191,8 @@ class LoopRunner:
         while True:
             if self.lease.lost.is_set():
                 return LEASE_LOST
+            if DRAIN.is_set():
+                return self._handoff(failure)
             record = self._record()
             issue = self.gh.issue(self.repo, self.issue_number)
             step = transitions.before_turn(
@@ -225,9 +229,15 @@ class LoopRunner:
                 return LEASE_LOST
             self.store.save_conversation(self.key, conversation)
             self._record_usage(outcome)
-            if outcome.end not in ("finished", "text_only"):
+            if outcome.end not in ("finished", "text_only", "shutdown"):
                 self.store.event(
                     self.key, "turn_capped", turn=turn, reason=outcome.end, detail=outcome.detail
+                )
+            if outcome.end == "shutdown":
+                self._commit_and_push(turn, outcome)  # keep what the turn did
+                return self._handoff(
+                    f"Your worker shut down in the middle of turn {turn}; what you had "
+                    "changed is committed. Carry on from there."
                 )
             cut = transitions.cut_short(outcome.end)
             if cut is not None:
@@ -273,6 +283,22 @@ class LoopRunner:
                 return self._open_pull(base, outcome)
             failure = after.failure
             self._status_comment()
+
+    def _handoff(self, note: str) -> str:
+        """The worker is shutting down: leave the loop, pushed and saved, to another one.
+
+        ``note`` is what the next turn's prompt says (the pending verify failure, if any).
+        The reconciler of any live worker resumes it at once (see ``jobs.drain``).
+        """
+        self._pushed()
+        self._set(
+            status=Status.QUEUED,
+            phase=HANDOFF_PHASE,
+            resume_note=note or "Your worker shut down between turns; carry on.",
+        )
+        self.store.event(self.key, "handoff", worker=self.lease.owner)
+        self._status_comment()
+        return "handed over: the worker is shutting down"
 
     # -- steps -----------------------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ starts, so starting a process changes no loop.
 - **Lapsed leases.** A loop that should be running (queued, running) but whose lease
   expired lost its worker (SIGKILL, a machine gone). It is resumed on any worker, at
   most ``max_auto_resumes`` times; after that it is ``stalled``.
+- **Handovers.** A loop whose worker shut down cleanly (see ``jobs.drain``) is resumed
+  at once, and not counted as a lost worker.
 - **Sweep.** GitHub never redelivers a failed webhook. Each installation's open issues
   with the ready label and no loop are started, if the person who added the label can
   write to the repository.
@@ -27,6 +29,7 @@ from bot.failures import GitHubError
 from bot.logs import get_logger
 from bot.loopstate import LoopRecord, Reason, Status
 from jobs.dispatch import enqueue_loop, start_loop
+from jobs.drain import HANDOFF_PHASE
 from jobs.runtime import Runtime
 from jobs.worktree import Worktrees
 
@@ -59,7 +62,11 @@ def resume_lapsed(rt: Runtime) -> list[str]:
         if store.lease_holder(record.key) is not None:
             continue
         state = _job_state(rt, record)
-        if record.status == Status.QUEUED and (
+        handoff = record.status == Status.QUEUED and record.phase == HANDOFF_PHASE
+        if handoff:
+            if state in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.STARTED):
+                continue  # queued already, or the handing-over job is still wrapping up
+        elif record.status == Status.QUEUED and (
             state in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED)
             or now - record.updated_at < QUEUED_GRACE_SECONDS
         ):
@@ -73,6 +80,14 @@ def resume_lapsed(rt: Runtime) -> list[str]:
             if fresh is None or fresh.status not in (Status.RUNNING, Status.QUEUED):
                 continue
             if store.lease_holder(record.key) is not None:
+                continue
+            if fresh.phase == HANDOFF_PHASE:
+                # Handed over by a worker that shut down cleanly: not a lost worker.
+                store.set_fields(record.key, phase="queued")
+                store.event(record.key, "loop_resumed", reason="handoff")
+                enqueue_loop(rt, record.repo, record.issue, replace=True)
+                log.info("reconciler.resumed_handoff", loop=record.key)
+                acted.append(record.key)
                 continue
             if fresh.auto_resumes >= rt.settings.max_auto_resumes:
                 _stall(rt, fresh)

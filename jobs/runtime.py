@@ -23,6 +23,7 @@ from bot.github import GitHubApp
 from bot.metrics import observe_job
 from bot.settings import Settings
 from bot.store import Store
+from jobs.drain import sigterm_drains
 
 
 @dataclass
@@ -78,7 +79,7 @@ def instrumented(kind: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
             if len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], int):
                 context |= {"repo": args[0], "issue": args[1]}
             started = time.monotonic()
-            with structlog.contextvars.bound_contextvars(**context):
+            with structlog.contextvars.bound_contextvars(**context), sigterm_drains():
                 try:
                     return fn(*args, **kwargs)
                 finally:

@@ -199,6 +199,12 @@ class WorkerProcess:
                 os.kill(pid, signal.SIGKILL)
         self.proc.wait(10)
 
+    def terminate(self, timeout: float = 30) -> int:
+        """SIGTERM the worker process alone, as ``docker stop`` or a deploy does."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 

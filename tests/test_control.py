@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -115,6 +116,40 @@ def test_killed_worker_is_resumed_elsewhere(
     gitrepo.git(github.repo(REPO).path, "merge-base", "--is-ancestor", pushed, head)  # type: ignore[arg-type]
     events = [e["kind"] for e in Store(redis).events(KEY)]
     assert "loop_resumed" in events
+
+
+def test_sigterm_hands_the_loop_over_without_counting_a_lost_worker(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, workers: Any
+) -> None:
+    sample_repo(github, loop_yml=YML)
+    a = workers("a", **FAST)
+    # Turn 1 pushes a commit; turn 2's model call takes 3 s, long enough to stop the worker.
+    model.play(m.write_file("NOTES.md", "turn one\n"), m.text("Started."), m.bash("ls", delay=3.0))
+    n = open_issue(github)
+    label(github, "writer", n)
+    wait_for(lambda: len(model.requests) >= 3, 60, "turn 2's model call")
+    pushed = github.ref(REPO, "loop/issue-1")
+    stopping = time.monotonic()
+    assert a.terminate(timeout=30) == 0, a.output()  # a deploy stops the worker
+    assert time.monotonic() - stopping < 15
+    r = rec(redis)
+    # Handed over (and perhaps already re-queued by a reconciler): waiting for a worker.
+    assert r.status == Status.QUEUED and r.phase in ("handoff", "queued"), r
+    assert "middle of turn 2" in r.resume_note
+    assert "handoff" in [e["kind"] for e in Store(redis).events(KEY)]
+    # The tool call the model asked for was answered, not run: the conversation is valid.
+    last = Store(redis).conversation(KEY)[-1]
+    assert last["role"] == "user" and "turn ended (shutdown)" in json.dumps(last)
+    model.play(FIX, m.text("Fixed add."))
+    workers("b", **FAST)  # the new deploy
+    wait_for(lambda: rec(redis).status == Status.COMPLETED, 60, "the loop to complete on b")
+    r = rec(redis)
+    assert r.auto_resumes == 0  # a handover is not a lost worker
+    assert len(github.repo(REPO).pulls) == 1
+    head = github.ref(REPO, "loop/issue-1")
+    gitrepo.git(github.repo(REPO).path, "merge-base", "--is-ancestor", pushed, head)  # type: ignore[arg-type]
+    resumed = [e["data"] for e in Store(redis).events(KEY) if e["kind"] == "loop_resumed"]
+    assert resumed == [{"reason": "handoff"}]
 
 
 def test_redis_restart_mid_loop(
