@@ -81,10 +81,36 @@ def _tool(name: str, argv: list[str], fix: str) -> Check:
 
 def _redis_url(url: str) -> Check:
     try:
-        info = connect(url, retries=0, timeout=2).info("server")
-        return Check("redis", True, f"{url} answers (Redis {info['redis_version']})")
+        conn = connect(url, retries=0, timeout=2)
+        info = conn.info("server")
     except Exception as exc:  # noqa: BLE001 - any failure is reported as the check's answer
         return Check("redis", False, f"{url}: {exc}", "start redis-server, or set REDIS_URL")
+    answers = f"{url} answers (Redis {info['redis_version']})"
+    try:
+        aof = int(conn.info("persistence").get("aof_enabled", 0))
+        save = conn.config_get("save").get("save", "")
+    except Exception:  # noqa: BLE001 - managed Redis often forbids CONFIG: cannot tell
+        return Check("redis", True, answers + "; persistence unknown (CONFIG not allowed)")
+    return redis_persistence(answers, bool(aof), str(save))
+
+
+def redis_persistence(answers: str, aof: bool, save: str) -> Check:
+    """Loop records, conversations and leases live in Redis: a restart must keep them."""
+    if aof:
+        return Check("redis", True, answers + "; append-only file on")
+    if save.strip():
+        return Check(
+            "redis",
+            True,
+            answers + f"; RDB snapshots only ({save}): a crash loses the last minutes of "
+            "loop state; appendonly yes is safer",
+        )
+    return Check(
+        "redis",
+        False,
+        answers + " but keeps nothing on disk: a restart loses every loop",
+        "run redis-server with --appendonly yes (or set save points)",
+    )
 
 
 def _github(settings: Settings) -> Check:

@@ -108,6 +108,17 @@ def test_doctor_passes_against_the_local_servers(env: dict[str, str], github: An
     assert out.returncode == 0, out.stdout
     assert "authenticated as 'loopbot-test'" in out.stdout and "1 installation(s)" in out.stdout
     assert "0 failed" in out.stdout
+    assert "append-only file on" in out.stdout  # the test Redis persists (see conftest)
+
+
+def test_doctor_judges_redis_persistence() -> None:
+    from bot.doctor import redis_persistence
+
+    assert redis_persistence("r", True, "").ok
+    snapshots = redis_persistence("r", False, "3600 1")
+    assert snapshots.ok and "appendonly yes is safer" in snapshots.detail
+    nothing = redis_persistence("r", False, "")
+    assert not nothing.ok and "--appendonly yes" in nothing.line()
 
 
 def test_doctor_reports_a_dead_redis(env: dict[str, str]) -> None:
