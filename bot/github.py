@@ -606,10 +606,19 @@ class Installation:
             lambda: self.find_review(repo, number, key),
         )
 
-    def merge_pull(self, repo: str, number: int, sha: str, method: str, title: str) -> MergeResult:
+    def merge_pull(
+        self, repo: str, number: int, sha: str, method: str, title: str, message: str
+    ) -> MergeResult:
+        """Merge with ``sha`` pinned. ``message`` is given, never GitHub's default, which
+        may copy the PR body or the branch's commit messages onto the default branch."""
         d = self._call(
             lambda gh: gh.rest.pulls.merge(
-                *_split(repo), number, sha=sha, merge_method=cast(Any, method), commit_title=title
+                *_split(repo),
+                number,
+                sha=sha,
+                merge_method=cast(Any, method),
+                commit_title=title,
+                commit_message=message,
             ).json()
         )
         return MergeResult(sha=d.get("sha") or "", merged=bool(d.get("merged")))

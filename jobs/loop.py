@@ -474,9 +474,10 @@ def _conclusion(status: Status) -> str:
 def pull_body(issue: IssueInfo, record: LoopRecord, summary: str, stat: str) -> str:
     return (
         f"Closes #{issue.number}\n\n"
-        f"{summary.strip() or 'Changes made by loopbot.'}\n\n"
+        f"{messages.defuse_references(summary.strip()) or 'Changes made by loopbot.'}\n\n"
         f"| turns | cost | verify |\n|---|---|---|\n"
         f"| {record.turn} | ${record.cost_usd:.2f} | `{record.verify_command}` passed |\n\n"
-        f"<details><summary>diff stat</summary>\n\n```\n{stat.strip()}\n```\n</details>\n\n"
+        "<details><summary>diff stat</summary>\n\n"
+        f"{messages.code_block(stat.strip())}\n</details>\n\n"
         "<sub>Opened by loopbot. `/loop <request>` on this PR asks for another turn.</sub>"
     )

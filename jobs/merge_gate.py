@@ -166,7 +166,12 @@ class Gate:
         assert record.pr_number is not None
         try:
             result = gh.merge_pull(
-                self.repo, record.pr_number, sha, "squash", f"{title} (#{record.pr_number})"
+                self.repo,
+                record.pr_number,
+                sha,
+                "squash",
+                f"{title} (#{record.pr_number})",
+                messages.merge_message(record, sha),
             )
         except Conflict as exc:
             if exc.status == 409:  # the head moved between our read and the merge

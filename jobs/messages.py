@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from bot.loopstate import LoopRecord, Status
 
 _ICONS = {
@@ -93,11 +95,42 @@ def status_comment(r: LoopRecord, verify_tail: str = "") -> str:
     lines = ["### loopbot", *_facts(r)]
     if verify_tail:
         lines.append(
-            "<details><summary>verify output (tail)</summary>\n\n```\n"
-            + verify_tail[-3000:]
-            + "\n```\n</details>"
+            "<details><summary>verify output (tail)</summary>\n\n"
+            + code_block(verify_tail[-3000:])
+            + "\n</details>"
         )
     lines.append(
         "<sub>`/loop-cancel` stops · `/loop-restart` resumes · `/loop-status` reports</sub>"
     )
     return "\n\n".join(lines)
+
+
+def code_block(text: str) -> str:
+    """``text`` fenced so that nothing in it can close the fence early (test output, a
+    diff, or an agent, may contain backticks): the fence is longer than any run inside."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}\n{text}\n{fence}"
+
+
+# GitHub closes the issues that a merged pull request's body or a default-branch commit
+# message names after one of these words.
+_CLOSING = re.compile(
+    r"(?i)\b(close[sd]?|fix(?:e[sd])?|resolve[sd]?)(\s*:?\s+)((?:[\w.-]+/[\w.-]+)?#\d+)"
+)
+
+
+def defuse_references(text: str) -> str:
+    """Text the agent wrote, safe to publish: "fixes #12" would close issue 12 when the
+    pull request merges, so the reference goes into a code span, which GitHub does not
+    link or act on."""
+    return _CLOSING.sub(lambda m: f"{m.group(1)}{m.group(2)}`{m.group(3)}`", text)
+
+
+def merge_message(r: LoopRecord, sha: str) -> str:
+    """The squash commit's message: loopbot's own words only (see ``merge_pull``)."""
+    return (
+        f"Closes #{r.issue}.\n\n"
+        f"Merged by loopbot after {r.turn} turn(s) and {r.critic_round} review round(s); "
+        f"reviewed head {sha[:12]}; model cost ${r.cost_usd:.2f}."
+    )

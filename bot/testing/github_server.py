@@ -907,8 +907,10 @@ class GitHubServer:
                 pull.merge_commit_sha = result.sha
                 pull.closed_head_sha = head
                 issue.state = "closed"
+            # As GitHub does: closing keywords in the PR body and in the commit that lands.
             for closed in re.findall(
-                r"(?i)\b(?:close[sd]?|fix(?:e[sd])?|resolve[sd]?) #(\d+)", issue.body
+                r"(?i)\b(?:close[sd]?|fix(?:e[sd])?|resolve[sd]?):? #(\d+)",
+                f"{issue.body}\n{message}",
             ):
                 target = repo.issues.get(int(closed))
                 if target is not None and target.state == "open":
