@@ -474,7 +474,7 @@ def _conclusion(status: Status) -> str:
 def pull_body(issue: IssueInfo, record: LoopRecord, summary: str, stat: str) -> str:
     return (
         f"Closes #{issue.number}\n\n"
-        f"{messages.defuse_references(summary.strip()) or 'Changes made by loopbot.'}\n\n"
+        f"{messages.safe_text(summary.strip()) or 'Changes made by loopbot.'}\n\n"
         f"| turns | cost | verify |\n|---|---|---|\n"
         f"| {record.turn} | ${record.cost_usd:.2f} | `{record.verify_command}` passed |\n\n"
         "<details><summary>diff stat</summary>\n\n"

@@ -64,7 +64,7 @@ def _facts(r: LoopRecord) -> list[str]:
             f"{v.get('seconds', 0):.1f}s"
         )
     if r.detail:
-        lines.append(f"> {r.detail}")
+        lines.append(f"> {safe_text(r.detail)}")
     return lines
 
 
@@ -134,3 +134,14 @@ def merge_message(r: LoopRecord, sha: str) -> str:
         f"Merged by loopbot after {r.turn} turn(s) and {r.critic_round} review round(s); "
         f"reviewed head {sha[:12]}; model cost ${r.cost_usd:.2f}."
     )
+
+
+# @user and @org/team notify people; a word character or a backtick before the @ (an
+# e-mail address, a code span) is not a mention.
+_MENTION = re.compile(r"(?<![\w`])@([A-Za-z0-9][A-Za-z0-9-]{0,38}(?:/[\w.-]+)?)")
+
+
+def safe_text(text: str) -> str:
+    """Model-written text (the agent's summary, the critic's findings) made safe to post:
+    it neither closes issues nor pings people, whatever an issue talked the model into."""
+    return _MENTION.sub(lambda m: f"`@{m.group(1)}`", defuse_references(text))

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bot.diffmap import right_side_lines
 from bot.loopstate import Reason, Status
+from jobs.messages import safe_text
 
 Severity = Literal["sev1", "sev2", "sev3"]
 Category = Literal[
@@ -101,7 +102,9 @@ def place_findings(report: CriticReport, diff: str) -> tuple[list[Inline], list[
         if f.line is not None and f.line in lines.get(f.path, set()):
             inline.append(
                 Inline(
-                    f.path, f.line, f"**{f.severity}** · {f.category} · **{f.title}**\n\n{f.body}"
+                    f.path,
+                    f.line,
+                    safe_text(f"**{f.severity}** · {f.category} · **{f.title}**\n\n{f.body}"),
                 )
             )
         else:
@@ -134,7 +137,7 @@ def review_body(
         parts.append(f"Not merging: {plan.why}. A person should take it from here.")
     elif isinstance(plan, StopLoop):
         parts.append(f"Not merging; the loop stops: {plan.detail}.")
-    return "\n\n".join(parts)
+    return safe_text("\n\n".join(parts))  # the summary and findings are model-written
 
 
 @dataclass(frozen=True)

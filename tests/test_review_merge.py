@@ -99,20 +99,21 @@ def test_clean_report_reviews_inline_and_squash_merges(
     assert "sev3" in json.dumps(critic_req["output_config"])
 
 
-def test_agent_text_cannot_close_other_issues_on_merge(
+def test_agent_text_cannot_close_other_issues_or_ping_people(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:
     sample_repo(github, loop_yml=YML)
     n = open_issue(github)
     other = open_issue(github)  # an unrelated issue the agent names
-    model.play(FIX, m.text(f"Fixed add(). This also fixes #{other}."), report())
+    model.play(FIX, m.text(f"Fixed add(). This also fixes #{other}. cc @writer"), report())
     label(github, "writer", n)
     drain()
     r = record(redis)
     assert r.status == Status.COMPLETED, r
     repo = github.repo(REPO)
     assert repo.issues[n].state == "closed" and repo.issues[other].state == "open"
-    assert f"fixes `#{other}`" in repo.issues[r.pr_number].body  # type: ignore[index]
+    body = repo.issues[r.pr_number].body  # type: ignore[index]
+    assert f"fixes `#{other}`" in body and "cc `@writer`" in body  # no close, no ping
     message = gitrepo.git(repo.path, "log", "-1", "--format=%B", "main")
     assert f"Closes #{n}." in message and "Merged by loopbot after 1 turn(s)" in message
 
