@@ -250,7 +250,16 @@ def restart(loop: str) -> None:
         raise SystemExit(1)
     gh = rt.github.installation(record.installation_id)
     config = repo_config.parse(gh.file(repo, repo_config.CONFIG_PATH))
-    result = start_loop(rt, repo, n, record.installation_id, "cli", config.max_turns, restart=True)
+    result = start_loop(
+        rt,
+        repo,
+        n,
+        record.installation_id,
+        "cli",
+        config.max_turns,
+        restart=True,
+        max_cost_usd=config.max_cost_usd,
+    )
     click.echo(f"{repo}#{n}: {result}")
     if result not in ("restarted", "started"):
         raise SystemExit(1)

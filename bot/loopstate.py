@@ -122,18 +122,30 @@ class LoopRecord(BaseModel):
         self.usage = dict(self.usage)  # re-validate on assignment
 
 
-def can_restart(record: LoopRecord, lease_alive: bool) -> tuple[bool, str]:
+def can_restart(
+    record: LoopRecord, lease_alive: bool, max_cost_usd: float | None = None
+) -> tuple[bool, str]:
     """Whether ``/loop-restart`` may resume ``record``, and why not."""
     if record.status == Status.COMPLETED:
         return False, "this loop completed; it is history and cannot be restarted"
-    if record.status in RESTARTABLE:
-        return True, ""
-    if lease_alive:
+    if record.status not in RESTARTABLE and lease_alive:
         return False, f"this loop is {record.status.value} and its worker is alive"
-    return True, ""  # active but nobody holds the lease: a dead worker
+    # Active with nobody holding the lease is a dead worker: restartable too.
+    return _budget_left(record, max_cost_usd)
 
 
-def should_start(record: LoopRecord | None) -> tuple[bool, str]:
+def _budget_left(record: LoopRecord, max_cost_usd: float | None) -> tuple[bool, str]:
+    # The cost budget is not reset by a restart (turns and errors are): money spent is
+    # spent. A loop out of it would stop again at its first step, so say so instead.
+    if max_cost_usd is not None and record.cost_usd >= max_cost_usd:
+        return False, (
+            f"this loop has spent ${record.cost_usd:.2f} of its ${max_cost_usd:.2f} budget; "
+            "raise `max_cost_usd` in `.github/loop.yml` to give it more, then restart it"
+        )
+    return True, ""
+
+
+def should_start(record: LoopRecord | None, max_cost_usd: float | None = None) -> tuple[bool, str]:
     """Whether the ready label may start a loop, given what the store holds."""
     if record is None:
         return True, ""
@@ -141,7 +153,8 @@ def should_start(record: LoopRecord | None) -> tuple[bool, str]:
         return False, f"a loop is already {record.status.value} for this issue"
     if record.status == Status.COMPLETED:
         return False, "this issue's loop already completed"
-    return True, "restarting"  # re-adding the label to a stopped loop resumes it
+    ok, why = _budget_left(record, max_cost_usd)
+    return (True, "restarting") if ok else (False, why)  # re-adding the label resumes it
 
 
 # The fields a list of loops shows (dashboard, `loopbot status`, metrics): a few hundred

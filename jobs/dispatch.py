@@ -83,7 +83,15 @@ def _label_added(rt: Runtime, gh: Installation, cmd: LabelAdded) -> str:
         )
         rt.store.event(f"{cmd.repo}#{cmd.issue}", "config_invalid", problems=exc.problems)
         return "bad config: " + str(exc)
-    return start_loop(rt, cmd.repo, cmd.issue, cmd.installation_id, cmd.actor, config.max_turns)
+    return start_loop(
+        rt,
+        cmd.repo,
+        cmd.issue,
+        cmd.installation_id,
+        cmd.actor,
+        config.max_turns,
+        max_cost_usd=config.max_cost_usd,
+    )
 
 
 def start_loop(
@@ -96,6 +104,7 @@ def start_loop(
     *,
     restart: bool = False,
     note: str = "",
+    max_cost_usd: float | None = None,
 ) -> str:
     """Create or resume the loop record and enqueue its one job. Safe to call twice.
 
@@ -106,9 +115,9 @@ def start_loop(
     with store.lock(key):
         record = store.get(key)
         if restart and record is not None:
-            ok, why = can_restart(record, store.lease_holder(key) is not None)
+            ok, why = can_restart(record, store.lease_holder(key) is not None, max_cost_usd)
         else:
-            ok, why = should_start(record)
+            ok, why = should_start(record, max_cost_usd)
         if not ok:
             return why
         if _job_pending(rt, loop_job_id(repo, issue)):
@@ -221,7 +230,14 @@ def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
         )
         return "bad config"
     result = start_loop(
-        rt, cmd.repo, cmd.issue, cmd.installation_id, cmd.actor, config.max_turns, restart=True
+        rt,
+        cmd.repo,
+        cmd.issue,
+        cmd.installation_id,
+        cmd.actor,
+        config.max_turns,
+        restart=True,
+        max_cost_usd=config.max_cost_usd,
     )
     gh.upsert_comment(cmd.repo, cmd.issue, reply_key, messages.restarted(record, cmd.actor, result))
     return result
@@ -317,6 +333,7 @@ def _feedback(rt: Runtime, gh: Installation, cmd: PullFeedback) -> str:
         cfg.max_turns,
         restart=True,
         note=f"@{cmd.actor} asked for changes on pull request #{cmd.pull}.",
+        max_cost_usd=cfg.max_cost_usd,
     )
 
 

@@ -186,3 +186,9 @@ def test_start_and_restart_rules() -> None:
     assert can_restart(r.model_copy(update={"status": Status.FAILED}), False)[0] is True
     assert can_restart(r.model_copy(update={"status": Status.RUNNING}), True)[0] is False
     assert can_restart(r.model_copy(update={"status": Status.RUNNING}), False)[0] is True
+    spent = r.model_copy(update={"status": Status.FAILED, "cost_usd": 10.0})
+    ok, why = can_restart(spent, False, max_cost_usd=10.0)
+    assert not ok and "$10.00 of its $10.00 budget" in why
+    assert can_restart(spent, False, max_cost_usd=25.0) == (True, "")
+    assert should_start(spent, max_cost_usd=10.0)[0] is False
+    assert should_start(spent, max_cost_usd=25.0) == (True, "restarting")

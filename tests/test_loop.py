@@ -13,7 +13,7 @@ from bot.testing import anthropic_server as m
 from bot.testing.anthropic_server import AnthropicServer
 from bot.testing.github_server import GitHubServer
 from tests.conftest import Web
-from tests.helpers import CALC, REPO, label, open_issue, sample_repo
+from tests.helpers import CALC, REPO, comment, label, open_issue, sample_repo
 
 NO_REVIEW = """\
 verify: python3 -m unittest -q
@@ -185,6 +185,15 @@ def test_cost_cap(
     assert (record.status, record.reason) == (Status.FAILED, "budget_exhausted")
     assert record.cost_usd >= 2.5
     assert len(model.requests) == 1  # the cap is checked before every step
+    # A restart does not refill the budget: it says so, and no model call is made.
+    comment(github, "writer", n, "/loop-restart")
+    drain()
+    replies = [
+        c["body"] for c in github.repo(REPO).comments.values() if "loopbot:reply" in c["body"]
+    ]
+    assert any("Not restarted" in b and "raise `max_cost_usd`" in b for b in replies), replies
+    assert len(model.requests) == 1
+    assert Store(redis).get(f"{REPO}#{n}").status == Status.FAILED  # type: ignore[union-attr]
 
 
 def test_text_only_when_max_steps_zero(
