@@ -58,6 +58,7 @@ def seed_loops(redis: Redis) -> None:
             issue=2,
             installation_id=1,
             status=Status.COMPLETED,
+            phase="completed",
             reason="merged",
             pr_number=3,
             pr_url="http://x/pull/3",
