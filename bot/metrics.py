@@ -54,7 +54,8 @@ class RedisCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         # Summaries, not whole records: a scrape stays cheap with thousands of loops.
-        summaries = Store(self.redis).summaries()
+        store = Store(self.redis)
+        summaries = store.summaries()
         loops = GaugeMetricFamily("loopbot_loops", "Loops by status", labels=["status"])
         counts = {s.value: 0 for s in Status}
         for row in summaries:
@@ -64,8 +65,8 @@ class RedisCollector(Collector):
         yield loops
         yield CounterMetricFamily(
             "loopbot_turns",
-            "Agent turns run by all loops",
-            value=sum(row["turn"] for row in summaries),
+            "Agent turns started by all loops",
+            value=store.counter("turns"),
         )
         yield CounterMetricFamily(
             "loopbot_cost_usd",

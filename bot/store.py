@@ -158,6 +158,15 @@ class Store:
         raw = self.redis.get(_k("conv", key))
         return [] if raw is None else list(json.loads(raw))
 
+    # -- counters ---------------------------------------------------------------------------
+
+    def count(self, name: str, by: int = 1) -> None:
+        """A deployment-wide counter that only rises (restarts reset a loop's turn count)."""
+        self.redis.incrby(f"{P}counter:{name}", by)
+
+    def counter(self, name: str) -> int:
+        return int(self.redis.get(f"{P}counter:{name}") or 0)
+
     # -- events -------------------------------------------------------------------------------
 
     def event(self, key: str, kind: str, **fields: Any) -> None:

@@ -207,6 +207,7 @@ class LoopRunner:
             turn = step.turn
             self._set(turn=turn, phase="coding", resume_note="")
             self.store.event(self.key, "turn_started", turn=turn)
+            self.store.count("turns")
             self._status_comment()
             if not conversation:
                 prompt = prompts.issue_prompt(self.repo, issue, self.config.verify)

@@ -86,6 +86,7 @@ def test_fails_then_passes_opens_one_pr(
     assert len(runs) >= 1 and runs[-1]["conclusion"] == "success"
     events = [e["kind"] for e in Store(redis).events(f"{REPO}#{n}")]
     assert events.count("turn_started") == 2 and events.count("turn_completed") == 2
+    assert Store(redis).counter("turns") == 2  # loopbot_turns_total, which never drops
     # Commits by the harness, one per turn that changed something.
     log = github.repo(REPO).path
     from bot.testing.gitrepo import git

@@ -167,6 +167,8 @@ def test_status_with_redis_down_is_a_clear_error() -> None:
 
 def test_metrics(settings: Settings, redis: Redis) -> None:
     seed_loops(redis)
+    for _ in range(3):
+        Store(redis).count("turns")  # as three turn starts do
     client = create_app(settings, redis).test_client()
     text = client.get("/metrics").get_data(as_text=True)
     assert 'loopbot_loops{status="running"} 1.0' in text
