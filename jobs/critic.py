@@ -85,6 +85,7 @@ class Critic:
             max_rounds=config.critic.max_rounds,
             large_diff_lines=config.critic.large_diff_lines,
             seen=record.sev1_rounds,
+            unread_chars=max(len(diff) - MAX_DIFF_CHARS, 0),
         )
         inline, others = place_findings(report, diff)
         body = review_body(report, others, round_, plan)

@@ -192,8 +192,10 @@ def plan_after_review(
     max_rounds: int,
     large_diff_lines: int,
     seen: Mapping[str, int] | None = None,
+    unread_chars: int = 0,
 ) -> Plan:
-    """What follows a review; ``seen`` counts earlier rounds' sev1 findings by fingerprint."""
+    """What follows a review; ``seen`` counts earlier rounds' sev1 findings by fingerprint,
+    ``unread_chars`` is how much of the diff the critic was not shown (too large)."""
     if report.verdict == "error":
         return StopLoop(Status.FAILED, Reason.CRITIC_ERROR, report.summary)
     for f in report.blocking:
@@ -211,6 +213,12 @@ def plan_after_review(
                 f"{len(report.blocking)} sev1 finding(s) after {round_} review rounds",
             )
         return CodeAgain(report.blocking)
+    if unread_chars:
+        # Whatever the verdict, it is about part of the change: the rest is unreviewed.
+        return NeedsHuman(
+            f"the diff is too large for the critic to read whole ({unread_chars:,} "
+            "characters were not reviewed)"
+        )
     if report.verdict == "approve" and not report.findings and diff_lines > large_diff_lines:
         return NeedsHuman(
             f"an approval with no findings on a {diff_lines}-line diff is not "

@@ -134,6 +134,17 @@ def test_a_sev1_raised_in_three_rounds_goes_to_a_human() -> None:
     assert tally({}, CriticReport(verdict="approve", summary="", findings=[f("sev2")])) == {}
 
 
+def test_a_diff_the_critic_could_not_read_whole_is_never_merged() -> None:
+    kw = {"diff_lines": 9000, "round_": 1, "max_rounds": 3, "large_diff_lines": 400}
+    approve = CriticReport(verdict="approve", summary="ok", findings=[f("sev3")])
+    assert isinstance(plan_after_review(approve, **kw), MergeNext)  # type: ignore[arg-type]
+    plan = plan_after_review(approve, unread_chars=12_345, **kw)  # type: ignore[arg-type]
+    assert isinstance(plan, NeedsHuman) and "12,345 characters were not reviewed" in plan.why
+    # A blocking finding in the part it read still goes back to coding first.
+    sev1 = CriticReport(verdict="request_changes", summary="no", findings=[f("sev1")])
+    assert isinstance(plan_after_review(sev1, unread_chars=1, **kw), CodeAgain)  # type: ignore[arg-type]
+
+
 def test_review_plan() -> None:
     kw = {"diff_lines": 10, "round_": 1, "max_rounds": 3, "large_diff_lines": 400}
     assert plan_after_review(CriticReport(verdict="approve", summary="ok"), **kw) == MergeNext()  # type: ignore[arg-type]

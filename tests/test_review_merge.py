@@ -226,6 +226,20 @@ def test_a_pull_request_that_edits_ci_goes_to_a_human(
     assert "`.github/**` alone" in model.requests[0]["system"][0]["text"]
 
 
+def test_a_diff_too_large_to_review_whole_goes_to_a_human(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    data = "".join(f"row {i}: {'x' * 60}\n" for i in range(3000))  # ~200 KB of diff
+    model.play(FIX, m.write_file("data.txt", data), m.text("Fixed, with data."), report())
+    run(github, drain)
+    r = record(redis)
+    assert (r.status, r.reason) == (Status.REFUSED, "needs_human"), r
+    assert "too large for the critic to read whole" in r.detail
+    critic = next(b for b in model.requests if is_critic(b))
+    assert "The diff was cut at" in json.dumps(critic["messages"])
+    assert len(main_log(github)) == 1  # nothing merged
+
+
 def test_head_pushed_by_someone_else_is_reviewed_before_merge(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:
