@@ -99,7 +99,8 @@ class LoopRecord(BaseModel):
     error_count: int = 0
     auto_resumes: int = 0
     restarts: int = 0
-    check_fixes: int = 0  # continuation turns spent on failing checks
+    check_fixes: int = 0  # continuation turns spent on failing checks and conflicts
+    sync_base: bool = False  # merge the default branch in before the next turn
     gate_since: float = 0.0  # when the merge gate first waited for checks
     merge_sha: str = ""
     resume_note: str = ""  # why the loop continues: critic findings, a human review, checks

@@ -58,12 +58,17 @@ class FixChecks:
 
 
 @dataclass(frozen=True)
+class FixConflicts:
+    """The branch conflicts with the base: merge the base in and let the agent resolve."""
+
+
+@dataclass(frozen=True)
 class Refuse:
     reason: Reason
     why: str
 
 
-Decision = Merge | AlreadyMerged | Wait | Review | FixChecks | Refuse
+Decision = Merge | AlreadyMerged | Wait | Review | FixChecks | FixConflicts | Refuse
 
 
 def decide(f: Facts) -> Decision:
@@ -105,6 +110,9 @@ def decide(f: Facts) -> Decision:
                 )
             return Wait("required checks are still running")
     if f.mergeable is False:
+        # Usual when several loops drain one repository's backlog: another merged first.
+        if f.fix_turns_used < f.max_fix_turns:
+            return FixConflicts()
         return Refuse(Reason.NOT_MERGEABLE, "the pull request conflicts with the default branch")
     if f.mergeable is None:
         return Wait("GitHub is still computing whether the pull request can merge")

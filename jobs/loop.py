@@ -171,6 +171,8 @@ class LoopRunner:
             self.store.event(self.key, "setup", exit_code=result.exit_code, seconds=result.seconds)
         self.checkout = checkout
         self.sandbox = sandbox
+        if record.sync_base:
+            self._sync_base(repo_info.default_branch, token)
         agent = Agent(
             self.rt.model,
             self.rt.settings.model,
@@ -284,6 +286,28 @@ class LoopRunner:
                 return self._open_pull(base, outcome)
             failure = after.failure
             self._status_comment()
+
+    def _sync_base(self, base: str, token: str) -> None:
+        """Merge the default branch in, as the gate asked after a conflict."""
+        conflicted = self.worktrees.merge_base_in(self.checkout, base)
+        if conflicted:
+            note = (
+                f"The pull request conflicts with `{base}`. The harness merged `{base}` into "
+                "your branch; these files have conflict markers: "
+                + ", ".join(f"`{p}`" for p in conflicted)
+                + f". Resolve them, keeping what both sides meant, so `{self.config.verify}` "
+                "passes; the merge is committed with your changes."
+            )
+        else:
+            # Git merged it alone: push now, since the turn may change nothing more.
+            self.worktrees.push(self.checkout, token)
+            note = (
+                f"The pull request was behind `{base}`; the harness merged `{base}` into "
+                f"your branch without conflicts. Check that `{self.config.verify}` still "
+                "passes, and fix what the merge broke."
+            )
+        self._set(sync_base=False, resume_note=note)
+        self.store.event(self.key, "base_merged", base=base, conflicts=conflicted)
 
     def _handoff(self, note: str) -> str:
         """The worker is shutting down: leave the loop, pushed and saved, to another one.

@@ -21,6 +21,7 @@ from jobs.gate import (
     AlreadyMerged,
     Facts,
     FixChecks,
+    FixConflicts,
     Merge,
     Refuse,
     Review,
@@ -151,6 +152,19 @@ class Gate:
                 )
                 enqueue_loop(self.rt, self.repo, self.issue)
                 return "fixing checks"
+            if isinstance(decision, FixConflicts):
+                self._set(
+                    status=Status.QUEUED,
+                    phase="queued",
+                    resume_note=f"The pull request conflicts with `{pull.base_ref}`.",
+                    sync_base=True,
+                    turn=0,
+                    check_fixes=record.check_fixes + 1,
+                    gate_since=0.0,
+                )
+                self.store.event(self.key, "conflicts", base=pull.base_ref)
+                enqueue_loop(self.rt, self.repo, self.issue)
+                return "resolving conflicts"
             assert isinstance(decision, Wait)
             waiting = self._set(gate_since=since, phase="waiting_for_checks", detail=decision.why)
             # Webhooks wake the gate sooner; this timer is the fallback if one is lost.

@@ -273,6 +273,29 @@ class Worktrees:
         git(checkout.path, "commit", "-q", "--no-verify", "-m", message)
         return self.head(checkout.path)
 
+    def merge_base_in(self, checkout: Checkout, default_branch: str) -> list[str]:
+        """Merge the default branch (as last fetched) into the loop branch.
+
+        Returns the conflicted paths, with their conflict markers left in the worktree
+        and the merge in progress: the agent resolves them and the turn's commit
+        concludes the merge. An empty list means the merge committed cleanly.
+        """
+        self._restore_gitfile(checkout.path, checkout.mirror)
+        ref = f"refs/remotes/origin/{default_branch}"
+        merged = git(
+            checkout.path,
+            "merge",
+            "--no-edit",
+            "-m",
+            f"loop: merge {default_branch}",
+            ref,
+            check=False,
+        )
+        conflicted = git(checkout.path, "diff", "--name-only", "--diff-filter=U").split()
+        if not conflicted and not self._is_ancestor(checkout.mirror, ref, self.head(checkout.path)):
+            raise GitError(f"merging {default_branch} failed: {merged.strip()[-500:]}")
+        return conflicted
+
     def changed_since_base(self, checkout: Checkout) -> bool:
         return self.head(checkout.path) != checkout.base_sha
 

@@ -10,6 +10,7 @@ from jobs.gate import (
     AlreadyMerged,
     Facts,
     FixChecks,
+    FixConflicts,
     Merge,
     Refuse,
     Review,
@@ -61,7 +62,8 @@ def test_gate_merges_only_reviewed_green_open_work() -> None:
     assert isinstance(decide(replace(FACTS, checks="pending", waited_seconds=4000)), Refuse)
     assert decide(replace(FACTS, checks="failure", failing_checks=("ci",))) == FixChecks(("ci",))
     assert isinstance(decide(replace(FACTS, checks="failure", fix_turns_used=2)), Refuse)
-    assert isinstance(decide(replace(FACTS, mergeable=False)), Refuse)
+    assert decide(replace(FACTS, mergeable=False)) == FixConflicts()
+    assert isinstance(decide(replace(FACTS, mergeable=False, fix_turns_used=2)), Refuse)
     assert isinstance(decide(replace(FACTS, mergeable=None)), Wait)
     assert decide(replace(FACTS, checks="failure", require_checks=False)) == Merge("b" * 40)
     assert decide(replace(FACTS, pr_merged=True, issue_open=False)) == AlreadyMerged()

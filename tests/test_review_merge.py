@@ -240,6 +240,41 @@ def test_a_diff_too_large_to_review_whole_goes_to_a_human(
     assert len(main_log(github)) == 1  # nothing merged
 
 
+def test_two_loops_on_one_file_the_second_resolves_the_conflict_then_merges(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    # A backlog drained in parallel: both loops edit README.md from the same main.
+    def agent(body: dict[str, Any]) -> m.Item:
+        if is_critic(body):
+            return report()
+        which = "one" if "issue #1" in body["messages"][0]["content"][0]["text"] else "two"
+        last = body["messages"][-1]["content"]
+        if any(b.get("type") == "tool_result" for b in last):
+            return m.text(f"Done {which}.")
+        if "conflict markers" in json.dumps(last):
+            return m.write_file("README.md", "# widgets\nfrom loop one\nfrom loop two\n")
+        return m.write_file("README.md", f"# widgets\nfrom loop {which}\n")
+
+    sample_repo(github, loop_yml="verify: grep -q widgets README.md\n")
+    first, second = open_issue(github, "one", "Add a line."), open_issue(github, "two", "Too.")
+    model.responder = agent
+    label(github, "writer", first)
+    label(github, "writer", second)
+    drain()
+    store = Store(redis)
+    one, two = store.get(f"{REPO}#{first}"), store.get(f"{REPO}#{second}")
+    assert one is not None and one.status == Status.COMPLETED, one
+    assert two is not None and (two.status, two.check_fixes) == (Status.COMPLETED, 1), two
+    merged = [e["data"] for e in store.events(f"{REPO}#{second}") if e["kind"] == "base_merged"]
+    assert merged == [{"base": "main", "conflicts": ["README.md"]}]
+    assert github.file_at(REPO, "main", "README.md") == (
+        "# widgets\nfrom loop one\nfrom loop two\n"
+    )
+    assert len(main_log(github)) == 3  # the seed, then one squash per loop
+    prompts = [json.dumps(b["messages"][-1]) for b in model.requests if not is_critic(b)]
+    assert any("`README.md`" in p and "conflict markers" in p for p in prompts)
+
+
 def test_head_pushed_by_someone_else_is_reviewed_before_merge(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:

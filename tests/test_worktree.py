@@ -95,3 +95,29 @@ def test_finished_worktree_is_recycled_clean(setup: tuple[Worktrees, str, str, P
     # Issue 1's branch is free again (not checked out anywhere), so it can be resumed.
     co1 = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
     assert git(co1.path, "rev-parse", "--abbrev-ref", "HEAD").strip() == "loop/issue-1"
+
+
+def test_merging_the_base_in_cleanly_or_with_conflicts(
+    setup: tuple[Worktrees, str, str, Path], github: GitHubServer
+) -> None:
+    from bot.testing import gitrepo
+
+    wt, url, token, mirror = setup
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    (co.path / "a.py").write_text("x = 2\n")
+    wt.commit_all(co, "loop(turn-1): x is 2")
+    # main moves on elsewhere: first a change git merges alone.
+    gitrepo.seed(github.repo(REPO).path, "main", {"b.py": "y = 1\n"}, "add b")
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", wt.sync_mirror(REPO, url, token))
+    assert wt.merge_base_in(co, "main") == []
+    assert (co.path / "b.py").exists() and (co.path / "a.py").read_text() == "x = 2\n"
+    # Then one on the same line: markers left, the merge concluded by the next commit.
+    gitrepo.seed(github.repo(REPO).path, "main", {"a.py": "x = 3\n"}, "x is 3")
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", wt.sync_mirror(REPO, url, token))
+    assert wt.merge_base_in(co, "main") == ["a.py"]
+    assert "<<<<<<<" in (co.path / "a.py").read_text()
+    (co.path / "a.py").write_text("x = 3  # and 2\n")
+    sha = wt.commit_all(co, "loop(turn-2): resolve")
+    assert sha is not None
+    parents = git(co.path, "rev-list", "--parents", "-n", "1", sha).split()
+    assert len(parents) == 3  # a merge commit: main is now an ancestor of the branch
