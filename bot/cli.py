@@ -250,16 +250,7 @@ def restart(loop: str) -> None:
         raise SystemExit(1)
     gh = rt.github.installation(record.installation_id)
     config = repo_config.parse(gh.file(repo, repo_config.CONFIG_PATH))
-    result = start_loop(
-        rt,
-        repo,
-        n,
-        record.installation_id,
-        "cli",
-        config.max_turns,
-        restart=True,
-        max_cost_usd=config.max_cost_usd,
-    )
+    result = start_loop(rt, repo, n, record.installation_id, "cli", config, restart=True)
     click.echo(f"{repo}#{n}: {result}")
     if result not in ("restarted", "started"):
         raise SystemExit(1)

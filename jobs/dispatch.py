@@ -83,15 +83,7 @@ def _label_added(rt: Runtime, gh: Installation, cmd: LabelAdded) -> str:
         )
         rt.store.event(f"{cmd.repo}#{cmd.issue}", "config_invalid", problems=exc.problems)
         return "bad config: " + str(exc)
-    return start_loop(
-        rt,
-        cmd.repo,
-        cmd.issue,
-        cmd.installation_id,
-        cmd.actor,
-        config.max_turns,
-        max_cost_usd=config.max_cost_usd,
-    )
+    return start_loop(rt, cmd.repo, cmd.issue, cmd.installation_id, cmd.actor, config)
 
 
 def start_loop(
@@ -100,11 +92,10 @@ def start_loop(
     issue: int,
     installation_id: int,
     actor: str,
-    max_turns: int,
+    config: repo_config.RepoConfig,
     *,
     restart: bool = False,
     note: str = "",
-    max_cost_usd: float | None = None,
 ) -> str:
     """Create or resume the loop record and enqueue its one job. Safe to call twice.
 
@@ -115,9 +106,10 @@ def start_loop(
     with store.lock(key):
         record = store.get(key)
         if restart and record is not None:
-            ok, why = can_restart(record, store.lease_holder(key) is not None, max_cost_usd)
+            alive = store.lease_holder(key) is not None
+            ok, why = can_restart(record, alive, config.max_cost_usd)
         else:
-            ok, why = should_start(record, max_cost_usd)
+            ok, why = should_start(record, config.max_cost_usd)
         if not ok:
             return why
         if _job_pending(rt, loop_job_id(repo, issue)):
@@ -129,7 +121,7 @@ def start_loop(
                 installation_id=installation_id,
                 branch=branch_for(issue),
                 started_by=actor,
-                max_turns=max_turns,
+                max_turns=config.max_turns,
             )
             store.put(record)
             store.event(key, "loop_created", actor=actor)
@@ -146,7 +138,7 @@ def start_loop(
                 r.sev1_rounds = {}
                 r.reason = ""
                 r.detail = ""
-                r.max_turns = max_turns
+                r.max_turns = config.max_turns
                 r.installation_id = installation_id
                 r.restarts += 1
                 r.resume_note = (
@@ -230,14 +222,7 @@ def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
         )
         return "bad config"
     result = start_loop(
-        rt,
-        cmd.repo,
-        cmd.issue,
-        cmd.installation_id,
-        cmd.actor,
-        config.max_turns,
-        restart=True,
-        max_cost_usd=config.max_cost_usd,
+        rt, cmd.repo, cmd.issue, cmd.installation_id, cmd.actor, config, restart=True
     )
     gh.upsert_comment(cmd.repo, cmd.issue, reply_key, messages.restarted(record, cmd.actor, result))
     return result
@@ -330,10 +315,9 @@ def _feedback(rt: Runtime, gh: Installation, cmd: PullFeedback) -> str:
         issue,
         cmd.installation_id,
         cmd.actor,
-        cfg.max_turns,
+        cfg,
         restart=True,
         note=f"@{cmd.actor} asked for changes on pull request #{cmd.pull}.",
-        max_cost_usd=cfg.max_cost_usd,
     )
 
 

@@ -141,7 +141,7 @@ def sweep(rt: Runtime) -> list[str]:
                     if actor is None or not gh.can_write(repo, actor):
                         continue
                     config = repo_config.parse(text)
-                    result = start_loop(rt, repo, issue.number, iid, actor, config.max_turns)
+                    result = start_loop(rt, repo, issue.number, iid, actor, config)
                     rt.store.event(key, "swept", actor=actor, result=result)
                     started.append(key)
             except (GitHubError, repo_config.ConfigError) as exc:

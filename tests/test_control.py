@@ -9,6 +9,7 @@ from typing import Any
 from redis import Redis
 from rq.job import Job, JobStatus
 
+from bot import repo_config
 from bot.commands import loop_job_id
 from bot.loopstate import Status
 from bot.settings import load_settings
@@ -294,7 +295,7 @@ def test_a_worker_that_lost_its_lease_leaves_the_loop_alone(
     github.webhooks_enabled = False
     n = open_issue(github)
     label(github, "writer", n)
-    start_loop(rt, REPO, n, iid, "writer", 5)
+    start_loop(rt, REPO, n, iid, "writer", repo_config.parse(YML))
 
     def presumed_dead(body: dict[str, Any]) -> m.Item:
         # The reconciler gave the loop to another worker while this one was slow.

@@ -57,6 +57,12 @@ def main_log(github: GitHubServer) -> list[str]:
     return gitrepo.git(github.repo(REPO).path, "log", "--format=%s", "main").splitlines()
 
 
+def ci_status(github: GitHubServer, sha: str | None, state: str, context: str) -> None:
+    """A commit status on ``sha``, as another CI system would set it."""
+    with github.as_user("acme") as u:
+        u.post(f"/repos/{REPO}/statuses/{sha}", json={"state": state, "context": context})
+
+
 def is_critic(body: dict[str, Any]) -> bool:
     return "output_config" in body
 
@@ -112,7 +118,7 @@ def test_agent_text_cannot_close_other_issues_or_ping_people(
     assert r.status == Status.COMPLETED, r
     repo = github.repo(REPO)
     assert repo.issues[n].state == "closed" and repo.issues[other].state == "open"
-    body = repo.issues[r.pr_number].body  # type: ignore[index]
+    body = repo.issues[r.pr_number].body
     assert f"fixes `#{other}`" in body and "cc `@writer`" in body  # no close, no ping
     message = gitrepo.git(repo.path, "log", "-1", "--format=%B", "main")
     assert f"Closes #{n}." in message and "Merged by loopbot after 1 turn(s)" in message
@@ -304,8 +310,7 @@ def test_checks_pending_then_green_merges(
 ) -> None:
     def ci_starts(body: dict[str, Any]) -> m.Item:
         sha = github.ref(REPO, "loop/issue-1")
-        with github.as_user("acme") as u:
-            u.post(f"/repos/{REPO}/statuses/{sha}", json={"state": "pending", "context": "ci"})
+        ci_status(github, sha, "pending", "ci")
         return report()
 
     model.play(FIX, m.text("Fixed."))
@@ -314,8 +319,7 @@ def test_checks_pending_then_green_merges(
     r = record(redis)
     assert (r.status, r.phase) == (Status.MERGING, "waiting_for_checks"), r
     sha = github.ref(REPO, "loop/issue-1")
-    with github.as_user("acme") as u:
-        u.post(f"/repos/{REPO}/statuses/{sha}", json={"state": "success", "context": "ci"})
+    ci_status(github, sha, "success", "ci")
     github.complete_check_suite(REPO, sha)  # type: ignore[arg-type]
     drain()
     assert record(redis).status == Status.COMPLETED
@@ -326,8 +330,7 @@ def test_only_required_checks_hold_the_merge_and_missing_ones_wait(
 ) -> None:
     def optional_check_fails(body: dict[str, Any]) -> m.Item:
         sha = github.ref(REPO, "loop/issue-1")
-        with github.as_user("acme") as u:
-            u.post(f"/repos/{REPO}/statuses/{sha}", json={"state": "failure", "context": "lint"})
+        ci_status(github, sha, "failure", "lint")
         return report()
 
     sample_repo(github, loop_yml=YML)
@@ -342,8 +345,7 @@ def test_only_required_checks_hold_the_merge_and_missing_ones_wait(
     gate = [e["data"] for e in Store(redis).events(KEY) if e["kind"] == "gate"][-1]
     assert gate["required"] == ["ci/test"] and gate["checks"] == "pending"
     sha = github.ref(REPO, "loop/issue-1")
-    with github.as_user("acme") as u:
-        u.post(f"/repos/{REPO}/statuses/{sha}", json={"state": "success", "context": "ci/test"})
+    ci_status(github, sha, "success", "ci/test")
     github.complete_check_suite(REPO, sha)  # type: ignore[arg-type]
     drain()
     # lint still fails, but the branch does not require it, so GitHub would merge too.
@@ -366,10 +368,7 @@ def test_failing_checks_get_a_fix_turn(
         sha = github.ref(REPO, "loop/issue-1")
         if not failed:  # CI fails on the first head only
             failed.append(sha)  # type: ignore[arg-type]
-            with github.as_user("acme") as u:
-                u.post(
-                    f"/repos/{REPO}/statuses/{sha}", json={"state": "failure", "context": "lint"}
-                )
+            ci_status(github, sha, "failure", "lint")
         return report()
 
     model.play(FIX, m.text("Fixed."))
@@ -390,8 +389,7 @@ def test_checks_that_keep_failing_are_refused(
         if not is_critic(body):
             return m.text("Tried.")
         sha = github.ref(REPO, "loop/issue-1")
-        with github.as_user("acme") as u:
-            u.post(f"/repos/{REPO}/statuses/{sha}", json={"state": "failure", "context": "lint"})
+        ci_status(github, sha, "failure", "lint")
         return report()
 
     model.play(FIX, m.text("Fixed."))
@@ -457,8 +455,7 @@ def test_human_feedback_on_the_pr_gets_a_turn_then_review_and_merge(
     def ci_pending_once(body: dict[str, Any]) -> m.Item:
         sha = github.ref(REPO, f"loop/issue-{n}")
         if not github.repo(REPO).statuses:
-            with github.as_user("acme") as u:
-                u.post(f"/repos/{REPO}/statuses/{sha}", json={"state": "pending", "context": "ci"})
+            ci_status(github, sha, "pending", "ci")
         return report()
 
     model.play(FIX, m.text("Fixed."), report())
