@@ -12,18 +12,35 @@ Credentials: the installation token reaches git through a credential helper give
 the command line (``-c credential.helper=...``) that reads it from the environment of
 that one git process. It is never in a URL, on disk, or in a log.
 
-The agent can write anything inside the worktree, including its ``.git`` file. So the
-harness restores that file before each git command, disables hooks and fsmonitor, and
-fetches and pushes from the mirror, never from the worktree.
+Everything in the worktree is hostile input to the harness: the repository's files and
+whatever the agent wrote (``.gitconfig``, ``.gitattributes`` naming filters, a ``.git``
+replaced by a directory, a FIFO or a pointer elsewhere, nested repositories with their
+own config). So harness git never reads configuration from anywhere the agent can
+write: no system or global config (``HOME`` and ``XDG_CONFIG_HOME`` point at nothing,
+``GIT_CONFIG_GLOBAL=/dev/null``), only the mirror's own config, which the sandbox sees
+read-only; every program-running key (hooks, fsmonitor, gpg, ssh, pagers, attributes
+files, external diff) overridden on the command line. Worktree commands name their git
+directory explicitly (``GIT_DIR``/``GIT_WORK_TREE``), so the worktree's ``.git`` is
+never opened; before a commit the harness removes nested ``.git`` entries and special
+files (FIFOs, sockets, devices) so git never descends into a repository the agent made.
+Fetches and pushes go from the mirror, never from the worktree.
+
+Mirrors are shared by every work horse on the machine (RQ forks one per job), so fetch,
+worktree add/move, commits, pushes and ref updates hold a file lock per mirror.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
+import stat
 import subprocess
 import threading
+import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,25 +54,52 @@ _HELPER = (
     '!f() { test "$1" = get && echo username=x-access-token '
     '&& echo "password=$LOOPBOT_GIT_TOKEN"; }; f'
 )
-_SAFE = [
-    "-c",
-    "core.hooksPath=/dev/null",
-    "-c",
-    "core.fsmonitor=false",
-    "-c",
-    "protocol.file.allow=never",
-    "-c",
-    "credential.helper=",
-    "-c",
-    f"credential.helper={_HELPER}",
-]
+# Every key that makes git run a program or read a file named by configuration, pinned.
+# Drivers named by .gitattributes (filter, diff, merge) need a config entry to run
+# anything, and no config git reads here can define one.
+_PINNED = {
+    "core.hooksPath": "/dev/null",
+    "core.fsmonitor": "false",
+    "core.untrackedCache": "false",
+    "core.attributesFile": "/dev/null",
+    "core.excludesFile": "/dev/null",
+    "core.sshCommand": "/bin/false",
+    "core.askPass": "/bin/false",
+    "core.pager": "cat",
+    "core.editor": "/bin/false",
+    "core.symlinks": "true",
+    "commit.gpgSign": "false",
+    "tag.gpgSign": "false",
+    "gpg.program": "/bin/false",
+    "gpg.ssh.program": "/bin/false",
+    "gpg.x509.program": "/bin/false",
+    "diff.external": "/bin/false",
+    "diff.ignoreSubmodules": "all",
+    "status.submoduleSummary": "false",
+    "submodule.recurse": "false",
+    "fetch.recurseSubmodules": "false",
+    "push.recurseSubmodules": "no",
+    "protocol.file.allow": "never",
+    "protocol.ext.allow": "never",
+    "maintenance.auto": "false",
+    "gc.auto": "0",
+    # The worktree belongs to the sandbox's uid; the git directory is ours and named.
+    "safe.directory": "*",
+    "credential.helper": "",
+}
+_SAFE = [arg for k, v in _PINNED.items() for arg in ("-c", f"{k}={v}")]
+_SAFE += ["-c", f"credential.helper={_HELPER}"]
+_NO_CONFIG_HOME = "/nonexistent/loopbot-git-home"
 AUTHOR = {
     "GIT_AUTHOR_NAME": "loopbot",
     "GIT_AUTHOR_EMAIL": "loopbot@users.noreply.github.com",
     "GIT_COMMITTER_NAME": "loopbot",
     "GIT_COMMITTER_EMAIL": "loopbot@users.noreply.github.com",
 }
-_locks: dict[str, threading.Lock] = {}
+_thread_locks: dict[str, threading.RLock] = {}
+_held: dict[str, int] = {}
+LOCK_TIMEOUT = GIT_TIMEOUT
+MAX_GITFILE = 4096
 
 
 class GitError(RuntimeError):
@@ -72,17 +116,29 @@ def git(
     token: str | None = None,
     timeout: float = GIT_TIMEOUT,
     check: bool = True,
+    git_dir: Path | None = None,
 ) -> str:
-    """Run git with loopbot's safety settings; a timeout on every call."""
+    """Run git with loopbot's safety settings; a timeout on every call.
+
+    ``git_dir`` names the repository explicitly (a worktree's admin directory in the
+    mirror) so that git never discovers one from ``cwd``, where the agent writes.
+    """
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(cwd),  # no operator ~/.gitconfig
+        "HOME": _NO_CONFIG_HOME,  # neither the operator's nor the worktree's .gitconfig
+        "XDG_CONFIG_HOME": _NO_CONFIG_HOME,
         "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_ATTR_NOSYSTEM": "1",
         "GIT_TERMINAL_PROMPT": "0",
         "GIT_ASKPASS": "/bin/false",
+        "GIT_NO_REPLACE_OBJECTS": "1",
         "LANG": "C",
         **AUTHOR,
     }
+    if git_dir is not None:
+        env["GIT_DIR"] = str(git_dir)
+        env["GIT_WORK_TREE"] = str(cwd)
     if token:
         env["LOOPBOT_GIT_TOKEN"] = token
     try:
@@ -100,6 +156,100 @@ def git(
         err = _scrub(proc.stderr.decode(errors="replace").strip(), token)
         raise GitError(f"git {' '.join(args[:2])} failed: {err[-2000:]}")
     return proc.stdout.decode(errors="replace")
+
+
+@contextlib.contextmanager
+def mirror_lock(mirror: Path, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+    """Hold the mirror's lock across processes (a file lock) and threads (re-entrant).
+
+    RQ forks a work horse per job, so a ``threading.Lock`` guards nothing between two
+    jobs on one machine; git's own ref locks then fail (``cannot lock ref``).
+    """
+    key = str(mirror)
+    rlock = _thread_locks.setdefault(key, threading.RLock())
+    if not rlock.acquire(timeout=timeout):
+        raise GitError(f"timed out after {timeout:.0f}s waiting for the lock on {mirror.name}")
+    fd = -1
+    try:
+        if _held.get(key, 0) == 0:
+            mirror.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(str(mirror) + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise GitError(
+                            f"timed out after {timeout:.0f}s waiting for the lock on "
+                            f"{mirror.name} (another worker process holds it)"
+                        ) from None
+                    time.sleep(0.05)
+        _held[key] = _held.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            _held[key] -= 1
+    finally:
+        if fd >= 0:
+            os.close(fd)  # releases the flock
+        rlock.release()
+
+
+def _read_small_regular(path: Path, limit: int) -> str | None:
+    """The text of ``path`` if it is a small regular file, without following a link or
+    blocking on a FIFO; None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            return None
+        return os.read(fd, limit).decode(errors="replace")
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    """Remove whatever is at ``path`` (file, link, FIFO, directory) without following it."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def defuse_tree(root: Path) -> list[str]:
+    """Remove what harness git must never meet in the worktree: nested ``.git`` entries
+    (repositories with their own config and hooks) and special files. Walks with lstat
+    only, never opening a file or following a link. Returns the removed paths."""
+    removed: list[str] = []
+    todo = [root]
+    while todo:
+        current = todo.pop()
+        try:
+            entries = list(os.scandir(current))
+        except OSError:
+            continue
+        for entry in entries:
+            path = Path(entry.path)
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except OSError:
+                continue
+            if current == root and entry.name == ".git":
+                continue  # the worktree's own pointer: _restore_gitfile rewrites it
+            if entry.name == ".git" or not (
+                stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode)
+            ):
+                _remove(path)
+                removed.append(str(path.relative_to(root)))
+            elif stat.S_ISDIR(mode):
+                todo.append(path)
+    return removed
 
 
 @dataclass(frozen=True)
@@ -123,13 +273,10 @@ class Worktrees:
         owner, name = repo.split("/")
         return self.data_dir / "worktrees" / owner / name / f"issue-{issue}"
 
-    def _lock(self, repo: str) -> threading.Lock:
-        return _locks.setdefault(repo, threading.Lock())
-
     def sync_mirror(self, repo: str, clone_url: str, token: str) -> Path:
         """Create the bare mirror once, then fetch into it before each use."""
         mirror = self.mirror_path(repo)
-        with self._lock(repo):
+        with mirror_lock(mirror):
             if not (mirror / "HEAD").exists():
                 mirror.mkdir(parents=True, exist_ok=True)
                 git(mirror, "init", "--bare", "-q")
@@ -147,6 +294,13 @@ class Worktrees:
         )
         return out.strip() or None
 
+    def _git(self, path: Path, mirror: Path, *args: str, check: bool = True) -> str:
+        """git on the worktree at ``path``, with its git directory named explicitly."""
+        admin = self._admin_dir(path, mirror)
+        if admin is None:
+            raise GitError(f"{path} is not a worktree of {mirror}")
+        return git(path, *args, git_dir=admin, check=check)
+
     def checkout(
         self, repo: str, issue: int, branch: str, default_branch: str, mirror: Path
     ) -> Checkout:
@@ -156,27 +310,26 @@ class Worktrees:
         if base_sha is None:
             raise GitError(f"default branch {default_branch!r} not found on the remote")
         pushed = self.remote_sha(mirror, branch)
-        if path.exists() and self._valid(path, mirror, branch):
-            self._restore_gitfile(path, mirror)
-            if (
-                pushed
-                and self.head(path) != pushed
-                and self._is_ancestor(mirror, self.head(path), pushed)
-            ):
-                # Another worker pushed further (we were presumed dead): move up to it.
-                git(path, "reset", "-q", "--hard", pushed)
-            return Checkout(path, mirror, branch, base_sha, resumed=True)
-        if path.exists():
-            shutil.rmtree(path)
-        git(mirror, "worktree", "prune")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        start = f"refs/remotes/origin/{branch}" if pushed else base_sha
-        spare = self._take_spare(repo, mirror, path)
-        if spare:
-            # Recycled (cleaned when released): only the files that differ are written.
-            git(path, "checkout", "-q", "-f", "-B", branch, start)
-        else:
-            git(mirror, "worktree", "add", "-q", "-f", "-B", branch, str(path), start)
+        with mirror_lock(mirror):
+            if path.exists() and self._valid(path, mirror, branch):
+                self._restore_gitfile(path, mirror)
+                head = self.head(path, mirror)
+                if pushed and head != pushed and self._is_ancestor(mirror, head, pushed):
+                    # Another worker pushed further (we were presumed dead): move up to it.
+                    defuse_tree(path)
+                    self._git(path, mirror, "reset", "-q", "--hard", pushed)
+                return Checkout(path, mirror, branch, base_sha, resumed=True)
+            if path.exists() or path.is_symlink():
+                _remove(path)
+            git(mirror, "worktree", "prune")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            start = f"refs/remotes/origin/{branch}" if pushed else base_sha
+            spare = self._take_spare(repo, mirror, path)
+            if spare:
+                # Recycled (cleaned when released): only the files that differ are written.
+                self._git(path, mirror, "checkout", "-q", "-f", "-B", branch, start)
+            else:
+                git(mirror, "worktree", "add", "-q", "-f", "-B", branch, str(path), start)
         return Checkout(path, mirror, branch, base_sha, resumed=pushed is not None)
 
     # -- spares: finished worktrees kept for reuse ---------------------------------------
@@ -197,14 +350,17 @@ class Worktrees:
         ):
             self.remove(repo, issue)
             return
-        self._restore_gitfile(path, mirror)
-        # Free the loop branch and leave nothing of this loop behind: tracked files as
-        # committed, untracked and ignored files (build output, caches) deleted.
-        git(path, "checkout", "-q", "--detach")
-        git(path, "reset", "-q", "--hard")
-        git(path, "clean", "-q", "-ffdx")
-        spares.mkdir(parents=True, exist_ok=True)
-        git(mirror, "worktree", "move", str(path), str(spares / f"spare-{uuid.uuid4().hex[:12]}"))
+        with mirror_lock(mirror):
+            self._restore_gitfile(path, mirror)
+            defuse_tree(path)
+            # Free the loop branch and leave nothing of this loop behind: tracked files as
+            # committed, untracked and ignored files (build output, caches) deleted.
+            self._git(path, mirror, "checkout", "-q", "--detach")
+            self._git(path, mirror, "reset", "-q", "--hard")
+            self._git(path, mirror, "clean", "-q", "-ffdx")
+            spares.mkdir(parents=True, exist_ok=True)
+            target = spares / f"spare-{uuid.uuid4().hex[:12]}"
+            git(mirror, "worktree", "move", str(path), str(target))
 
     def _take_spare(self, repo: str, mirror: Path, path: Path) -> bool:
         spares = self.spares_dir(repo)
@@ -220,21 +376,22 @@ class Worktrees:
     def _valid(self, path: Path, mirror: Path, branch: str) -> bool:
         if self._admin_dir(path, mirror) is None:
             return False
-        self._restore_gitfile(path, mirror)
-        out = git(path, "rev-parse", "--abbrev-ref", "HEAD", check=False).strip()
-        return out == branch
+        out = self._git(path, mirror, "rev-parse", "--abbrev-ref", "HEAD", check=False)
+        return out.strip() == branch
 
     def _restore_gitfile(self, path: Path, mirror: Path) -> None:
-        # The agent may have rewritten .git to point at a gitdir it controls (with hooks or
-        # config that would run as the harness). Put back the one git wrote.
+        """Put back the ``.git`` file git wrote, for the agent's own git commands.
+
+        The harness never reads it (it names the git directory itself), but the agent
+        may have replaced it with a directory, a link, a FIFO or a pointer elsewhere.
+        """
         gitfile = path / ".git"
         admin = self._admin_dir(path, mirror)
         if admin is None:
             raise GitError(f"{path} is not a worktree of {mirror}")
         expected = f"gitdir: {admin}\n"
-        if gitfile.is_dir() or gitfile.is_symlink():
-            shutil.rmtree(gitfile) if gitfile.is_dir() else gitfile.unlink()
-        if not gitfile.exists() or gitfile.read_text(errors="replace") != expected:
+        if _read_small_regular(gitfile, MAX_GITFILE) != expected:
+            _remove(gitfile)
             gitfile.write_text(expected)
 
     def _admin_dir(self, path: Path, mirror: Path) -> Path | None:
@@ -251,27 +408,33 @@ class Worktrees:
         return None
 
     def _is_ancestor(self, mirror: Path, a: str, b: str) -> bool:
-        return (
-            subprocess.run(
-                ["git", "merge-base", "--is-ancestor", a, b],
-                cwd=mirror,
-                capture_output=True,
-                timeout=GIT_TIMEOUT,
-            ).returncode
-            == 0
-        )
+        try:
+            git(mirror, "merge-base", "--is-ancestor", a, b)
+        except GitError:
+            return False
+        return True
 
-    def head(self, path: Path) -> str:
-        return git(path, "rev-parse", "HEAD").strip()
+    def head(self, path: Path, mirror: Path | None = None) -> str:
+        return self._git(path, mirror or self._mirror_of(path), "rev-parse", "HEAD").strip()
+
+    def _mirror_of(self, path: Path) -> Path:
+        # worktrees/{owner}/{repo}/issue-N and spares/{owner}/{repo}/spare-X alike
+        return self.data_dir / "mirrors" / path.parent.parent.name / f"{path.parent.name}.git"
 
     def commit_all(self, checkout: Checkout, message: str) -> str | None:
         """Commit whatever the agent changed; None when nothing changed."""
-        self._restore_gitfile(checkout.path, checkout.mirror)
-        git(checkout.path, "add", "-A")
-        if not git(checkout.path, "status", "--porcelain").strip():
-            return None
-        git(checkout.path, "commit", "-q", "--no-verify", "-m", message)
-        return self.head(checkout.path)
+        path, mirror = checkout.path, checkout.mirror
+        with mirror_lock(mirror):
+            removed = defuse_tree(path)
+            if removed:
+                log.warning("worktree.defused", removed=removed[:20], count=len(removed))
+            self._restore_gitfile(path, mirror)
+            self._git(path, mirror, "add", "-A")
+            status = self._git(path, mirror, "status", "--porcelain", "--ignore-submodules=all")
+            if not status.strip():
+                return None
+            self._git(path, mirror, "commit", "-q", "--no-verify", "-m", message)
+            return self.head(path, mirror)
 
     def merge_base_in(self, checkout: Checkout, default_branch: str) -> list[str]:
         """Merge the default branch (as last fetched) into the loop branch.
@@ -280,49 +443,74 @@ class Worktrees:
         and the merge in progress: the agent resolves them and the turn's commit
         concludes the merge. An empty list means the merge committed cleanly.
         """
-        self._restore_gitfile(checkout.path, checkout.mirror)
+        path, mirror = checkout.path, checkout.mirror
         ref = f"refs/remotes/origin/{default_branch}"
-        merged = git(
-            checkout.path,
-            "merge",
-            "--no-edit",
-            "-m",
-            f"loop: merge {default_branch}",
-            ref,
-            check=False,
-        )
-        conflicted = git(checkout.path, "diff", "--name-only", "--diff-filter=U").split()
-        if not conflicted and not self._is_ancestor(checkout.mirror, ref, self.head(checkout.path)):
-            raise GitError(f"merging {default_branch} failed: {merged.strip()[-500:]}")
+        with mirror_lock(mirror):
+            self._restore_gitfile(path, mirror)
+            defuse_tree(path)
+            merged = self._git(
+                path,
+                mirror,
+                "merge",
+                "--no-edit",
+                "-m",
+                f"loop: merge {default_branch}",
+                ref,
+                check=False,
+            )
+            conflicted = self._git(path, mirror, "diff", "--name-only", "--diff-filter=U").split()
+            if not conflicted and not self._is_ancestor(mirror, ref, self.head(path, mirror)):
+                raise GitError(f"merging {default_branch} failed: {merged.strip()[-500:]}")
         return conflicted
 
+    def discard_uncommitted(self, checkout: Checkout) -> None:
+        """Back to the last commit: uncommitted, untracked and ignored files removed."""
+        path, mirror = checkout.path, checkout.mirror
+        with mirror_lock(mirror):
+            self._restore_gitfile(path, mirror)
+            defuse_tree(path)
+            self._git(path, mirror, "reset", "-q", "--hard")
+            self._git(path, mirror, "clean", "-q", "-ffdx")
+
     def changed_since_base(self, checkout: Checkout) -> bool:
-        return self.head(checkout.path) != checkout.base_sha
+        return self.head(checkout.path, checkout.mirror) != checkout.base_sha
 
     def diff_stat(self, checkout: Checkout) -> str:
-        return git(checkout.path, "diff", "--stat", checkout.base_sha, "HEAD")
+        return git(
+            checkout.mirror,
+            "diff",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--stat",
+            checkout.base_sha,
+            self.head(checkout.path, checkout.mirror),
+        )
 
     def push(self, checkout: Checkout, token: str) -> str:
         """Push the loop branch from the mirror (fast-forward only: never clobber others)."""
-        sha = git(checkout.mirror, "rev-parse", f"refs/heads/{checkout.branch}").strip()
-        git(
-            checkout.mirror,
-            "push",
-            "-q",
-            "origin",
-            f"refs/heads/{checkout.branch}:refs/heads/{checkout.branch}",
-            token=token,
-        )
-        git(checkout.mirror, "update-ref", f"refs/remotes/origin/{checkout.branch}", sha)
+        mirror, branch = checkout.mirror, checkout.branch
+        with mirror_lock(mirror):
+            sha = git(mirror, "rev-parse", f"refs/heads/{branch}").strip()
+            git(
+                mirror,
+                "push",
+                "-q",
+                "origin",
+                f"refs/heads/{branch}:refs/heads/{branch}",
+                token=token,
+            )
+            git(mirror, "update-ref", f"refs/remotes/origin/{branch}", sha)
         return sha
 
     def remove(self, repo: str, issue: int) -> None:
         path = self.worktree_path(repo, issue)
         mirror = self.mirror_path(repo)
-        if path.exists():
-            shutil.rmtree(path, ignore_errors=True)
+        if path.exists() or path.is_symlink():
+            with contextlib.suppress(OSError):
+                _remove(path)
         if mirror.exists():
-            git(mirror, "worktree", "prune", check=False)
+            with mirror_lock(mirror):
+                git(mirror, "worktree", "prune", check=False)
 
     def owned_worktrees(self) -> list[tuple[str, int, Path]]:
         """Every worktree on disk as (repo, issue, path), for the reaper."""
