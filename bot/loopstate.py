@@ -46,6 +46,7 @@ class Reason(StrEnum):
     PR_OPENED = "pr_opened"
     NO_CHANGES = "no_changes"
     PUSH_REJECTED = "push_rejected"
+    RESOURCE_LIMIT = "resource_limit"
 
 
 class Usage(BaseModel):

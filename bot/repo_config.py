@@ -6,10 +6,11 @@ otherwise run a loop with a limit the maintainer did not choose.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 CONFIG_PATH = ".github/loop.yml"
 STEP_CAP = 200  # the harness's own ceiling, whatever a repository asks for
@@ -41,9 +42,30 @@ class LabelsConfig(_Strict):
     needs_human: str = Field("loop:needs-human", min_length=1)
 
 
+_HOST = re.compile(
+    r"^\.?(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+)
+
+
 class SandboxConfig(_Strict):
-    network: bool = False
+    # false: no network; true: any public host; a list: only these hosts (``.example.org``
+    # also allows its subdomains). Always through loopbot's egress proxy, never loopback,
+    # private, link-local or metadata addresses.
+    network: bool | tuple[str, ...] = False
     timeout_seconds: int = Field(600, ge=1, le=3600)
+
+    @field_validator("network")
+    @classmethod
+    def _hosts(cls, v: bool | tuple[str, ...]) -> bool | tuple[str, ...]:
+        if isinstance(v, bool):
+            return v
+        if not v:
+            raise ValueError("a list of host names must name at least one host")
+        hosts = tuple(h.strip().lower() for h in v)
+        bad = [h for h in hosts if not _HOST.match(h)]
+        if bad:
+            raise ValueError(f"not host names: {', '.join(bad)} (no schemes, ports or paths)")
+        return hosts
 
 
 class RepoConfig(_Strict):

@@ -15,6 +15,8 @@ from typing import Literal
 from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from bot.redis_conn import check_url
+
 Role = Literal["web", "worker", "cli"]
 
 
@@ -29,7 +31,8 @@ class SettingsError(Exception):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 
-    redis_url: str = Field("redis://localhost:6379/0", alias="REDIS_URL")
+    # May carry a password: kept out of repr(), shown only through bot.redis_conn.mask_url.
+    redis_url: str = Field("redis://localhost:6379/0", alias="REDIS_URL", repr=False)
     github_app_id: int = Field(alias="GITHUB_APP_ID", gt=0)
     github_private_key: SecretStr | None = Field(None, alias="GITHUB_PRIVATE_KEY")
     github_private_key_path: Path | None = Field(None, alias="GITHUB_PRIVATE_KEY_PATH")
@@ -58,6 +61,27 @@ class Settings(BaseSettings):
     # Running agent commands without bubblewrap is an explicit operator decision.
     allow_unsandboxed: bool = Field(False, alias="LOOPBOT_ALLOW_UNSANDBOXED")
     log_format: Literal["json", "console"] = Field("json", alias="LOOPBOT_LOG_FORMAT")
+    # The sandbox (jobs.sandbox). A root worker runs sandboxed commands as this host uid,
+    # so that nothing inside holds root's identity even outside its user namespace.
+    sandbox_uid: int = Field(65534, alias="LOOPBOT_SANDBOX_UID", gt=0)
+    sandbox_gid: int = Field(65534, alias="LOOPBOT_SANDBOX_GID", gt=0)
+    # Toolchains outside /usr (e.g. /opt/go:/root/.pyenv), shown read-only; colon-separated.
+    sandbox_read_only_paths: str = Field("", alias="LOOPBOT_SANDBOX_READ_ONLY_PATHS")
+    sandbox_max_processes: int = Field(512, alias="LOOPBOT_SANDBOX_MAX_PROCESSES", ge=16)
+    sandbox_max_memory_mb: int = Field(8192, alias="LOOPBOT_SANDBOX_MAX_MEMORY_MB", ge=0)
+    sandbox_max_file_mb: int = Field(1024, alias="LOOPBOT_SANDBOX_MAX_FILE_MB", ge=1)
+    sandbox_tmp_mb: int = Field(1024, alias="LOOPBOT_SANDBOX_TMP_MB", ge=16)
+    sandbox_max_worktree_mb: int = Field(4096, alias="LOOPBOT_SANDBOX_MAX_WORKTREE_MB", ge=16)
+    sandbox_max_output_kb: int = Field(64, alias="LOOPBOT_SANDBOX_MAX_OUTPUT_KB", ge=4)
+    # Private or loopback networks the egress proxy may reach anyway (an internal package
+    # mirror); comma-separated CIDRs. Empty: only public addresses.
+    egress_allowed_networks: str = Field("", alias="LOOPBOT_EGRESS_ALLOWED_NETWORKS")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_usable(cls, v: str) -> str:
+        check_url(v)  # its message never contains the password
+        return v
 
     @field_validator("github_private_key_path")
     @classmethod

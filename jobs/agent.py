@@ -32,6 +32,7 @@ End = Literal[
     "cancelled",
     "shutdown",
     "text_only",
+    "resource_limit",
 ]
 DOOM_REPEATS = 3
 MAX_STALLS = 5
@@ -121,6 +122,7 @@ class Agent:
         on_step: Callable[[int, str], None] | None = None,
         cancelled: Callable[[], bool] = lambda: False,
         draining: Callable[[], bool] = lambda: False,
+        resources: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.client = client
         self.model = model
@@ -129,7 +131,11 @@ class Agent:
         self.system = SYSTEM.format(
             root=tools.root,
             verify=verify,
-            network=" with network access" if network else " without network",
+            network=(
+                " with network access through an HTTP proxy (proxy variables are set)"
+                if network
+                else " without network"
+            ),
             protected=(
                 " Leave "
                 + ", ".join(f"`{p}`" for p in protected)
@@ -141,6 +147,7 @@ class Agent:
         self.on_step = on_step or (lambda n, what: None)
         self.cancelled = cancelled
         self.draining = draining  # the worker is shutting down: hand over at the next step
+        self.resources = resources  # what is over a resource limit after a tool call
 
     def _call(
         self, messages: list[dict[str, Any]], with_tools: bool, timeout: float, model: str
@@ -243,6 +250,9 @@ class Agent:
                 outcome.tool_seconds += time.monotonic() - ran
                 outcome.tool_calls += 1
                 self.on_step(outcome.steps, call["name"])
+                if (problem := self.resources()) is not None:
+                    text, is_error = f"{text}\n[loopbot: {problem}; the turn ends here]", True
+                    stop = ("resource_limit", problem)
                 results.append(
                     {
                         "type": "tool_result",

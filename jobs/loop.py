@@ -28,9 +28,9 @@ from jobs import messages, prompts, transitions
 from jobs.agent import Agent, Limits, Outcome
 from jobs.drain import DRAIN, HANDOFF_PHASE
 from jobs.runtime import Runtime, current, instrumented
-from jobs.sandbox import Sandbox
+from jobs.sandbox import Sandbox, SandboxUnavailable
 from jobs.tools import ToolBox
-from jobs.worktree import GitError, Worktrees
+from jobs.worktree import Checkout, GitError, Worktrees
 
 log = get_logger("loopbot.loop")
 
@@ -109,7 +109,7 @@ class LoopRunner:
         self.lease = lease
         try:
             return self._run(record)
-        except (GitHubError, GitError, anthropic.APIError, OSError) as exc:
+        except (GitHubError, GitError, SandboxUnavailable, anthropic.APIError, OSError) as exc:
             return self._error(exc)
         finally:
             lease.release()
@@ -165,27 +165,39 @@ class LoopRunner:
             timeout=config.sandbox.timeout_seconds,
             readonly=(mirror,),
         )
+        try:
+            return self._prepared(record, sandbox, checkout, repo_info.default_branch, token)
+        finally:
+            sandbox.close()
+
+    def _prepared(
+        self, record: LoopRecord, sandbox: Sandbox, checkout: Checkout, base: str, token: str
+    ) -> str:
+        config = self.config
+        self.checkout = checkout
+        self.sandbox = sandbox
         if config.setup and not checkout.resumed:
             self._set(phase="setup")
             result = sandbox.run(config.setup)
             self.store.event(self.key, "setup", exit_code=result.exit_code, seconds=result.seconds)
-        self.checkout = checkout
-        self.sandbox = sandbox
+            if (problem := sandbox.worktree_problem()) is not None:
+                return self._over_limit(f"setup: {problem}")
         if record.sync_base:
-            self._sync_base(repo_info.default_branch, token)
+            self._sync_base(base, token)
         agent = Agent(
             self.rt.model,
             self.rt.settings.model,
             ToolBox(checkout.path, sandbox),
             verify=config.verify,
-            network=config.sandbox.network,
+            network=bool(config.sandbox.network),
             protected=config.merge.protected_paths,
             fallback_model=self.rt.settings.fallback_model,
             cancelled=self._cancelled,
             draining=DRAIN.is_set,
             on_step=lambda n, what: self.store.event(self.key, "step", step=n, tool=what),
+            resources=sandbox.worktree_problem,
         )
-        return self._turns(agent, repo_info.default_branch)
+        return self._turns(agent, base)
 
     def _turns(self, agent: Agent, base: str) -> str:
         conversation = self.store.conversation(self.key)
@@ -243,6 +255,8 @@ class LoopRunner:
                     "changed is committed. Carry on from there."
                 )
             cut = transitions.cut_short(outcome.end)
+            if cut is not None and outcome.end == "resource_limit":
+                return self._over_limit(outcome.detail)
             if cut is not None:
                 self._commit_and_push(turn, outcome)  # keep what the turn did
                 return self._finish(cut.status, cut.reason, cut.detail or outcome.detail)
@@ -250,6 +264,8 @@ class LoopRunner:
             self._set(phase="verifying")
             verify = self.sandbox.run(self.config.verify)  # while the push runs
             self._pushed()
+            if (problem := self.sandbox.worktree_problem()) is not None:
+                return self._over_limit(f"verify: {problem}")
             self._verify_tail = verify.output[-prompts.TAIL_CHARS :]
             result = {
                 "turn": turn,
@@ -287,9 +303,16 @@ class LoopRunner:
             failure = after.failure
             self._status_comment()
 
+    def _over_limit(self, detail: str) -> str:
+        """Stop for a resource limit, dropping what was not committed: committing it would
+        make git read all of it, and a restart would meet it again."""
+        self.worktrees.discard_uncommitted(self.checkout)
+        return self._finish(Status.FAILED, Reason.RESOURCE_LIMIT, detail)
+
     def _sync_base(self, base: str, token: str) -> None:
         """Merge the default branch in, as the gate asked after a conflict."""
         conflicted = self.worktrees.merge_base_in(self.checkout, base)
+        self.sandbox.adopt()  # the merge wrote files as the worker
         if conflicted:
             note = (
                 f"The pull request conflicts with `{base}`. The harness merged `{base}` into "

@@ -1,54 +1,107 @@
-"""Every command the agent or verify runs goes through here, under bubblewrap.
+"""Every command the agent, setup or verify runs goes through here, under bubblewrap.
 
-Inside: the whole file system read-only, the worktree writable, a private ``/tmp`` and
-``$HOME``, loopbot's data directory and the App key hidden, ``/run`` hidden (no Unix
-sockets to Redis or Docker), an empty environment but for a few harmless variables,
-no network unless the repository allows it, a new PID namespace, killed with its parent
-and on timeout. Output is kept to a bounded head and tail.
+What a command sees is an allowlist, not the host with holes punched in it:
+
+- the toolchains read-only (``/usr`` and the ``/bin``, ``/lib*`` links into it, plus
+  any ``LOOPBOT_SANDBOX_READ_ONLY_PATHS`` the operator adds), a few harmless files of
+  ``/etc`` and a ``passwd``/``group``/``hosts`` written here, nothing else of the host;
+- the loop's own worktree writable, its own mirror read-only, nothing else of
+  loopbot's data directory; a private, size-bounded ``/tmp`` with an empty ``$HOME``;
+- its own user, PID, IPC, UTS, cgroup and network namespaces; uid 1000 inside, every
+  capability dropped, no further user namespaces, the root file system read-only;
+- an empty environment but for a few harmless variables;
+- limits on processes, address space, file size and core dumps (``prlimit``);
+- a network of its own with only loopback. With ``sandbox.network`` on, its one way out
+  is a filtering proxy outside (``jobs.egress``) that refuses loopback, private,
+  link-local and metadata addresses and, given a host list, every other host.
+
+A root worker never hands root to a command: the command runs as the unprivileged host
+uid ``LOOPBOT_SANDBOX_UID``, so even outside its user namespace it holds nothing of
+root's. Since that uid cannot traverse a data directory under ``/root``, the worktree
+and mirror are first bind-mounted onto a traversable staging directory in a private
+mount namespace (``unshare``), then handed to bubblewrap from there. The worktree is
+owned by that uid (``adopt``) so the command can write it.
+
+Output is read through a pipe, keeping a bounded head and tail in memory; nothing is
+spooled to disk. The command and everything it started are killed on timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from bot.settings import Settings
+from jobs import egress
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
+INSIDE_UID = 1000
+INSIDE_HOME = "/tmp/home"
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _SAFE_ENV = {
-    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "LANG": "C.UTF-8",
     "LC_ALL": "C.UTF-8",
     "TERM": "dumb",
     "CI": "true",
-    "HOME": "/tmp/home",
+    "HOME": INSIDE_HOME,
+    "USER": "sandbox",
     "TMPDIR": "/tmp",
     "PYTHONDONTWRITEBYTECODE": "1",
     "GIT_TERMINAL_PROMPT": "0",
     "PAGER": "cat",
+    # The worktree's git metadata lives in the mirror, owned by another uid: let the
+    # agent's own (read-only) git commands work there. Command-line-level config.
+    "GIT_CONFIG_COUNT": "1",
+    "GIT_CONFIG_KEY_0": "safe.directory",
+    "GIT_CONFIG_VALUE_0": "*",
 }
-# Operator files that hold credentials, masked even though the rest of / is readable.
-_SECRET_PATHS = (
-    ".ssh",
-    ".gitconfig",
-    ".git-credentials",
-    ".netrc",
-    ".config",
-    ".aws",
-    ".docker",
-    ".kube",
-    ".pypirc",
-    ".npmrc",
-    ".anthropic",
+# The parts of /etc that programs need and that hold no secrets. Everything else of the
+# host's /etc (shadow, ssl/private, pip.conf with index tokens, gitconfig, ...) is absent.
+_ETC = (
+    "alternatives",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "localtime",
+    "timezone",
+    "mime.types",
+    "protocols",
+    "services",
+    "os-release",
+    "debian_version",
+    "lsb-release",
+    "inputrc",
+    "terminfo",
+    "nsswitch.conf",
+    "host.conf",
+    "xdg",
 )
+_ETC_GLOBS = ("python3*", "java*", "perl")
+_TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+_STAGE_SCRIPT = """set -e
+while [ "$1" != "--" ]; do
+  mount --bind "$2" "$3"
+  if [ "$1" = ro ]; then mount -o remount,bind,ro "$3"; fi
+  shift 3
+done
+shift
+exec "$@"
+"""
+_HELPERS = ("bwrap", "prlimit", "unshare", "setpriv", "mount")
+_STAGE_PARENT = "/tmp"
 
 
 class SandboxUnavailable(RuntimeError):
@@ -68,19 +121,73 @@ class Result:
         return self.exit_code == 0 and not self.timed_out
 
 
+@dataclass(frozen=True)
+class Limits:
+    processes: int
+    memory_bytes: int  # address space per process; 0 = unlimited
+    file_bytes: int
+    tmp_bytes: int
+    worktree_bytes: int
+    output_bytes: int
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> Limits:
+        mb = 1024 * 1024
+        return cls(
+            processes=s.sandbox_max_processes,
+            memory_bytes=s.sandbox_max_memory_mb * mb,
+            file_bytes=s.sandbox_max_file_mb * mb,
+            tmp_bytes=s.sandbox_tmp_mb * mb,
+            worktree_bytes=s.sandbox_max_worktree_mb * mb,
+            output_bytes=s.sandbox_max_output_kb * 1024,
+        )
+
+
+Network = bool | tuple[str, ...]  # off, any public host, or these hosts only
+
+
 def bwrap_path() -> str | None:
     return shutil.which("bwrap")
 
 
+def runs_as_root() -> bool:
+    return os.geteuid() == 0
+
+
 def availability_problem(settings: Settings) -> str | None:
     """Why commands cannot run safely on this machine, or None when they can."""
-    if bwrap_path() is not None or settings.allow_unsandboxed:
+    if settings.allow_unsandboxed and bwrap_path() is None:
         return None
-    return (
-        "bubblewrap (bwrap) is not installed, so agent commands cannot be sandboxed. "
-        "Install it (apt-get install bubblewrap) or, knowingly, set "
-        "LOOPBOT_ALLOW_UNSANDBOXED=true."
-    )
+    needed = _HELPERS if runs_as_root() else ("bwrap", "prlimit")
+    found = {name: bwrap_path() if name == "bwrap" else shutil.which(name) for name in needed}
+    missing = [name for name, path in found.items() if path is None]
+    if missing:
+        return (
+            f"{', '.join(missing)} not installed, so agent commands cannot be sandboxed. "
+            "Install them (apt-get install bubblewrap util-linux mount) or, knowingly, set "
+            "LOOPBOT_ALLOW_UNSANDBOXED=true."
+        )
+    return None
+
+
+def disk_usage(root: Path, limit: int) -> int:
+    """Bytes the tree under ``root`` occupies on disk (allocated blocks, so a sparse file
+    counts what it uses), walking without following links; stops once past ``limit``."""
+    total = 0
+    todo = [str(root)]
+    while todo:
+        with contextlib.suppress(OSError), os.scandir(todo.pop()) as it:
+            for entry in it:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                total += st.st_blocks * 512
+                if stat.S_ISDIR(st.st_mode):
+                    todo.append(entry.path)
+                if total > limit:
+                    return total
+    return total
 
 
 class Sandbox:
@@ -89,122 +196,340 @@ class Sandbox:
         worktree: Path,
         *,
         settings: Settings,
-        network: bool = False,
+        network: Network = False,
         timeout: float = 600,
-        max_output: int = DEFAULT_MAX_OUTPUT,
+        max_output: int | None = None,
         readonly: tuple[Path, ...] = (),
     ) -> None:
         self.worktree = worktree.resolve()
         self.settings = settings
         self.network = network
         self.timeout = timeout
-        self.max_output = max_output
-        self.readonly = readonly  # shown read-only even inside the hidden data dir (the mirror)
+        self.limits = Limits.from_settings(settings)
+        self.max_output = max_output or self.limits.output_bytes
+        self.readonly = tuple(p.resolve() for p in readonly)  # the loop's own mirror
         problem = availability_problem(settings)
         if problem:
             raise SandboxUnavailable(problem)
         self.bwrap = bwrap_path()
+        self._egress: egress.EgressProxy | None = None
+        # Our own small files (passwd, hosts, mount points), traversable by the sandbox uid.
+        # In /tmp itself, not $TMPDIR: the sandbox uid must traverse to it (mode 0711).
+        self._stage = Path(tempfile.mkdtemp(prefix="loopbot-sandbox-", dir=_STAGE_PARENT))
+        self._stage.chmod(0o711)
+        self._write_etc()
+        self.adopt()
+
+    # -- who owns what ---------------------------------------------------------------------
+
+    @property
+    def file_owner(self) -> tuple[int, int] | None:
+        """(uid, gid) that files the harness creates in the worktree must be given so the
+        sandbox's unprivileged user can change them; None when no chown is needed."""
+        if self.bwrap is None or not runs_as_root():
+            return None
+        return (self.settings.sandbox_uid, self.settings.sandbox_gid)
+
+    def adopt(self) -> None:
+        """Give the worktree to the sandbox's uid (after the harness checked files out)."""
+        owner = self.file_owner
+        if owner is None:
+            return
+        uid, gid = owner
+        for dirpath, dirnames, filenames in os.walk(self.worktree):
+            for name in [".", *dirnames, *filenames]:
+                path = os.path.join(dirpath, name)
+                with contextlib.suppress(OSError):
+                    st = os.lstat(path)
+                    if (st.st_uid, st.st_gid) != (uid, gid):
+                        os.chown(path, uid, gid, follow_symlinks=False)
+
+    def worktree_problem(self) -> str | None:
+        """A clear message when the worktree has grown past its disk limit, else None."""
+        limit = self.limits.worktree_bytes
+        used = disk_usage(self.worktree, limit)
+        if used <= limit:
+            return None
+        return (
+            f"the repository's working tree uses more than {limit // (1024 * 1024)} MiB of "
+            "disk (LOOPBOT_SANDBOX_MAX_WORKTREE_MB); delete what you generated"
+        )
+
+    # -- the command line ------------------------------------------------------------------
+
+    def _write_etc(self) -> None:
+        etc = self._stage / "etc"
+        etc.mkdir(mode=0o755)
+        files = {
+            "passwd": f"root:x:0:0::/:/usr/sbin/nologin\n"
+            f"sandbox:x:{INSIDE_UID}:{INSIDE_UID}::{INSIDE_HOME}:/bin/sh\n"
+            "nobody:x:65534:65534::/nonexistent:/usr/sbin/nologin\n",
+            "group": f"root:x:0:\nsandbox:x:{INSIDE_UID}:\nnogroup:x:65534:\n",
+            "hosts": "127.0.0.1 localhost sandbox\n::1 localhost ip6-localhost\n",
+        }
+        for name, text in files.items():
+            (etc / name).write_text(text)
+            (etc / name).chmod(0o644)
+        for name in ("wt", "mirror", "egress"):
+            (self._stage / name).mkdir(mode=0o711)
 
     def _env(self) -> dict[str, str]:
-        # The worker's PATH is not a secret, and verify commands expect its tools.
-        return {**_SAFE_ENV, "PATH": os.environ.get("PATH", _SAFE_ENV["PATH"])}
+        # The worker's PATH is not a secret, and verify commands expect its tools; what
+        # it names outside the allowlist simply does not exist inside.
+        env = {**_SAFE_ENV, "PATH": os.environ.get("PATH", _PATH)}
+        if self.network:
+            env |= egress.PROXY_ENV
+        return env
+
+    def _binds(self) -> tuple[list[str], list[tuple[str, Path, Path]]]:
+        """bwrap's mount arguments, and what a root worker must stage first:
+        (mode, source, staging path)."""
+        staged: list[tuple[str, Path, Path]] = []
+        root = self.file_owner is not None
+
+        def through_stage(mode: str, src: Path, name: str) -> Path:
+            if not root:
+                return src
+            target = self._stage / name
+            staged.append((mode, src, target))
+            return target
+
+        args = ["--ro-bind", "/usr", "/usr"]
+        for name in _TOP_LEVEL:
+            top = Path("/") / name
+            if top.is_symlink():
+                args += ["--symlink", os.readlink(top), str(top)]
+            elif top.is_dir():
+                args += ["--ro-bind", str(top), str(top)]
+        etc = Path("/etc")
+        wanted = [etc / n for n in _ETC]
+        for pattern in _ETC_GLOBS:
+            wanted += sorted(etc.glob(pattern))
+        for path in wanted:
+            if path.is_symlink() and path.resolve().is_relative_to("/usr"):
+                args += ["--symlink", os.readlink(path), str(path)]
+            else:
+                args += ["--ro-bind-try", str(path), str(path)]
+        for name in ("passwd", "group", "hosts"):
+            args += ["--ro-bind", str(self._stage / "etc" / name), f"/etc/{name}"]
+        for extra in filter(None, self.settings.sandbox_read_only_paths.split(":")):
+            args += ["--ro-bind-try", extra, extra]
+        args += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            str(64 * 1024 * 1024),
+            "--tmpfs",
+            "/dev/shm",
+            "--size",
+            str(self.limits.tmp_bytes),
+            "--tmpfs",
+            "/tmp",
+            "--dir",
+            INSIDE_HOME,
+        ]
+        for ro in self.readonly:
+            if ro.is_dir():
+                args += ["--ro-bind", str(through_stage("ro", ro, "mirror")), str(ro)]
+        args += ["--bind", str(through_stage("rw", self.worktree, "wt")), str(self.worktree)]
+        if self._egress is not None:
+            sock_dir = through_stage("rw", self._egress.socket_path.parent, "egress")
+            args += [
+                "--bind",
+                str(sock_dir / self._egress.socket_path.name),
+                egress.SANDBOX_SOCKET,
+            ]
+        return args, staged
 
     def _argv(self, command: str) -> list[str]:
         if self.bwrap is None:  # the operator opted out explicitly
             return ["/bin/sh", "-c", command]
-        data_dir = self.settings.data_dir.resolve()
-        args = [
+        mounts, staged = self._binds()
+        script = command
+        if self._egress is not None:
+            script = egress.sandbox_prelude() + '\nexec /bin/sh -c "$1"'
+        bwrap = [
             self.bwrap,
-            "--ro-bind",
-            "/",
-            "/",
-            "--dev",
-            "/dev",
-            "--proc",
-            "/proc",
-            "--tmpfs",
-            "/tmp",
-            "--tmpfs",
-            "/run",
-            "--dir",
-            "/tmp/home",
             "--unshare-all",
+            "--unshare-user",
+            "--uid",
+            str(INSIDE_UID),
+            "--gid",
+            str(INSIDE_UID),
+            "--disable-userns",
+            "--cap-drop",
+            "ALL",
+            "--hostname",
+            "sandbox",
             "--die-with-parent",
             "--new-session",
             "--clearenv",
+            *mounts,
+            "--remount-ro",
+            "/",
         ]
-        if self.network:
-            args.append("--share-net")
-        if data_dir.exists():
-            args += ["--tmpfs", str(data_dir)]
-        for ro in self.readonly:
-            if ro.exists():
-                args += ["--ro-bind", str(ro), str(ro)]
-        args += ["--bind", str(self.worktree), str(self.worktree)]
-        key = self.settings.github_private_key_path
-        if key is not None and key.exists():
-            args += ["--ro-bind", "/dev/null", str(key.resolve())]
-        home = Path.home()
-        for name in _SECRET_PATHS:
-            p = home / name
-            if p.is_dir():
-                args += ["--tmpfs", str(p)]
-            elif p.exists():
-                args += ["--ro-bind", "/dev/null", str(p)]
         for k, v in self._env().items():
-            args += ["--setenv", k, v]
-        args += ["--chdir", str(self.worktree), "/bin/sh", "-c", command]
-        return args
+            bwrap += ["--setenv", k, v]
+        bwrap += ["--chdir", str(self.worktree), "/bin/sh", "-c", script]
+        if self._egress is not None:
+            bwrap += ["sh", command]
+        lim = self.limits
+        limits = [
+            "prlimit",
+            f"--nproc={lim.processes}",
+            f"--fsize={lim.file_bytes}",
+            "--core=0",
+            "--nofile=4096",
+        ]
+        if lim.memory_bytes:
+            limits.append(f"--as={lim.memory_bytes}")
+        argv = [*limits, "--", *bwrap]
+        owner = self.file_owner
+        if owner is None:
+            return argv
+        uid, gid = owner
+        drop = [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={gid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        ]
+        stage = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c"]
+        stage += [_STAGE_SCRIPT, "sh"]
+        for mode, src, target in staged:
+            stage += [mode, str(src), str(target)]
+        return [*stage, "--", *drop, *argv]
+
+    # -- running ---------------------------------------------------------------------------
+
+    def _ensure_egress(self) -> None:
+        if not self.network or self._egress is not None or self.bwrap is None:
+            return
+        hosts = self.network if isinstance(self.network, tuple) else None
+        nets = tuple(n.strip() for n in self.settings.egress_allowed_networks.split(",") if n)
+        proxy = egress.EgressProxy(
+            egress.EgressPolicy(hosts=hosts, extra_allowed_networks=nets),
+            self._stage / "proxy",
+            sandbox_uid=self.file_owner[0] if self.file_owner else None,
+        )
+        try:
+            proxy.start()
+        except egress.EgressUnavailable as exc:
+            raise SandboxUnavailable(f"sandbox.network is on, but {exc}") from None
+        self._egress = proxy
 
     def run(self, command: str, timeout: float | None = None) -> Result:
         limit = timeout or self.timeout
+        self._ensure_egress()
         started = time.monotonic()
-        env = self._env() if self.bwrap is None else {"PATH": _SAFE_ENV["PATH"]}
-        with tempfile.TemporaryFile() as out:
-            proc = subprocess.Popen(
-                self._argv(command),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.worktree,
-                env=env,
-                start_new_session=True,
-            )
-            timed_out = False
-            try:
-                proc.wait(limit)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc)
-            seconds = time.monotonic() - started
-            output, truncated = _bounded(out, self.max_output)
+        env = {**_SAFE_ENV, "PATH": _PATH} if self.bwrap is None else {"PATH": _PATH}
+        proc = subprocess.Popen(
+            self._argv(command),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=self.worktree if self.bwrap is None else "/",
+            env=env,
+            start_new_session=True,
+        )
+        assert proc.stdout is not None
+        out = _HeadTail(self.max_output)
+        timed_out = _pump(proc, out, started + limit)
+        seconds = time.monotonic() - started
+        output = out.text()
         if timed_out:
             output += f"\n[loopbot: command timed out after {limit:.0f}s and was killed]"
-        return Result(
-            proc.returncode if not timed_out else 124, output, seconds, timed_out, truncated
-        )
+        code = 124 if timed_out else proc.returncode
+        return Result(code, output, seconds, timed_out, out.truncated)
+
+    def close(self) -> None:
+        """Stop the egress proxy and remove the staging directory."""
+        if self._egress is not None:
+            self._egress.stop()
+            self._egress = None
+        shutil.rmtree(self._stage, ignore_errors=True)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _HeadTail:
+    """The first quarter and the last three quarters of a stream, never more in memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.head_max = limit // 4
+        self.tail_max = limit - self.head_max
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.head_max - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            if len(self.tail) > 2 * self.tail_max:  # trim in batches, not per chunk
+                del self.tail[: len(self.tail) - self.tail_max]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.head_max + self.tail_max
+
+    def text(self) -> str:
+        if len(self.tail) > self.tail_max:
+            del self.tail[: len(self.tail) - self.tail_max]
+        head = self.head.decode("utf-8", "replace")
+        tail = self.tail.decode("utf-8", "replace")
+        if not self.truncated:
+            return head + tail
+        skipped = self.total - len(self.head) - len(self.tail)
+        return head + f"\n[... {skipped} bytes of output omitted ...]\n" + tail
+
+
+def _pump(proc: subprocess.Popen[bytes], out: _HeadTail, deadline: float) -> bool:
+    """Read the command's output until it ends or the deadline; True if it timed out."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    timed_out = False
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 and not timed_out:
+                timed_out = True
+                _kill_group(proc)
+                deadline = time.monotonic() + 5  # drain what is left, briefly
+                continue
+            if left <= 0:
+                break  # something outside the group still holds the pipe: stop reading
+            if not sel.select(min(left, 1.0)):
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            out.feed(chunk)
+    proc.stdout.close()
+    try:
+        proc.wait(None if not timed_out else 10)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+    return timed_out
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(10)
-
-
-def _bounded(f: IO[bytes], limit: int) -> tuple[str, bool]:
-    """The head and tail of the output, never more than ``limit`` bytes in memory."""
-    size = f.seek(0, os.SEEK_END)
-    f.seek(0)
-    if size <= limit:
-        return f.read().decode("utf-8", "replace"), False
-    head_n = limit // 4
-    head = f.read(head_n)
-    f.seek(size - (limit - head_n))
-    tail = f.read()
-    skipped = size - len(head) - len(tail)
-    text = (
-        head.decode("utf-8", "replace")
-        + f"\n[... {skipped} bytes of output omitted ...]\n"
-        + tail.decode("utf-8", "replace")
-    )
-    return text, True
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)

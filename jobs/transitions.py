@@ -53,6 +53,8 @@ def cut_short(end: str) -> Stop | None:
         return Stop(Status.CANCELLED, Reason.CANCELLED)
     if end == "stalled":
         return Stop(Status.STALLED, Reason.STALL_TIMEOUT, "the model stopped answering")
+    if end == "resource_limit":
+        return Stop(Status.FAILED, Reason.RESOURCE_LIMIT)
     return None
 
 
