@@ -1,12 +1,18 @@
 """The agent's client tools, executed by the harness: Anthropic's ``bash`` and text
-editor tool types. Commands run in the sandbox; file edits are confined to the worktree.
+editor tool types. Commands run in the sandbox. File edits run here, in the worker, on
+files the agent controls, so they go through :mod:`jobs.safefs`: confined to the
+worktree (symlinks followed only inside it, never for the file written), regular files
+only, bounded reads and writes. Anything bigger or stranger is left to bash.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
+from jobs import safefs
 from jobs.sandbox import Sandbox
 
 BASH_TOOL = {"type": "bash_20250124", "name": "bash"}
@@ -16,7 +22,10 @@ EDITOR_TOOL = {
     "max_characters": 20000,
 }
 TOOLS = [BASH_TOOL, EDITOR_TOOL]
-MAX_VIEW = 20000
+MAX_VIEW = 20000  # characters of a view (the tool's max_characters)
+MAX_VIEW_READ = 2 * 1024 * 1024  # bytes a file view reads at most
+MAX_EDIT = 4 * 1024 * 1024  # bytes of a file str_replace/insert/create handle at most
+MAX_LIST = 1000  # entries of a directory view
 
 
 class ToolError(Exception):
@@ -34,9 +43,12 @@ class ToolBox:
             if name == "bash":
                 return self._bash(args)
             if name == "str_replace_based_edit_tool":
-                return self._edit(args), False
+                try:
+                    return self._edit(args), False
+                except OSError as exc:  # the worktree is the agent's: anything can fail
+                    return f"{args.get('command')} failed: {exc.strerror or exc}", True
             return f"unknown tool {name!r}", True
-        except ToolError as exc:
+        except (ToolError, safefs.AccessError) as exc:
             return str(exc), True
 
     def _bash(self, args: dict[str, Any]) -> tuple[str, bool]:
@@ -51,73 +63,173 @@ class ToolBox:
             text += f"\n[exit code {r.exit_code}]"
         return text, r.exit_code != 0
 
-    def _path(self, raw: Any) -> Path:
+    def _path(self, raw: Any, *, write: bool = False) -> Path:
         if not isinstance(raw, str) or not raw:
             raise ToolError("a `path` is required")
-        p = Path(raw)
-        p = (self.root / p) if not p.is_absolute() else p
-        resolved = p.resolve()
-        if resolved != self.root and not resolved.is_relative_to(self.root):
-            raise ToolError(f"{raw} is outside the repository at {self.root}")
-        if resolved == self.root / ".git" or (self.root / ".git") in resolved.parents:
-            raise ToolError("the .git directory is managed by the harness")
-        return resolved
+        return safefs.resolve(self.root, raw, write=write)
+
+    def _rel(self, path: Path) -> str:
+        return path.relative_to(self.root).as_posix() or "."
 
     def _edit(self, args: dict[str, Any]) -> str:
         cmd = args.get("command")
-        path = self._path(args.get("path"))
-        rel = path.relative_to(self.root).as_posix() or "."
         if cmd == "view":
-            if path.is_dir():
-                entries = sorted(
-                    p.relative_to(self.root).as_posix() + ("/" if p.is_dir() else "")
-                    for p in path.rglob("*")
-                    if ".git" not in p.relative_to(self.root).parts
-                    and len(p.relative_to(path).parts) <= 2
-                )
-                return "\n".join(entries[:1000]) or "(empty directory)"
-            text = self._read(path)
-            lines = text.splitlines()
-            start, end = 1, len(lines)
-            rng = args.get("view_range")
-            if isinstance(rng, list) and len(rng) == 2:
-                start = max(1, int(rng[0]))
-                end = len(lines) if int(rng[1]) == -1 else min(len(lines), int(rng[1]))
-            out = "\n".join(f"{i:6}\t{lines[i - 1]}" for i in range(start, end + 1))
-            return out[:MAX_VIEW] + ("\n[truncated]" if len(out) > MAX_VIEW else "")
+            return self._view(args)
         if cmd == "create":
             content = args.get("file_text")
             if not isinstance(content, str):
                 raise ToolError("create needs `file_text`")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(content)
-            return f"created {rel}"
+            path = self._path(args.get("path"), write=True)
+            self._write(path, content)
+            return f"created {self._rel(path)}"
         if cmd == "str_replace":
             old, replacement = args.get("old_str"), args.get("new_str", "")
             if not isinstance(old, str) or not isinstance(replacement, str):
                 raise ToolError("str_replace needs `old_str` and `new_str`")
-            text = self._read(path)
+            if not old:
+                raise ToolError("str_replace needs a non-empty `old_str`")
+            path = self._path(args.get("path"), write=True)
+            rel = self._rel(path)
+            text = self._read_for_edit(path)
             count = text.count(old)
             if count == 0:
                 raise ToolError(f"no match for old_str in {rel}")
             if count > 1:
                 raise ToolError(f"old_str matches {count} times in {rel}; make it unique")
-            path.write_text(text.replace(old, replacement, 1))
+            self._write(path, text.replace(old, replacement, 1))
             return f"edited {rel}"
         if cmd == "insert":
             line = args.get("insert_line")
             new = args.get("insert_text", args.get("new_str"))
-            if not isinstance(line, int) or not isinstance(new, str):
-                raise ToolError("insert needs `insert_line` and `insert_text`")
-            lines = self._read(path).splitlines(keepends=True)
-            if not 0 <= line <= len(lines):
-                raise ToolError(f"insert_line {line} is outside 0..{len(lines)}")
-            lines.insert(line, new if new.endswith("\n") else new + "\n")
-            path.write_text("".join(lines))
-            return f"inserted into {rel} after line {line}"
+            if not _is_int(line) or not isinstance(new, str):
+                raise ToolError("insert needs `insert_line` (an integer) and `insert_text`")
+            path = self._path(args.get("path"), write=True)
+            text = self._read_for_edit(path)
+            known = _count_lines(text)
+            if not 0 <= line <= known:
+                raise ToolError(f"insert_line {line} is outside 0..{known}")
+            at = _line_offset(text, line)
+            before = text[:at] + ("\n" if at and text[at - 1] != "\n" else "")
+            new = new if new.endswith("\n") else new + "\n"
+            self._write(path, before + new + text[at:])
+            return f"inserted into {self._rel(path)} after line {line}"
         raise ToolError(f"unknown editor command {cmd!r}")
 
-    def _read(self, path: Path) -> str:
-        if not path.is_file():
-            raise ToolError(f"{path.relative_to(self.root).as_posix()} is not a file")
-        return path.read_text(errors="replace")
+    def _view(self, args: dict[str, Any]) -> str:
+        path = self._path(args.get("path"))
+        rel = self._rel(path)
+        try:
+            is_dir = stat.S_ISDIR(os.lstat(path).st_mode)  # resolved: no symlink left
+        except FileNotFoundError:
+            raise ToolError(f"{rel} does not exist") from None
+        if is_dir:
+            if args.get("view_range") is not None:
+                raise ToolError("view_range only applies to files, and this is a directory")
+            listing = safefs.list_dir(path, root=self.root, depth=2, limit=MAX_LIST)
+            prefix = "" if rel == "." else rel + "/"
+            shown = "\n".join(prefix + e for e in listing.entries) or "(empty directory)"
+            if listing.omitted or listing.incomplete:
+                more = "more than " if listing.incomplete else ""
+                shown += (
+                    f"\n[{more}{listing.omitted} more entries not shown; "
+                    "list subdirectories, or use bash (find, ls)]"
+                )
+            return shown
+        text, got = safefs.read_text(path, MAX_VIEW_READ, root=self.root)
+        if got.truncated and 0 <= text.rfind("\n") < len(text) - 1:
+            text = text[: text.rfind("\n") + 1]  # cut mid-line: keep whole lines only
+        known = _count_lines(text)  # never a list of lines: there may be millions
+        if known == 0:
+            return "(empty file)"
+        start, end = 1, known
+        rng = args.get("view_range")
+        if rng is not None:
+            start, end = _view_range(rng, known, got.truncated, got.size)
+        out: list[str] = []
+        size = 0
+        shown_to = start - 1
+        pos = _line_offset(text, start - 1)
+        while shown_to < end and size <= MAX_VIEW:
+            nl = text.find("\n", pos)
+            stop = len(text) if nl < 0 else nl
+            shown_to += 1
+            out.append(f"{shown_to:6}\t{text[pos : min(stop, pos + MAX_VIEW)]}")
+            size += len(out[-1]) + 1
+            pos = stop + 1
+        view = "\n".join(out)
+        notes: list[str] = []
+        if len(view) > MAX_VIEW:
+            view = view[:MAX_VIEW]
+            notes.append(f"output cut at {MAX_VIEW} characters, in line {shown_to}")
+        elif shown_to < end:
+            notes.append(f"shown up to line {shown_to}")
+        if got.truncated:
+            notes.append(
+                f"the file is {got.size} bytes and only its first {len(got.data)}, "
+                f"{known} line(s), were read"
+            )
+        if notes:
+            view += "\n[truncated: " + "; ".join(notes)
+            view += ". Use view_range, or bash (sed -n, grep -n).]"
+        return view
+
+    def _read_for_edit(self, path: Path) -> str:
+        try:
+            got = safefs.read_file(path, MAX_EDIT, root=self.root, whole=True)
+        except safefs.TooLarge as exc:
+            raise ToolError(
+                f"{exc}: the editor changes files up to {MAX_EDIT} bytes. "
+                "Use bash instead (sed, or a python script) in the sandbox."
+            ) from None
+        if got.truncated:  # grew while being read
+            raise ToolError(f"{self._rel(path)} changed while being read; try again")
+        return got.data.decode("utf-8", "surrogateescape")
+
+    def _write(self, path: Path, content: str) -> None:
+        try:
+            safefs.write_text(
+                path, content, self.sandbox.file_owner, root=self.root, max_bytes=MAX_EDIT
+            )
+        except safefs.TooLarge as exc:
+            raise ToolError(f"{exc}. Write large files with bash in the sandbox.") from None
+
+
+def _is_int(v: Any) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _count_lines(text: str) -> int:
+    """Lines in ``text``; only ``\\n`` ends a line (as for sed and grep -n)."""
+    return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+
+
+def _line_offset(text: str, n: int) -> int:
+    """Where the line after the first ``n`` lines starts (len(text) past the end)."""
+    pos = 0
+    for _ in range(n):
+        nl = text.find("\n", pos)
+        if nl < 0:
+            return len(text)
+        pos = nl + 1
+    return pos
+
+
+def _view_range(rng: Any, known: int, truncated: bool, size: int) -> tuple[int, int]:
+    if not (isinstance(rng, list | tuple) and len(rng) == 2 and all(_is_int(v) for v in rng)):
+        raise ToolError("view_range must be two integers, [start_line, end_line]")
+    start, end = int(rng[0]), int(rng[1])
+    beyond = (
+        f"; the editor reads only the first {known} line(s) of this {size}-byte file, "
+        "use bash (sed -n) for the rest"
+        if truncated
+        else ""
+    )
+    if start < 1 or start > max(known, 1):
+        raise ToolError(f"view_range start {start} is outside 1..{known}{beyond}")
+    if end == -1:
+        return start, known
+    if end < start:
+        raise ToolError(f"view_range end {end} is before its start {start} (use -1 for the end)")
+    if end > known:
+        raise ToolError(f"view_range end {end} is beyond the last line, {known}{beyond}")
+    return start, end

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from redis import Redis
 
 from bot.queues import CONTROL_QUEUE, LOOP_QUEUE
+from bot.settings import Settings, load_settings
 from bot.testing.github_server import GitHubServer
 
 REPO = "acme/widgets"
@@ -75,3 +78,21 @@ def queued(redis: Redis, queue: str = LOOP_QUEUE) -> int:
 
 def control_queued(redis: Redis) -> int:
     return queued(redis, CONTROL_QUEUE)
+
+
+def worker_settings(tmp_path: Path) -> Settings:
+    """Worker settings for sandbox tests: an App key file and a data directory under
+    ``tmp_path``, no Redis, GitHub or model needed."""
+    key = tmp_path / "app-key.pem"
+    key.write_text(
+        "-----BEGIN RSA PRIVATE KEY-----\nsecret-key-material\n-----END RSA PRIVATE KEY-----\n"
+    )
+    env = {
+        "GITHUB_APP_ID": "1",
+        "GITHUB_PRIVATE_KEY_PATH": str(key),
+        "GITHUB_WEBHOOK_SECRET": "whsec",
+        "LOOPBOT_DATA_DIR": str(tmp_path / "data"),
+        "ANTHROPIC_API_KEY": "sk-secret",
+    }
+    (tmp_path / "data").mkdir(exist_ok=True)
+    return load_settings(env, role="worker")
