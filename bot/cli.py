@@ -12,7 +12,7 @@ import click
 from bot.logs import configure, get_logger
 from bot.loopstate import Status
 from bot.queues import ALL_QUEUES, CONTROL_QUEUE
-from bot.redis_conn import connect
+from bot.redis_conn import RedisProblem, check, check_at_startup, connect
 from bot.settings import Role, Settings, SettingsError, load_settings
 
 log = get_logger("loopbot.cli")
@@ -47,6 +47,7 @@ def web(host: str, port: int, workers: int) -> None:
     from bot.webapp import create_app
 
     settings = _settings("web")
+    check_at_startup(settings.redis_url, "loopbot web", tolerate_down=True)
     app = create_app(settings)
 
     class _App(BaseApplication):  # type: ignore[misc]
@@ -66,16 +67,20 @@ def web(host: str, port: int, workers: int) -> None:
 def _run_worker(
     settings: Settings, queues: list[str], burst: bool, scheduler: bool, reconcile: bool = False
 ) -> None:
+    from bot.queues import make_worker
     from jobs.drain import DrainingWorker
     from jobs.reconciler import Reconciler
     from jobs.runtime import Runtime, install
 
+    # As long as the connection's own retries: Redis may be starting alongside us.
+    check_at_startup(settings.redis_url, "loopbot worker", wait=30)
     redis = connect(settings.redis_url)
     rt = install(Runtime(settings, redis))
     if reconcile and not burst:
         Reconciler(rt).start()  # first pass one interval from now: start-up changes no loop
-    # On SIGTERM a running loop hands itself over instead of waiting to be killed.
-    worker = DrainingWorker(queues, connection=redis)
+    # On SIGTERM a running loop hands itself over instead of waiting to be killed. The
+    # worker decodes only JSON and runs only loopbot's own job functions (bot.queues).
+    worker = make_worker(queues, redis, DrainingWorker)
     worker.work(burst=burst, with_scheduler=scheduler, logging_level="WARNING")
 
 
@@ -98,6 +103,7 @@ def _control_lane(env: dict[str, str]) -> None:
 def worker(burst: bool, control_lane: bool) -> None:
     """Run an RQ worker on loopbot's queues, with its scheduler."""
     settings = _settings("worker")
+    check_at_startup(settings.redis_url, "loopbot worker", wait=30)
     from jobs.sandbox import availability_problem
 
     problem = availability_problem(settings)
@@ -125,7 +131,13 @@ def worker(burst: bool, control_lane: bool) -> None:
 
 def _redis_only() -> Any:
     """Status, events and cancel need only Redis, not the App's credentials."""
-    return connect(os.environ.get("REDIS_URL", "redis://localhost:6379/0"), retries=1, timeout=5)
+    url = os.environ.get("REDIS_URL", "redis://localhost:6379/0")
+    try:
+        check(url, timeout=5)
+    except RedisProblem as exc:
+        click.echo(f"loopbot: cannot read Redis: {exc}", err=True)
+        raise SystemExit(1) from None
+    return connect(url, retries=1, timeout=5)
 
 
 def _loop_ref(value: str) -> tuple[str, int]:
@@ -243,6 +255,7 @@ def restart(loop: str) -> None:
 
     repo, n = _loop_ref(loop)
     settings = _settings("cli")
+    check_at_startup(settings.redis_url, "loopbot restart")
     rt = Runtime(settings, connect(settings.redis_url))
     record = rt.store.get(f"{repo}#{n}")
     if record is None:

@@ -1,42 +1,180 @@
-"""Queue names and the one enqueue used by the web process.
+"""Queue names, the job entry points, and the one way to build queues, jobs and workers.
 
 Two queues so that a long loop never delays a ``/loop-cancel``: a worker takes control
 commands first, and ``loopbot worker`` keeps one worker process on the control queue.
+
+A write to Redis must never become code execution in a worker. So every queue, job and
+worker is built here, and they:
+
+- serialize job data, results and meta as JSON (RQ's ``JSONSerializer``), never pickle:
+  a pickle planted in Redis is undecodable data, not code;
+- run only loopbot's own entry points (``JOB_FUNCTIONS``): RQ would import and call any
+  ``func_name`` it finds in a job, such as ``os.system``. ``LoopbotJob`` refuses any
+  other name, an instance method, callbacks and webhooks before anything is imported,
+  and the job fails like any failed job (failed registry, logged).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any, TypeVar
 
 from redis import Redis
-from rq import Queue, Retry
-from rq.exceptions import DuplicateJobError
+from rq import Queue, Retry, Worker
+from rq.exceptions import DeserializationError, DuplicateJobError
+from rq.job import Job
+from rq.serializers import JSONSerializer
 
 from bot.commands import Command
+from bot.logs import get_logger
+
+log = get_logger("loopbot.queues")
 
 CONTROL_QUEUE = "loopbot-control"
 LOOP_QUEUE = "loopbot-loops"
 ALL_QUEUES = (CONTROL_QUEUE, LOOP_QUEUE)
 
+# Every function a loopbot job may run. Nothing else is ever imported from a job.
 DISPATCH = "jobs.dispatch.handle_command"
+LOOP_JOB = "jobs.loop.run_loop"
+CRITIC_JOB = "jobs.critic.run_critic"
+GATE_JOB = "jobs.merge_gate.run_gate"
+JOB_FUNCTIONS = frozenset({DISPATCH, LOOP_JOB, CRITIC_JOB, GATE_JOB})
+
+SERIALIZER = JSONSerializer
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 # A command job is kept this long after it ran: its id (the delivery id) is the dedupe
 # record, and GitHub lets people redeliver a delivery for 3 days.
 COMMAND_KEEP_SECONDS = 4 * 24 * 3600
 
 
-class Duplicate(Exception):
-    """This delivery was enqueued before."""
+class RefusedJob(Exception):
+    """A job that loopbot did not write: its function is never imported or called."""
+
+
+class UndecodableJob(RefusedJob, DeserializationError):
+    """Job data that is not JSON (a pickle, say): it stays bytes, it is never loaded."""
+
+
+UNDECODABLE = "its data is not loopbot's JSON job format"
+
+
+class LoopbotJob(Job):
+    """An RQ job that is always JSON and runs only one of ``JOB_FUNCTIONS``."""
+
+    def __init__(
+        self, id: str | None = None, connection: Redis | None = None, serializer: Any = None
+    ):
+        # Whatever the caller passes: loopbot's jobs are JSON, in both directions.
+        super().__init__(id, connection=connection, serializer=SERIALIZER)
+
+    @classmethod
+    def create(cls, *args: Any, **kwargs: Any) -> LoopbotJob:
+        """Enqueueing something a worker would refuse is a bug: fail at the enqueue."""
+        job = super().create(*args, **kwargs)
+        assert isinstance(job, LoopbotJob)
+        refusal = job.refusal()
+        if refusal:
+            raise RefusedJob(refusal)
+        return job
+
+    def refusal(self) -> str | None:
+        """Why a worker must not run this job, or None. Imports nothing."""
+        try:
+            name, instance = self.func_name, self.instance
+        except DeserializationError:
+            return UNDECODABLE
+        if instance is not None:
+            return "it calls a method on an object"
+        if name not in JOB_FUNCTIONS:
+            return f"{str(name)[:200]!r} is not one of loopbot's job functions"
+        if (
+            self._success_callback_name
+            or self._failure_callback_name
+            or self._stopped_callback_name
+        ):
+            return "it has callbacks (loopbot's jobs have none)"
+        if self.webhooks:
+            return "it has webhooks (loopbot's jobs have none)"
+        return None
+
+    def _deserialize_data(self) -> None:
+        # RQ decodes the data on first use of func_name, args or kwargs; the worker reads
+        # func_name before it calls func, so refuse here too, with the same words.
+        try:
+            super()._deserialize_data()  # type: ignore[no-untyped-call]
+        except DeserializationError as exc:
+            self.retries_left = 0
+            log.error("job.refused", job=self.id, queue=self.origin, reason=UNDECODABLE)
+            raise UndecodableJob(f"job {self.id} refused: {UNDECODABLE}") from exc.__cause__
+
+    @property
+    def func(self) -> Any:
+        refusal = self.refusal()
+        if refusal is not None:
+            # Fail at once: a retry would only refuse it again.
+            self.retries_left = 0
+            log.error("job.refused", job=self.id, queue=self.origin, reason=refusal)
+            raise RefusedJob(f"job {self.id} refused: {refusal}")
+        return super().func
+
+    # Callbacks and webhooks would be imported or sent by RQ even for a refused job
+    # (failure callbacks run on the failure path): loopbot uses none, so there are none.
+    @property
+    def success_callback(self) -> None:
+        return None
+
+    @property
+    def failure_callback(self) -> None:
+        return None
+
+    @property
+    def stopped_callback(self) -> None:
+        return None
+
+    def send_webhooks(self, status: Any, *, exc_string: str | None = None) -> None:
+        return None
+
+
+W = TypeVar("W", bound=Worker)
+
+
+def make_queue(name: str, redis: Redis) -> Queue:
+    """A queue of loopbot's jobs (JSON, ``LoopbotJob``)."""
+    return Queue(name, connection=redis, job_class=LoopbotJob, serializer=SERIALIZER)
 
 
 def control_queue(redis: Redis) -> Queue:
-    return Queue(CONTROL_QUEUE, connection=redis)
+    return make_queue(CONTROL_QUEUE, redis)
 
 
 def loop_queue(redis: Redis) -> Queue:
-    return Queue(LOOP_QUEUE, connection=redis)
+    return make_queue(LOOP_QUEUE, redis)
+
+
+def fetch_job(job_id: str, redis: Redis) -> LoopbotJob:
+    """``Job.fetch`` for loopbot's jobs; raises ``NoSuchJobError``. Never runs anything."""
+    job = LoopbotJob.fetch(job_id, connection=redis, serializer=SERIALIZER)
+    assert isinstance(job, LoopbotJob)
+    return job
+
+
+def make_worker(queues: Sequence[str], redis: Redis, cls: type[W]) -> W:
+    """An RQ worker of class ``cls`` that decodes JSON and runs only ``LoopbotJob``s."""
+    return cls(
+        [make_queue(name, redis) for name in queues],
+        connection=redis,
+        job_class=LoopbotJob,
+        queue_class=Queue,
+        serializer=SERIALIZER,
+    )
+
+
+class Duplicate(Exception):
+    """This delivery was enqueued before."""
 
 
 def command_job_id(delivery: str) -> str:
@@ -72,10 +210,6 @@ def enqueue_command(queue: Queue, command: Command) -> str:
     except DuplicateJobError:
         raise Duplicate(command.delivery) from None
     return str(job.id)
-
-
-CRITIC_JOB = "jobs.critic.run_critic"
-GATE_JOB = "jobs.merge_gate.run_gate"
 
 
 def enqueue_critic(redis: Redis, repo: str, issue: int) -> None:

@@ -7,6 +7,7 @@ import sys
 from flask import Flask
 
 from bot.logs import configure
+from bot.redis_conn import check_at_startup
 from bot.settings import SettingsError, load_settings
 from bot.webapp import create_app
 
@@ -18,4 +19,5 @@ def app_from_env() -> Flask:
         sys.stderr.write(f"loopbot web: {exc}\n")
         raise SystemExit(2) from None
     configure(settings.log_format)
+    check_at_startup(settings.redis_url, "loopbot web", tolerate_down=True)
     return create_app(settings)

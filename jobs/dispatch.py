@@ -13,7 +13,7 @@ from redis import Redis
 from rq import Retry, get_current_job
 from rq.command import send_stop_job_command
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
-from rq.job import Job, JobStatus
+from rq.job import JobStatus
 
 from bot import repo_config
 from bot.commands import (
@@ -30,14 +30,13 @@ from bot.commands import (
 from bot.github import Installation
 from bot.logs import get_logger
 from bot.loopstate import ACTIVE, LoopRecord, Reason, Status, can_restart, should_start
-from bot.queues import enqueue_gate, loop_queue
+from bot.queues import LOOP_JOB, enqueue_gate, fetch_job, loop_queue
 from bot.store import Store
 from jobs import messages
 from jobs.runtime import Runtime, current, instrumented
 
 log = get_logger("loopbot.dispatch")
 
-LOOP_JOB = "jobs.loop.run_loop"
 MAX_JOB_RETRIES = 3
 PENDING = (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED)
 
@@ -177,7 +176,7 @@ def enqueue_loop(rt: Runtime, repo: str, issue: int, *, replace: bool = False) -
 
 def _job_pending(rt: Runtime, job_id: str) -> bool:
     try:
-        job = Job.fetch(job_id, connection=rt.redis)
+        job = fetch_job(job_id, rt.redis)
     except NoSuchJobError:
         return False
     this = get_current_job()
@@ -188,7 +187,7 @@ def _job_pending(rt: Runtime, job_id: str) -> bool:
 
 def _delete_finished(rt: Runtime, job_id: str) -> None:
     with contextlib.suppress(NoSuchJobError):
-        Job.fetch(job_id, connection=rt.redis).delete()
+        fetch_job(job_id, rt.redis).delete()
 
 
 # -- control ------------------------------------------------------------------------------------
@@ -253,7 +252,7 @@ def cancel_loop(redis: Redis, key: str, reason: Reason, actor: str) -> str:
     store.event(key, "loop_cancelled", reason=reason.value, actor=actor)
     job_id = loop_job_id(record.repo, record.issue)
     try:
-        job = Job.fetch(job_id, connection=redis)
+        job = fetch_job(job_id, redis)
         status = job.get_status(refresh=True)
         if status == JobStatus.STARTED:
             send_stop_job_command(redis, job_id)

@@ -25,6 +25,7 @@ from typing import Any
 from rq import Worker
 
 from bot.logs import get_logger
+from bot.queues import SERIALIZER, LoopbotJob
 
 log = get_logger("loopbot.drain")
 
@@ -51,7 +52,15 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 class DrainingWorker(Worker):
-    """RQ's forking worker, passing a warm shutdown on to the job it is running."""
+    """RQ's forking worker, passing a warm shutdown on to the job it is running.
+
+    Always JSON and ``LoopbotJob`` (see ``bot.queues``), however it is constructed: a
+    job planted in Redis is never unpickled and never runs a function of its choosing.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.update(job_class=LoopbotJob, serializer=SERIALIZER)
+        super().__init__(*args, **kwargs)
 
     def handle_warm_shutdown_request(self) -> None:
         super().handle_warm_shutdown_request()  # type: ignore[no-untyped-call]

@@ -21,13 +21,14 @@ from __future__ import annotations
 import threading
 import time
 
-from rq.job import Job, JobStatus
+from rq.job import JobStatus
 
 from bot import repo_config
 from bot.commands import loop_job_id
 from bot.failures import GitHubError
 from bot.logs import get_logger
 from bot.loopstate import LoopRecord, Reason, Status
+from bot.queues import fetch_job
 from jobs.dispatch import enqueue_loop, start_loop
 from jobs.drain import HANDOFF_PHASE
 from jobs.runtime import Runtime
@@ -40,7 +41,7 @@ QUEUED_GRACE_SECONDS = 120
 
 def _job_state(rt: Runtime, record: LoopRecord) -> JobStatus | None:
     try:
-        job = Job.fetch(loop_job_id(record.repo, record.issue), connection=rt.redis)
+        job = fetch_job(loop_job_id(record.repo, record.issue), rt.redis)
         return job.get_status(refresh=True)
     except Exception:  # noqa: BLE001 - a missing or unreadable job is a lost job
         return None

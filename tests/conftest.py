@@ -25,7 +25,7 @@ from rq import SimpleWorker, Worker
 from werkzeug.serving import make_server
 
 from bot.logs import configure
-from bot.queues import ALL_QUEUES, CONTROL_QUEUE
+from bot.queues import ALL_QUEUES, CONTROL_QUEUE, make_worker
 from bot.settings import Settings, load_settings
 from bot.testing.anthropic_server import AnthropicServer
 from bot.testing.github_server import GitHubServer
@@ -130,13 +130,13 @@ def web(settings: Settings, redis: Redis, github: GitHubServer) -> Iterator[Web]
 def run_worker(redis: Redis, *, fork: bool = False) -> None:
     """Drain loopbot's queues with a real RQ worker in burst mode."""
     cls = Worker if fork else SimpleWorker
-    worker = cls(list(ALL_QUEUES), connection=redis)
+    worker = make_worker(ALL_QUEUES, redis, cls)
     worker.work(burst=True, with_scheduler=False, logging_level="WARNING")
 
 
 def run_control_jobs(redis: Redis) -> None:
     """Run only the control queue: dispatch decisions, without running the loops."""
-    SimpleWorker([CONTROL_QUEUE], connection=redis).work(burst=True)
+    make_worker([CONTROL_QUEUE], redis, SimpleWorker).work(burst=True)
 
 
 @pytest.fixture

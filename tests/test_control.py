@@ -7,11 +7,12 @@ import time
 from typing import Any
 
 from redis import Redis
-from rq.job import Job, JobStatus
+from rq.job import JobStatus
 
 from bot import repo_config
 from bot.commands import loop_job_id
 from bot.loopstate import Status
+from bot.queues import fetch_job
 from bot.settings import load_settings
 from bot.store import Store
 from bot.testing import anthropic_server as m
@@ -67,7 +68,7 @@ def test_cancel_during_a_long_turn_then_restart(
     job_id = loop_job_id(REPO, n)
     wait_for(lambda: rec(redis).status == Status.CANCELLED, 10, "status cancelled")
     wait_for(
-        lambda: Job.fetch(job_id, connection=redis).get_status(refresh=True) != JobStatus.STARTED,
+        lambda: fetch_job(job_id, redis).get_status(refresh=True) != JobStatus.STARTED,
         10,
         "the job to stop",
     )
@@ -270,7 +271,7 @@ def test_lapsed_lease_is_resumed_then_stalled_after_the_limit(
         touch=False,
     )
     # The resumed job was taken by a worker that died too (its job is gone, no lease).
-    Job.fetch(loop_job_id(REPO, 1), connection=redis).delete()
+    fetch_job(loop_job_id(REPO, 1), redis).delete()
     resume_lapsed(rt)
     r = store.get(KEY)
     assert r is not None and (r.status, r.reason) == (Status.STALLED, "stall_timeout")
