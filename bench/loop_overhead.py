@@ -24,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rq import Worker
 
 from bench import _env
+from bot import repo_config
 from bot.logs import configure
-from bot.queues import ALL_QUEUES
+from bot.queues import ALL_QUEUES, make_worker
 from bot.testing import anthropic_server as m
 from jobs.dispatch import start_loop
 
@@ -58,9 +59,9 @@ def main() -> None:
             return m.write_file("app.py", f"x = {counter['turn']}\n")
 
         b.model.responder = respond
-        start_loop(b.rt, REPO, n, iid, "bench", args.turns)
+        start_loop(b.rt, REPO, n, iid, "bench", repo_config.parse(yml))
         # A forking worker: the job runs in its own process, apart from the local servers.
-        Worker(list(ALL_QUEUES), connection=b.rt.redis).work(burst=True)
+        make_worker(ALL_QUEUES, b.rt.redis, Worker).work(burst=True)
         events = b.rt.store.events(f"{REPO}#{n}", count=100_000)
         starts = [e["at"] for e in events if e["kind"] == "turn_started"]
         done = [e["data"] for e in events if e["kind"] == "turn_completed"]
