@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
-from bot.redis_conn import connect
+from bot.redis_conn import connect, mask_url, scrub
 from bot.settings import Settings, SettingsError, load_settings
 
 
@@ -20,9 +22,10 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
+    warn: bool = False  # works, but the operator should know
 
     def line(self) -> str:
-        mark = "ok  " if self.ok else "FAIL"
+        mark = "FAIL" if not self.ok else ("warn" if self.warn else "ok  ")
         text = f"[{mark}] {self.name}: {self.detail}"
         return text + (f"\n       → {self.fix}" if not self.ok and self.fix else "")
 
@@ -69,7 +72,62 @@ def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
     checks.append(_github(settings))
     checks.append(_model(settings))
     checks.append(_data_dir(settings))
+    checks.append(_worker_user(settings))
+    checks.append(_sandbox(settings))
+    checks.append(_egress())
     return checks
+
+
+def _worker_user(settings: Settings) -> Check:
+    if os.geteuid() != 0:
+        return Check("worker user", True, f"uid {os.geteuid()} (not root)")
+    return Check(
+        "worker user",
+        True,
+        "running as root: loopbot drops it for every sandboxed command (host uid "
+        f"{settings.sandbox_uid}, uid 1000 inside, no capabilities), but the harness itself "
+        "(git, the GitHub and model clients) keeps root",
+        warn=True,
+    )
+
+
+def _sandbox(settings: Settings) -> Check:
+    """Start a real sandbox: bubblewrap can be installed and still be refused user
+    namespaces (sysctl, AppArmor), which only a trial run shows."""
+    from jobs.sandbox import Sandbox, SandboxUnavailable
+
+    with tempfile.TemporaryDirectory(prefix="loopbot-doctor-") as tmp:
+        try:
+            with Sandbox(Path(tmp), settings=settings, timeout=20) as box:
+                r = box.run("id -u; grep CapEff /proc/self/status")
+        except (SandboxUnavailable, OSError) as exc:
+            return Check("sandbox", False, str(exc), "apt-get install bubblewrap util-linux")
+    if settings.allow_unsandboxed and box.bwrap is None:
+        return Check("sandbox", True, "none: LOOPBOT_ALLOW_UNSANDBOXED=true", warn=True)
+    lines = r.output.split()
+    if r.passed and lines[:1] == ["1000"] and "0000000000000000" in lines:
+        return Check("sandbox", True, "commands run as uid 1000 with no capabilities")
+    return Check(
+        "sandbox",
+        False,
+        f"a trial command failed: {r.output.strip()[-300:]}",
+        "bubblewrap needs unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone"
+        "=1, user.max_user_namespaces > 0; on Ubuntu an AppArmor profile for bwrap)",
+    )
+
+
+def _egress() -> Check:
+    from jobs.egress import availability_problem
+
+    problem = availability_problem()
+    if problem is None:
+        return Check("egress proxy", True, "squid and socat found (for sandbox.network)")
+    return Check(
+        "egress proxy",
+        True,
+        f"{problem}: repositories that set sandbox.network will fail to start",
+        warn=True,
+    )
 
 
 def _tool(name: str, argv: list[str], fix: str) -> Check:
@@ -80,12 +138,18 @@ def _tool(name: str, argv: list[str], fix: str) -> Check:
 
 
 def _redis_url(url: str) -> Check:
+    shown = mask_url(url)  # never the password
     try:
         conn = connect(url, retries=0, timeout=2)
         info = conn.info("server")
     except Exception as exc:  # noqa: BLE001 - any failure is reported as the check's answer
-        return Check("redis", False, f"{url}: {exc}", "start redis-server, or set REDIS_URL")
-    answers = f"{url} answers (Redis {info['redis_version']})"
+        return Check(
+            "redis",
+            False,
+            f"{shown}: {scrub(str(exc), url)}",
+            "start redis-server, or set REDIS_URL",
+        )
+    answers = f"{shown} answers (Redis {info['redis_version']})"
     try:
         aof = int(conn.info("persistence").get("aof_enabled", 0))
         save = conn.config_get("save").get("save", "")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import http.server
+import threading
 from pathlib import Path
 
 import pytest
@@ -67,10 +69,47 @@ def test_no_network(box_settings: Settings, worktree: Path, redis_server: object
     port = redis_server.port  # type: ignore[attr-defined]
     connect = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)"
     probe = f"python3 -c \"{connect}; print('CONNECTED')\""
-    r = Sandbox(worktree, settings=box_settings).run(probe)
+    with Sandbox(worktree, settings=box_settings) as box:
+        r = box.run(probe)
     assert "CONNECTED" not in r.output and not r.passed
-    allowed = Sandbox(worktree, settings=box_settings, network=True).run(probe)
-    assert "CONNECTED" in allowed.output
+    # Network on is a proxy, never the host's network: the host's Redis stays out of reach.
+    with Sandbox(worktree, settings=box_settings, network=True) as box:
+        allowed = box.run(
+            probe + f"; curl -sS -m 5 -p --noproxy '' -x $https_proxy http://127.0.0.1:{port}/"
+        )
+    assert "CONNECTED" not in allowed.output
+    assert "403" in allowed.output or "ERR_LOOPBOT" in allowed.output, allowed.output
+
+
+class _Index(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"simple index")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_listed_host_is_reached_through_the_proxy(box_settings: Settings, worktree: Path) -> None:
+    """The stand-in package index: 127.0.0.2 on port 80, allowed by the operator."""
+    try:
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.2", 80), _Index)
+    except OSError as exc:
+        pytest.skip(f"cannot listen on 127.0.0.2:80 here: {exc}")
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        settings = box_settings.model_copy(update={"egress_allowed_networks": "127.0.0.2/32"})
+        with Sandbox(worktree, settings=settings, network=("127.0.0.2",)) as box:
+            ok = box.run("curl -sS -m 5 http://127.0.0.2/simple/")
+            other = box.run("curl -sS -m 5 -o /dev/null -w '%{http_code}' http://127.0.0.3/")
+        with Sandbox(worktree, settings=box_settings, network=("127.0.0.2",)) as box:
+            private = box.run("curl -sS -m 5 -o /dev/null -w '%{http_code}' http://127.0.0.2/")
+    finally:
+        httpd.shutdown()
+    assert ok.passed and "simple index" in ok.output, ok.output
+    assert "403" in other.output  # not on the list
+    assert "403" in private.output  # on the list, but a loopback address the operator did not allow
 
 
 def test_secrets_and_environment_are_hidden(
