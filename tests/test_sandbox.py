@@ -10,26 +10,15 @@ import pytest
 
 from bot.settings import Settings
 from jobs.sandbox import Sandbox, SandboxUnavailable
+from tests.helpers import worker_settings
 
 
 @pytest.fixture
 def box_settings(tmp_path: Path) -> Settings:
-    from bot.settings import load_settings
-
-    key = tmp_path / "app-key.pem"
-    key.write_text(
-        "-----BEGIN RSA PRIVATE KEY-----\nsecret-key-material\n-----END RSA PRIVATE KEY-----\n"
-    )
-    env = {
-        "GITHUB_APP_ID": "1",
-        "GITHUB_PRIVATE_KEY_PATH": str(key),
-        "GITHUB_WEBHOOK_SECRET": "whsec",
-        "LOOPBOT_DATA_DIR": str(tmp_path / "data"),
-        "ANTHROPIC_API_KEY": "sk-secret",
-    }
+    settings = worker_settings(tmp_path)
     (tmp_path / "data" / "mirrors").mkdir(parents=True)
     (tmp_path / "data" / "mirrors" / "other-secret.txt").write_text("other repo")
-    return load_settings(env, role="worker")
+    return settings
 
 
 @pytest.fixture
