@@ -74,8 +74,23 @@ def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
     checks.append(_data_dir(settings))
     checks.append(_worker_user(settings))
     checks.append(_sandbox(settings))
+    checks.append(_cgroups())
     checks.append(_egress())
     return checks
+
+
+def _cgroups() -> Check:
+    from jobs import cgroups
+
+    why = cgroups.available()
+    if why is None:
+        return Check("sandbox cgroups", True, "each command gets its own memory and pids limit")
+    return Check(
+        "sandbox cgroups",
+        True,
+        f"not used ({why}): memory is bounded per process and processes per uid only",
+        warn=True,
+    )
 
 
 def _worker_user(settings: Settings) -> Check:

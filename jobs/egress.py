@@ -100,6 +100,7 @@ BLOCKED_NETWORKS: tuple[str, ...] = (
     "224.0.0.0/4",  # multicast
     "240.0.0.0/4",  # reserved, broadcast
     "::/96",  # unspecified (::), loopback (::1), IPv4-compatible
+    "::ffff:0:0:0/96",  # IPv4-translated (SIIT): a host doing NAT46 would reach IPv4
     "64:ff9b::/96",  # NAT64: would reach any IPv4 address, private ones included
     "64:ff9b:1::/48",  # local-use NAT64
     "100::/64",  # discard-only

@@ -30,20 +30,25 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import selectors
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from bot.settings import Settings
-from jobs import egress
+from jobs import cgroups, egress
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
+ENTRY_COST = 4096  # what every file or directory in the worktree is charged at least
+WATCH_INTERVAL = 1.0  # seconds between disk checks while a command runs
 INSIDE_UID = 1000
 INSIDE_HOME = "/tmp/home"
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -92,6 +97,9 @@ _ETC = (
 _ETC_GLOBS = ("python3*", "java*", "perl")
 _TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _STAGE_SCRIPT = """set -e
+IFS=:
+for f in $LOOPBOT_CGROUP_PROCS; do echo $$ > "$f"; done
+unset IFS
 while [ "$1" != "--" ]; do
   mount --bind "$2" "$3"
   if [ "$1" = ro ]; then mount -o remount,bind,ro "$3"; fi
@@ -115,10 +123,11 @@ class Result:
     seconds: float
     timed_out: bool = False
     truncated: bool = False
+    over_limit: str | None = None  # killed for a resource limit: which, and why
 
     @property
     def passed(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
+        return self.exit_code == 0 and not self.timed_out and self.over_limit is None
 
 
 @dataclass(frozen=True)
@@ -170,10 +179,9 @@ def availability_problem(settings: Settings) -> str | None:
     return None
 
 
-def disk_usage(root: Path, limit: int) -> int:
-    """Bytes the tree under ``root`` occupies on disk (allocated blocks, so a sparse file
-    counts what it uses), walking without following links; stops once past ``limit``."""
-    total = 0
+def walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """Every entry below ``root`` with its lstat, iteratively (a tree thousands of levels
+    deep is no recursion error), never following a link."""
     todo = [str(root)]
     while todo:
         with contextlib.suppress(OSError), os.scandir(todo.pop()) as it:
@@ -182,12 +190,87 @@ def disk_usage(root: Path, limit: int) -> int:
                     st = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                total += st.st_blocks * 512
+                yield entry.path, st
                 if stat.S_ISDIR(st.st_mode):
                     todo.append(entry.path)
-                if total > limit:
-                    return total
+
+
+def disk_usage(root: Path, limit: int) -> int:
+    """What the tree under ``root`` is charged, in bytes; stops once past ``limit``.
+
+    Each entry costs what it could cost: its allocated blocks or its apparent size,
+    whichever is larger (git reads a sparse file whole), and at least one 4 KiB block
+    (a million empty files are not free: they use inodes).
+    """
+    total = 0
+    for _path, st in walk(root):
+        total += max(st.st_blocks * 512, st.st_size, ENTRY_COST)
+        if total > limit:
+            return total
     return total
+
+
+# Syscalls no build or test needs and that reach past the sandbox's namespaces: the
+# kernel keyrings (shared with the worker's session), eBPF, perf, userfaultfd, mounts
+# and namespaces, modules, kexec, swap, reboot, the kernel log, io_uring.
+_DENY = {
+    "keyctl": (250, 219),
+    "add_key": (248, 217),
+    "request_key": (249, 218),
+    "bpf": (321, 280),
+    "perf_event_open": (298, 241),
+    "userfaultfd": (323, 282),
+    "mount": (165, 40),
+    "umount2": (166, 39),
+    "pivot_root": (155, 41),
+    "unshare": (272, 97),
+    "setns": (308, 268),
+    "open_by_handle_at": (304, 265),
+    "kexec_load": (246, 104),
+    "kexec_file_load": (320, 294),
+    "init_module": (175, 105),
+    "finit_module": (313, 273),
+    "delete_module": (176, 106),
+    "swapon": (167, 224),
+    "swapoff": (168, 225),
+    "reboot": (169, 142),
+    "syslog": (103, 116),
+    "io_uring_setup": (425, 425),
+    "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427),
+    "open_tree": (428, 428),
+    "move_mount": (429, 429),
+    "fsopen": (430, 430),
+    "fsconfig": (431, 431),
+    "fsmount": (432, 432),
+    "fspick": (433, 433),
+    "mount_setattr": (442, 442),
+}
+_AUDIT_ARCH = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}
+
+
+def seccomp_program(machine: str | None = None) -> bytes | None:
+    """A classic-BPF seccomp filter for bwrap ``--seccomp``: the syscalls above fail with
+    EPERM, other ABIs (i386 on x86_64, x32) kill the process; None on other machines."""
+    arch = _AUDIT_ARCH.get(machine or platform.machine())
+    if arch is None:
+        return None
+    audit, column = arch
+    numbers = sorted({pair[column] for pair in _DENY.values()})
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, errno, kill = 0x7FFF0000, 0x00050000 | 1, 0x80000000  # EPERM
+    # [ld arch, jeq arch, ld nr, (jge x32), jeq nr..., ret allow, ret errno, ret kill]
+    checks = len(numbers) + (1 if column == 0 else 0)
+    prog = [(ld, 0, 0, 4), (jeq, 0, checks + 3, audit), (ld, 0, 0, 0)]
+    left = checks  # jumps to "ret errno": past the remaining checks and "ret allow"
+    if column == 0:  # x86_64: the x32 ABI sets bit 30 of the number
+        prog.append((jge, left, 0, 0x40000000))
+        left -= 1
+    for nr in numbers:
+        prog.append((jeq, left, 0, nr))
+        left -= 1
+    prog += [(ret, 0, 0, allow), (ret, 0, 0, errno), (ret, 0, 0, kill)]
+    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
 
 
 class Sandbox:
@@ -236,13 +319,12 @@ class Sandbox:
         if owner is None:
             return
         uid, gid = owner
-        for dirpath, dirnames, filenames in os.walk(self.worktree):
-            for name in [".", *dirnames, *filenames]:
-                path = os.path.join(dirpath, name)
+        with contextlib.suppress(OSError):
+            os.chown(self.worktree, uid, gid, follow_symlinks=False)
+        for path, st in walk(self.worktree):
+            if (st.st_uid, st.st_gid) != (uid, gid):
                 with contextlib.suppress(OSError):
-                    st = os.lstat(path)
-                    if (st.st_uid, st.st_gid) != (uid, gid):
-                        os.chown(path, uid, gid, follow_symlinks=False)
+                    os.chown(path, uid, gid, follow_symlinks=False)
 
     def worktree_problem(self) -> str | None:
         """A clear message when the worktree has grown past its disk limit, else None."""
@@ -252,7 +334,8 @@ class Sandbox:
             return None
         return (
             f"the repository's working tree uses more than {limit // (1024 * 1024)} MiB of "
-            "disk (LOOPBOT_SANDBOX_MAX_WORKTREE_MB); delete what you generated"
+            "disk (LOOPBOT_SANDBOX_MAX_WORKTREE_MB; every file counts at least 4 KiB and a "
+            "sparse file its full size); delete what you generated"
         )
 
     # -- the command line ------------------------------------------------------------------
@@ -323,6 +406,9 @@ class Sandbox:
             str(64 * 1024 * 1024),
             "--tmpfs",
             "/dev/shm",
+            # bwrap's /dev is a tmpfs the sandbox user owns, sized at half the RAM.
+            "--remount-ro",
+            "/dev",
             "--size",
             str(self.limits.tmp_bytes),
             "--tmpfs",
@@ -343,7 +429,9 @@ class Sandbox:
             ]
         return args, staged
 
-    def _argv(self, command: str) -> list[str]:
+    def _argv(
+        self, command: str, seccomp_fd: int | None = None, grouped: bool = False
+    ) -> list[str]:
         if self.bwrap is None:  # the operator opted out explicitly
             return ["/bin/sh", "-c", command]
         mounts, staged = self._binds()
@@ -370,15 +458,20 @@ class Sandbox:
             "--remount-ro",
             "/",
         ]
+        if seccomp_fd is not None:
+            bwrap += ["--seccomp", str(seccomp_fd)]
         for k, v in self._env().items():
             bwrap += ["--setenv", k, v]
         bwrap += ["--chdir", str(self.worktree), "/bin/sh", "-c", script]
         if self._egress is not None:
             bwrap += ["sh", command]
         lim = self.limits
+        # With a cgroup, pids.max bounds this command alone; the per-uid rlimit, shared by
+        # every sandbox of the uid, is then only a backstop that one loop cannot exhaust.
+        nproc = lim.processes * 16 if grouped else lim.processes
         limits = [
             "prlimit",
-            f"--nproc={lim.processes}",
+            f"--nproc={nproc}",
             f"--fsize={lim.file_bytes}",
             "--core=0",
             "--nofile=4096",
@@ -429,24 +522,41 @@ class Sandbox:
         self._ensure_egress()
         started = time.monotonic()
         env = {**_SAFE_ENV, "PATH": _PATH} if self.bwrap is None else {"PATH": _PATH}
-        proc = subprocess.Popen(
-            self._argv(command),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            cwd=self.worktree if self.bwrap is None else "/",
-            env=env,
-            start_new_session=True,
-        )
-        assert proc.stdout is not None
+        group = None
+        if self.bwrap is not None and self.file_owner is not None:
+            group = cgroups.create(self.limits.memory_bytes, self.limits.processes)
+        if group is not None:
+            env["LOOPBOT_CGROUP_PROCS"] = ":".join(str(f) for f in group.procs_files)
+        program = seccomp_program() if self.bwrap is not None else None
+        fd = _memfd(program) if program is not None else None
+        try:
+            proc = subprocess.Popen(
+                self._argv(command, fd, grouped=group is not None),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                cwd=self.worktree if self.bwrap is None else "/",
+                env=env,
+                start_new_session=True,
+                pass_fds=(fd,) if fd is not None else (),
+            )
+        finally:
+            if fd is not None:
+                os.close(fd)
         out = _HeadTail(self.max_output)
-        timed_out = _pump(proc, out, started + limit)
+        try:
+            timed_out, over = _pump(proc, out, started + limit, self.worktree_problem)
+        finally:
+            if group is not None:
+                group.remove()
         seconds = time.monotonic() - started
         output = out.text()
         if timed_out:
             output += f"\n[loopbot: command timed out after {limit:.0f}s and was killed]"
-        code = 124 if timed_out else proc.returncode
-        return Result(code, output, seconds, timed_out, out.truncated)
+        if over is not None:
+            output += f"\n[loopbot: command killed: {over}]"
+        code = 124 if timed_out else (137 if over else proc.returncode)
+        return Result(code, output, seconds, timed_out, out.truncated, over)
 
     def close(self) -> None:
         """Stop the egress proxy and remove the staging directory."""
@@ -498,23 +608,44 @@ class _HeadTail:
         return head + f"\n[... {skipped} bytes of output omitted ...]\n" + tail
 
 
-def _pump(proc: subprocess.Popen[bytes], out: _HeadTail, deadline: float) -> bool:
-    """Read the command's output until it ends or the deadline; True if it timed out."""
+def _pump(
+    proc: subprocess.Popen[bytes],
+    out: _HeadTail,
+    deadline: float,
+    watch: Callable[[], str | None] = lambda: None,
+) -> tuple[bool, str | None]:
+    """Read the command's output until it ends or the deadline, asking ``watch`` about
+    once a second whether a limit is exceeded (it then kills the command).
+
+    Returns (timed out, the limit it exceeded).
+    """
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
-    timed_out = False
+    timed_out, over = False, None
+    next_watch, interval = time.monotonic() + WATCH_INTERVAL, WATCH_INTERVAL
     with selectors.DefaultSelector() as sel:
         sel.register(fd, selectors.EVENT_READ)
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0 and not timed_out:
+            now = time.monotonic()
+            left = deadline - now
+            if left <= 0 and not (timed_out or over):
                 timed_out = True
                 _kill_group(proc)
                 deadline = time.monotonic() + 5  # drain what is left, briefly
                 continue
             if left <= 0:
                 break  # something outside the group still holds the pipe: stop reading
-            if not sel.select(min(left, 1.0)):
+            if now >= next_watch and not (timed_out or over):
+                over = watch()
+                took = time.monotonic() - now
+                # A slow walk (a huge tree) is not repeated too often: at most 10% of time.
+                interval = max(WATCH_INTERVAL, 10 * took)
+                next_watch = time.monotonic() + interval
+                if over is not None:
+                    _kill_group(proc)
+                    deadline = time.monotonic() + 5
+                    continue
+            if not sel.select(min(left, max(next_watch - now, 0.01))):
                 continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:
@@ -522,10 +653,18 @@ def _pump(proc: subprocess.Popen[bytes], out: _HeadTail, deadline: float) -> boo
             out.feed(chunk)
     proc.stdout.close()
     try:
-        proc.wait(None if not timed_out else 10)
+        proc.wait(None if not (timed_out or over) else 10)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-    return timed_out
+    return timed_out, over
+
+
+def _memfd(data: bytes) -> int:
+    """A file descriptor holding ``data``, positioned at its start (for bwrap to read)."""
+    fd = os.memfd_create("loopbot-seccomp", os.MFD_CLOEXEC)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
 import stat
 import subprocess
 import threading
@@ -214,12 +213,23 @@ def _read_small_regular(path: Path, limit: int) -> str | None:
 
 
 def _remove(path: Path) -> None:
-    """Remove whatever is at ``path`` (file, link, FIFO, directory) without following it."""
+    """Remove whatever is at ``path`` (file, link, FIFO, directory) without following it.
+
+    Directories go through ``rm -rf``, which walks iteratively: Python's ``rmtree``
+    recurses, and an agent can nest directories thousands of levels deep.
+    """
     with contextlib.suppress(FileNotFoundError):
-        if stat.S_ISDIR(os.lstat(path).st_mode):
-            shutil.rmtree(path)
-        else:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
             path.unlink()
+            return
+        subprocess.run(
+            ["rm", "-rf", "--one-file-system", "--", str(path)],
+            capture_output=True,
+            timeout=GIT_TIMEOUT,
+            check=False,
+        )
+        if path.exists() or path.is_symlink():
+            raise GitError(f"could not remove {path}")
 
 
 def defuse_tree(root: Path) -> list[str]:
@@ -370,7 +380,8 @@ class Worktrees:
                 self._restore_gitfile(path, mirror)
                 return True
             log.warning("worktree.spare_unusable", spare=str(spare), output=result[-200:])
-            shutil.rmtree(spare, ignore_errors=True)
+            with contextlib.suppress(GitError, OSError):
+                _remove(spare)
         return False
 
     def _valid(self, path: Path, mirror: Path, branch: str) -> bool:

@@ -34,6 +34,7 @@ from bot.store import Store
 from bot.testing import anthropic_server as m
 from bot.testing.anthropic_server import AnthropicServer
 from bot.testing.github_server import GitHubServer
+from jobs import cgroups
 from jobs.sandbox import Sandbox
 from jobs.worktree import Checkout, Worktrees, git
 from tests.conftest import Web
@@ -421,6 +422,112 @@ def test_memory_file_size_and_tmp_are_bounded(github: GitHubServer, hostile: Hos
     assert not sparse.passed and "MADE" not in sparse.output, sparse.output
     assert not (co.path / "big").exists() or (co.path / "big").stat().st_size <= 64 << 20
     assert "No space left" in tmp.output or "File size limit" in tmp.output
+
+
+def test_keyrings_dev_and_kernel_interfaces_are_closed(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    """The worker's session keyring is shared by every process it starts unless the
+    sandbox blocks the keyring syscalls; bwrap's /dev is a tmpfs the size of half the RAM."""
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    probe = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "for name, nr, args in (('keyctl', 250, (0, -3, 0)), "
+        "('add_key', 248, (b'user', b'x', b'leak', 4, -3)), ('bpf', 321, (0, 0, 0)), "
+        "('unshare', 272, (0x10000000,))):\n"
+        "    r = libc.syscall(nr, *args)\n"
+        "    print(name, r, ctypes.get_errno())\n"
+    )
+    (co.path / "probe.py").write_text(probe)
+    with _box(hostile, co) as box:
+        box.adopt()
+        r = box.run("python3 probe.py; dd if=/dev/zero of=/dev/fill bs=1M count=8 2>&1; true")
+    if os.uname().machine == "x86_64":
+        for name in ("keyctl", "add_key", "bpf", "unshare"):
+            assert f"{name} -1 1\n" in r.output, r.output  # EPERM
+    assert "Read-only file system" in r.output
+
+
+@pytest.mark.skipif(cgroups.available() is not None, reason=str(cgroups.available()))
+def test_memory_and_processes_are_bounded_per_command_not_per_process(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    settings = hostile.settings.model_copy(
+        update={"sandbox_max_memory_mb": 256, "sandbox_max_processes": 64}
+    )
+    hog = (
+        "import os, sys, time\n"
+        "for i in range(6):\n"
+        "    if os.fork() == 0:\n"
+        "        b = bytearray(100 * 1024 * 1024)\n"
+        "        for j in range(0, len(b), 4096): b[j] = 1\n"
+        "        print('HELD', flush=True); time.sleep(3); os._exit(0)\n"
+        "for i in range(6):\n"
+        "    print('EXIT', os.wait()[1], flush=True)\n"
+    )
+    counter = (
+        "import os, time, sys\nn = 0\ntry:\n    while n < int(sys.argv[1]):\n"
+        "        if os.fork() == 0:\n            time.sleep(6)\n            os._exit(0)\n"
+        "        n += 1\nexcept OSError:\n    pass\nprint('FORKS', n, flush=True)\n"
+        "time.sleep(6)\n"
+    )
+    (co.path / "hog.py").write_text(hog)
+    (co.path / "count.py").write_text(counter)
+    results: dict[str, Any] = {}
+    with Sandbox(co.path, settings=settings, readonly=(mirror,), timeout=30) as box:
+        box.adopt()
+        results["hog"] = box.run("python3 hog.py")
+        # Two commands at once: one holding 60 processes must not starve the other.
+        a = threading.Thread(target=lambda: results.update(a=box.run("python3 count.py 60")))
+        a.start()
+        time.sleep(1.5)
+        results["b"] = box.run("python3 count.py 40")
+        a.join()
+    # 6 x 100 MiB against 256 MiB for the whole command: not every child can hold it.
+    assert results["hog"].output.count("HELD") < 6, results["hog"].output
+    assert "FORKS 60" in results["a"].output, results["a"].output
+    assert "FORKS 40" in results["b"].output, results["b"].output
+
+
+def test_a_deep_tree_sparse_files_and_inode_floods_are_charged(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    settings = hostile.settings.model_copy(update={"sandbox_max_worktree_mb": 64})
+    with Sandbox(co.path, settings=settings, readonly=(mirror,)) as box:
+        deep = box.run(
+            "python3 -c \"import os\nfor i in range(1500): os.mkdir('d'); os.chdir('d')\n"
+            "open('f', 'w').write('x')\""
+        )
+        assert deep.passed, deep.output
+        box.adopt()  # walks 1500 levels without a RecursionError
+        assert box.worktree_problem() is None
+        sparse = box.run("for i in 1 2 3; do truncate -s 30M sparse$i; done")
+        assert sparse.passed
+        assert box.worktree_problem() is not None  # 90 MiB apparent, a few KiB on disk
+        box.run("rm -f sparse*")
+        assert box.worktree_problem() is None
+        flood = box.run("mkdir many && cd many && seq 1 20000 | xargs touch")
+        assert flood.passed or flood.over_limit is not None
+        assert box.worktree_problem() is not None  # 20,000 entries of 4 KiB each
+        box.run("rm -rf many")
+        started = time.monotonic()
+        grow = box.run(
+            "i=0; while true; do i=$((i+1)); head -c 8000000 /dev/zero > f$i; done", timeout=60
+        )
+        took = time.monotonic() - started
+    try:
+        assert grow.over_limit is not None and not grow.passed, grow.output
+        assert took < 20 and "killed" in grow.output
+        assert wt.commit_all(co, "loop(turn-1): deep") is not None
+    finally:
+        wt.remove(REPO, 1)  # pytest's own clean-up of old temp dirs recurses
+    assert not co.path.exists()
 
 
 # -- 8: one lock per mirror across processes -----------------------------------------------
