@@ -93,6 +93,22 @@ def available() -> str | None:
     return layout if isinstance(layout, str) else None
 
 
+def sweep(older_than: float = 300.0) -> int:
+    """Remove this worker's empty command groups left by a process that died before it
+    could (a group in use is not empty, and rmdir refuses it). Returns how many."""
+    layout = _layout()
+    if isinstance(layout, str):
+        return 0
+    removed, now = 0, time.time()
+    for parent in layout[1]:
+        for d in parent.glob(PREFIX + "*"):
+            with contextlib.suppress(OSError):
+                if now - d.stat().st_mtime > older_than:
+                    d.rmdir()
+                    removed += 1
+    return removed
+
+
 def create(memory_bytes: int, processes: int) -> Group | None:
     """A new group with these limits, or None where cgroups cannot be used."""
     layout = _layout()

@@ -306,7 +306,12 @@ class LoopRunner:
     def _over_limit(self, detail: str) -> str:
         """Stop for a resource limit, dropping what was not committed: committing it would
         make git read all of it, and a restart would meet it again."""
-        self.worktrees.discard_uncommitted(self.checkout)
+        try:
+            self.worktrees.discard_uncommitted(self.checkout)
+        except GitError:
+            # Git cannot clean what it cannot see (paths past PATH_MAX): drop the whole
+            # worktree; every commit is pushed, and a restart recreates it from there.
+            self.worktrees.remove(self.repo, self.issue_number)
         return self._finish(Status.FAILED, Reason.RESOURCE_LIMIT, detail)
 
     def _sync_base(self, base: str, token: str) -> None:

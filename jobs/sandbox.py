@@ -39,6 +39,7 @@ import struct
 import subprocess
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,8 @@ from jobs import cgroups, egress
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
 ENTRY_COST = 4096  # what every file or directory in the worktree is charged at least
+MAX_DEPTH = 256  # directory levels in a worktree; deeper is a resource limit
+MAX_COMMAND = 100_000  # bytes of one command line (the kernel's argv limit is 128 KiB)
 WATCH_INTERVAL = 1.0  # seconds between disk checks while a command runs
 INSIDE_UID = 1000
 INSIDE_HOME = "/tmp/home"
@@ -97,9 +100,8 @@ _ETC = (
 _ETC_GLOBS = ("python3*", "java*", "perl")
 _TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _STAGE_SCRIPT = """set -e
-IFS=:
-for f in $LOOPBOT_CGROUP_PROCS; do echo $$ > "$f"; done
-unset IFS
+while [ "$1" != "--" ]; do echo $$ > "$1"; shift; done
+shift
 while [ "$1" != "--" ]; do
   mount --bind "$2" "$3"
   if [ "$1" = ro ]; then mount -o remount,bind,ro "$3"; fi
@@ -179,20 +181,42 @@ def availability_problem(settings: Settings) -> str | None:
     return None
 
 
-def walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
-    """Every entry below ``root`` with its lstat, iteratively (a tree thousands of levels
-    deep is no recursion error), never following a link."""
-    todo = [str(root)]
-    while todo:
-        with contextlib.suppress(OSError), os.scandir(todo.pop()) as it:
-            for entry in it:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                yield entry.path, st
-                if stat.S_ISDIR(st.st_mode):
-                    todo.append(entry.path)
+class TreeError(Exception):
+    """The worktree cannot be walked whole: too deep, or an entry that cannot be read."""
+
+
+def walk(root: Path) -> Iterator[tuple[int, str, os.stat_result]]:
+    """Every entry below ``root`` as (its directory's fd, name, lstat), depth first.
+
+    Directories are opened relative to their parent's descriptor with ``O_NOFOLLOW``, so
+    no path is ever longer than a name (a tree past PATH_MAX is walked whole) and no link
+    is followed; the stack is explicit, so depth costs no recursion. A tree deeper than
+    ``MAX_DEPTH``, or anything that cannot be opened or read, raises ``TreeError``: a
+    check that cannot see part of the tree must not pass it.
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    stack: list[tuple[int, Iterator[os.DirEntry[str]]]] = []
+    try:
+        fd = os.open(root, flags)
+        stack.append((fd, os.scandir(fd)))
+        while stack:
+            fd, entries = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                os.close(stack.pop()[0])
+                continue
+            st = entry.stat(follow_symlinks=False)
+            yield fd, entry.name, st
+            if stat.S_ISDIR(st.st_mode):
+                if len(stack) >= MAX_DEPTH:
+                    raise TreeError(f"directories nested deeper than {MAX_DEPTH} levels")
+                child = os.open(entry.name, flags, dir_fd=fd)
+                stack.append((child, os.scandir(child)))
+    except OSError as exc:
+        raise TreeError(f"an entry cannot be read ({exc.strerror})") from None
+    finally:
+        for fd, _ in stack:
+            os.close(fd)
 
 
 def disk_usage(root: Path, limit: int) -> int:
@@ -200,10 +224,10 @@ def disk_usage(root: Path, limit: int) -> int:
 
     Each entry costs what it could cost: its allocated blocks or its apparent size,
     whichever is larger (git reads a sparse file whole), and at least one 4 KiB block
-    (a million empty files are not free: they use inodes).
+    (a million empty files are not free: they use inodes). Raises ``TreeError``.
     """
     total = 0
-    for _path, st in walk(root):
+    for _fd, _name, st in walk(root):
         total += max(st.st_blocks * 512, st.st_size, ENTRY_COST)
         if total > limit:
             return total
@@ -247,30 +271,55 @@ _DENY = {
     "mount_setattr": (442, 442),
 }
 _AUDIT_ARCH = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}
+_SOCKET_CALLS = {"socket": (41, 198), "socketpair": (53, 199)}
+# Address families a command may open: Unix, IPv4, IPv6 (its own loopback and the proxy),
+# netlink (glibc asks it about interfaces). Not vsock, which no network namespace
+# isolates (a VM's hypervisor and host services listen there), nor packet, bluetooth, ...
+_FAMILIES = (1, 2, 10, 16)
 
 
 def seccomp_program(machine: str | None = None) -> bytes | None:
-    """A classic-BPF seccomp filter for bwrap ``--seccomp``: the syscalls above fail with
-    EPERM, other ABIs (i386 on x86_64, x32) kill the process; None on other machines."""
+    """A classic-BPF seccomp filter for bwrap ``--seccomp``; None on other machines.
+
+    The calls in ``_DENY``, x32-ABI calls, and sockets of families not in ``_FAMILIES``
+    fail with EPERM; another architecture's ABI (i386 on x86_64) kills the process.
+    """
     arch = _AUDIT_ARCH.get(machine or platform.machine())
     if arch is None:
         return None
     audit, column = arch
-    numbers = sorted({pair[column] for pair in _DENY.values()})
     ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    allow, errno, kill = 0x7FFF0000, 0x00050000 | 1, 0x80000000  # EPERM
-    # [ld arch, jeq arch, ld nr, (jge x32), jeq nr..., ret allow, ret errno, ret kill]
-    checks = len(numbers) + (1 if column == 0 else 0)
-    prog = [(ld, 0, 0, 4), (jeq, 0, checks + 3, audit), (ld, 0, 0, 0)]
-    left = checks  # jumps to "ret errno": past the remaining checks and "ret allow"
+    # (code, jump-if-true label, jump-if-false label, k); labels resolve to offsets.
+    prog: list[tuple[int, str | None, str | None, int]] = [
+        (ld, None, None, 4),  # seccomp_data.arch
+        (jeq, None, "kill", audit),
+        (ld, None, None, 0),  # seccomp_data.nr
+    ]
     if column == 0:  # x86_64: the x32 ABI sets bit 30 of the number
-        prog.append((jge, left, 0, 0x40000000))
-        left -= 1
-    for nr in numbers:
-        prog.append((jeq, left, 0, nr))
-        left -= 1
-    prog += [(ret, 0, 0, allow), (ret, 0, 0, errno), (ret, 0, 0, kill)]
-    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+        prog.append((jge, "deny", None, 0x40000000))
+    for pair in _SOCKET_CALLS.values():
+        prog.append((jeq, "family", None, pair[column]))
+    for nr in sorted({pair[column] for pair in _DENY.values()}):
+        prog.append((jeq, "deny", None, nr))
+    prog.append((ret, None, None, 0x7FFF0000))  # allow
+    labels = {"family": len(prog)}
+    prog.append((ld, None, None, 16))  # args[0], low word: the address family
+    for family in _FAMILIES:
+        prog.append((jeq, "allow", None, family))
+    labels["deny"] = len(prog)
+    prog.append((ret, None, None, 0x00050000 | 1))  # EPERM
+    labels["allow"] = len(prog)
+    prog.append((ret, None, None, 0x7FFF0000))
+    labels["kill"] = len(prog)
+    prog.append((ret, None, None, 0x80000000))  # SECCOMP_RET_KILL_PROCESS
+
+    def offset(at: int, label: str | None) -> int:
+        return 0 if label is None else labels[label] - at - 1
+
+    return b"".join(
+        struct.pack("=HBBI", code, offset(i, jt), offset(i, jf), k)
+        for i, (code, jt, jf, k) in enumerate(prog)
+    )
 
 
 class Sandbox:
@@ -300,8 +349,11 @@ class Sandbox:
         # In /tmp itself, not $TMPDIR: the sandbox uid must traverse to it (mode 0711).
         self._stage = Path(tempfile.mkdtemp(prefix="loopbot-sandbox-", dir=_STAGE_PARENT))
         self._stage.chmod(0o711)
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self._stage, True)
         self._write_etc()
         self.adopt()
+        if self.file_owner is not None:
+            cgroups.sweep()
 
     # -- who owns what ---------------------------------------------------------------------
 
@@ -321,15 +373,19 @@ class Sandbox:
         uid, gid = owner
         with contextlib.suppress(OSError):
             os.chown(self.worktree, uid, gid, follow_symlinks=False)
-        for path, st in walk(self.worktree):
-            if (st.st_uid, st.st_gid) != (uid, gid):
-                with contextlib.suppress(OSError):
-                    os.chown(path, uid, gid, follow_symlinks=False)
+        with contextlib.suppress(TreeError):  # what cannot be walked, worktree_problem reports
+            for fd, name, st in walk(self.worktree):
+                if (st.st_uid, st.st_gid) != (uid, gid):
+                    with contextlib.suppress(OSError):
+                        os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
 
     def worktree_problem(self) -> str | None:
         """A clear message when the worktree has grown past its disk limit, else None."""
         limit = self.limits.worktree_bytes
-        used = disk_usage(self.worktree, limit)
+        try:
+            used = disk_usage(self.worktree, limit)
+        except TreeError as exc:
+            return f"the repository's working tree cannot be checked: {exc}; remove it"
         if used <= limit:
             return None
         return (
@@ -430,7 +486,7 @@ class Sandbox:
         return args, staged
 
     def _argv(
-        self, command: str, seccomp_fd: int | None = None, grouped: bool = False
+        self, command: str, seccomp_fd: int | None = None, group: cgroups.Group | None = None
     ) -> list[str]:
         if self.bwrap is None:  # the operator opted out explicitly
             return ["/bin/sh", "-c", command]
@@ -468,7 +524,7 @@ class Sandbox:
         lim = self.limits
         # With a cgroup, pids.max bounds this command alone; the per-uid rlimit, shared by
         # every sandbox of the uid, is then only a backstop that one loop cannot exhaust.
-        nproc = lim.processes * 16 if grouped else lim.processes
+        nproc = lim.processes * 16 if group is not None else lim.processes
         limits = [
             "prlimit",
             f"--nproc={nproc}",
@@ -495,6 +551,7 @@ class Sandbox:
         ]
         stage = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c"]
         stage += [_STAGE_SCRIPT, "sh"]
+        stage += [*(str(f) for f in (group.procs_files if group else ())), "--"]
         for mode, src, target in staged:
             stage += [mode, str(src), str(target)]
         return [*stage, "--", *drop, *argv]
@@ -519,19 +576,21 @@ class Sandbox:
 
     def run(self, command: str, timeout: float | None = None) -> Result:
         limit = timeout or self.timeout
+        if "\0" in command or len(command.encode(errors="replace")) > MAX_COMMAND:
+            why = "contains a NUL byte" if "\0" in command else f"is over {MAX_COMMAND} bytes"
+            return Result(126, f"[loopbot: not run: the command {why}; write a script file]", 0)
         self._ensure_egress()
         started = time.monotonic()
         env = {**_SAFE_ENV, "PATH": _PATH} if self.bwrap is None else {"PATH": _PATH}
         group = None
         if self.bwrap is not None and self.file_owner is not None:
             group = cgroups.create(self.limits.memory_bytes, self.limits.processes)
-        if group is not None:
-            env["LOOPBOT_CGROUP_PROCS"] = ":".join(str(f) for f in group.procs_files)
         program = seccomp_program() if self.bwrap is not None else None
         fd = _memfd(program) if program is not None else None
+        out = _HeadTail(self.max_output)
         try:
             proc = subprocess.Popen(
-                self._argv(command, fd, grouped=group is not None),
+                self._argv(command, fd, group),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -540,13 +599,13 @@ class Sandbox:
                 start_new_session=True,
                 pass_fds=(fd,) if fd is not None else (),
             )
+            if fd is not None:
+                os.close(fd)
+                fd = None
+            timed_out, over = _pump(proc, out, started + limit, self.worktree_problem)
         finally:
             if fd is not None:
                 os.close(fd)
-        out = _HeadTail(self.max_output)
-        try:
-            timed_out, over = _pump(proc, out, started + limit, self.worktree_problem)
-        finally:
             if group is not None:
                 group.remove()
         seconds = time.monotonic() - started
@@ -563,7 +622,7 @@ class Sandbox:
         if self._egress is not None:
             self._egress.stop()
             self._egress = None
-        shutil.rmtree(self._stage, ignore_errors=True)
+        self._cleanup()
 
     def __enter__(self) -> Sandbox:
         return self

@@ -439,6 +439,13 @@ def test_keyrings_dev_and_kernel_interfaces_are_closed(
         "('unshare', 272, (0x10000000,))):\n"
         "    r = libc.syscall(nr, *args)\n"
         "    print(name, r, ctypes.get_errno())\n"
+        "import socket\n"
+        "for fam in ('AF_VSOCK', 'AF_PACKET', 'AF_INET', 'AF_UNIX'):\n"
+        "    try:\n"
+        "        socket.socket(getattr(socket, fam), socket.SOCK_DGRAM).close()\n"
+        "        print(fam, 'open')\n"
+        "    except OSError as e:\n"
+        "        print(fam, 'refused', e.errno)\n"
     )
     (co.path / "probe.py").write_text(probe)
     with _box(hostile, co) as box:
@@ -447,6 +454,8 @@ def test_keyrings_dev_and_kernel_interfaces_are_closed(
     if os.uname().machine == "x86_64":
         for name in ("keyctl", "add_key", "bpf", "unshare"):
             assert f"{name} -1 1\n" in r.output, r.output  # EPERM
+        assert "AF_VSOCK refused 1" in r.output and "AF_PACKET refused" in r.output
+        assert "AF_INET open" in r.output and "AF_UNIX open" in r.output
     assert "Read-only file system" in r.output
 
 
@@ -500,12 +509,23 @@ def test_a_deep_tree_sparse_files_and_inode_floods_are_charged(
     co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
     settings = hostile.settings.model_copy(update={"sandbox_max_worktree_mb": 64})
     with Sandbox(co.path, settings=settings, readonly=(mirror,)) as box:
+        # Past PATH_MAX: 18 levels of 250-character names, 70 MB at the bottom.
+        hidden = box.run(
+            "python3 -c \"import os\nfor i in range(18): os.mkdir('x' * 250); "
+            "os.chdir('x' * 250)\nopen('f', 'wb').write(bytes(70_000_000))\""
+        )
+        assert hidden.passed or hidden.over_limit is not None, hidden.output
+        assert box.worktree_problem() is not None
+        box.run("rm -rf xxxxxxxxxx*")
+        assert box.worktree_problem() is None
         deep = box.run(
             "python3 -c \"import os\nfor i in range(1500): os.mkdir('d'); os.chdir('d')\n"
             "open('f', 'w').write('x')\""
         )
-        assert deep.passed, deep.output
-        box.adopt()  # walks 1500 levels without a RecursionError
+        assert deep.passed or deep.over_limit is not None, deep.output
+        box.adopt()  # walks without a RecursionError
+        assert "deeper than" in (box.worktree_problem() or "")
+        box.run("rm -rf d")
         assert box.worktree_problem() is None
         sparse = box.run("for i in 1 2 3; do truncate -s 30M sparse$i; done")
         assert sparse.passed

@@ -146,3 +146,23 @@ def test_refuses_without_bubblewrap_unless_opted_out(
     opted = box_settings.model_copy(update={"allow_unsandboxed": True})
     r = Sandbox(worktree, settings=opted).run("echo $ANTHROPIC_API_KEY; echo ok")
     assert r.passed and "sk-secret" not in r.output
+
+
+def test_commands_the_kernel_would_refuse_are_tool_errors_and_leak_nothing(
+    box_settings: Settings, worktree: Path
+) -> None:
+    from jobs import cgroups
+
+    def groups() -> set[str]:
+        own = [cgroups._own("memory"), cgroups._own("pids"), cgroups._own(None)]
+        return {str(p) for d in own if d is not None for p in d.glob(cgroups.PREFIX + "*")}
+
+    before = groups()
+    with Sandbox(worktree, settings=box_settings) as box:
+        nul = box.run("echo a\0b")
+        huge = box.run("echo " + "x" * 200_000)
+        fine = box.run("echo fine")
+    assert nul.exit_code == 126 and "NUL" in nul.output
+    assert huge.exit_code == 126 and "bytes" in huge.output
+    assert fine.passed and "fine" in fine.output
+    assert groups() <= before  # no group left behind, whatever happened
