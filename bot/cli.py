@@ -262,7 +262,9 @@ def restart(loop: str) -> None:
         click.echo(f"{repo}#{n}: no such loop", err=True)
         raise SystemExit(1)
     gh = rt.github.installation(record.installation_id)
-    config = repo_config.parse(gh.file(repo, repo_config.CONFIG_PATH))
+    config = repo_config.parse(
+        gh.file(repo, repo_config.CONFIG_PATH), repo_config.Ceilings.of(settings)
+    )
     result = start_loop(rt, repo, n, record.installation_id, "cli", config, restart=True)
     click.echo(f"{repo}#{n}: {result}")
     if result not in ("restarted", "started"):

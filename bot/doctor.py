@@ -72,11 +72,26 @@ def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
     checks.append(_github(settings))
     checks.append(_model(settings))
     checks.append(_data_dir(settings))
+    checks.append(ceilings_check(settings))
     checks.append(_worker_user(settings))
     checks.append(_sandbox(settings))
     checks.append(_cgroups())
     checks.append(_egress())
     return checks
+
+
+def ceilings_check(settings: Settings) -> Check:
+    """What any repository's loop.yml may ask for at most; shown so the operator knows."""
+    return Check(
+        "ceilings",
+        True,
+        f"a loop.yml may ask for at most ${settings.max_cost_usd:g} "
+        f"(LOOPBOT_MAX_COST_USD), {settings.max_turns} turns (LOOPBOT_MAX_TURNS), "
+        f"{settings.max_tool_budget} tool calls a turn (LOOPBOT_MAX_TOOL_BUDGET), "
+        f"{settings.max_wall_hours:g} h (LOOPBOT_MAX_WALL_HOURS), "
+        f"{settings.max_wait_checks_minutes} min waiting for checks "
+        "(LOOPBOT_MAX_WAIT_CHECKS_MINUTES); more is lowered to these",
+    )
 
 
 def _cgroups() -> Check:

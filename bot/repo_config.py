@@ -6,11 +6,16 @@ otherwise run a loop with a limit the maintainer did not choose.
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+if TYPE_CHECKING:
+    from bot.settings import Settings
 
 CONFIG_PATH = ".github/loop.yml"
 STEP_CAP = 200  # the harness's own ceiling, whatever a repository asks for
@@ -68,6 +73,12 @@ class SandboxConfig(_Strict):
         return hosts
 
 
+class LimitsConfig(_Strict):
+    # Wall-clock hours a loop may run, counted from its start or its last restart;
+    # unset means the operator's ceiling (LOOPBOT_MAX_WALL_HOURS).
+    max_hours: float | None = Field(None, gt=0)
+
+
 class RepoConfig(_Strict):
     verify: str = Field(min_length=1)
     setup: str | None = None
@@ -79,6 +90,7 @@ class RepoConfig(_Strict):
     merge: MergeConfig = MergeConfig()
     labels: LabelsConfig = LabelsConfig()
     sandbox: SandboxConfig = SandboxConfig()
+    limits: LimitsConfig = LimitsConfig()
 
     @property
     def step_cap(self) -> int:
@@ -95,8 +107,115 @@ class ConfigError(Exception):
 
 DEFAULT_LABELS = LabelsConfig()
 
+# -- operator ceilings ---------------------------------------------------------------------------
 
-def parse(text: str | None) -> RepoConfig:
+ALWAYS_PROTECTED = ".github/**"
+CLAMPED_COMMENT_KEY = "config-clamped"
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The most any ``loop.yml`` may ask for; the operator sets them (``LOOPBOT_MAX_*``)."""
+
+    max_cost_usd: float = 25.0
+    max_turns: int = 50
+    tool_budget: int = 1000
+    wait_checks_minutes: int = 240
+    max_hours: float = 12.0
+
+    @classmethod
+    def of(cls, settings: Settings) -> Ceilings:
+        return cls(
+            max_cost_usd=settings.max_cost_usd,
+            max_turns=settings.max_turns,
+            tool_budget=settings.max_tool_budget,
+            wait_checks_minutes=settings.max_wait_checks_minutes,
+            max_hours=settings.max_wall_hours,
+        )
+
+
+DEFAULT_CEILINGS = Ceilings()
+
+# (key in loop.yml, ceiling attribute, the operator's variable)
+_CAPS: tuple[tuple[str, str, str], ...] = (
+    ("max_cost_usd", "max_cost_usd", "LOOPBOT_MAX_COST_USD"),
+    ("max_turns", "max_turns", "LOOPBOT_MAX_TURNS"),
+    ("tool_budget", "tool_budget", "LOOPBOT_MAX_TOOL_BUDGET"),
+    ("merge.wait_checks_minutes", "wait_checks_minutes", "LOOPBOT_MAX_WAIT_CHECKS_MINUTES"),
+    ("limits.max_hours", "max_hours", "LOOPBOT_MAX_WALL_HOURS"),
+)
+
+
+def _num(v: float) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def clamp(config: RepoConfig, ceilings: Ceilings) -> tuple[RepoConfig, list[str]]:
+    """``config`` within ``ceilings``, and one sentence per key that was changed.
+
+    A value above its ceiling is lowered to it; ``merge.protected_paths`` always holds
+    ``.github/**``, whatever the file says. Values within the ceilings are untouched.
+    """
+    data = config.model_dump()
+    notes: list[str] = []
+    for key, attr, env in _CAPS:
+        *parents, leaf = key.split(".")
+        node = data
+        for p in parents:
+            node = node[p]
+        asked = node[leaf]
+        cap = getattr(ceilings, attr)
+        if asked is None or asked <= cap:
+            continue
+        node[leaf] = cap
+        notes.append(
+            f"`{key}`: {_num(asked)} asked, lowered to {_num(cap)} "
+            f"(the operator's ceiling, `{env}`)"
+        )
+    protected = tuple(data["merge"]["protected_paths"])
+    if ALWAYS_PROTECTED not in protected:
+        data["merge"]["protected_paths"] = (ALWAYS_PROTECTED, *protected)
+        notes.append(
+            f"`merge.protected_paths`: `{ALWAYS_PROTECTED}` added; loopbot never merges "
+            "changes to `.github/` on its own, whatever the file says"
+        )
+    if not notes:
+        return config, []
+    return RepoConfig.model_validate(data), notes
+
+
+def wall_hours(config: RepoConfig, ceilings: Ceilings) -> float:
+    """The wall-clock hours a loop may run: ``limits.max_hours`` within the ceiling."""
+    asked = config.limits.max_hours
+    return min(asked if asked is not None else math.inf, ceilings.max_hours)
+
+
+def clamped_comment(notes: list[str]) -> str:
+    """The issue comment naming what the operator's ceilings changed."""
+    lines = "\n".join(f"- {n}" for n in notes)
+    return (
+        f"`{CONFIG_PATH}` asks for more than this loopbot installation allows, so "
+        f"the loop runs with these values instead:\n\n{lines}\n\n"
+        "The operator who runs loopbot sets these ceilings; a repository can ask for "
+        "less, not more."
+    )
+
+
+def parse(text: str | None, ceilings: Ceilings | None = None) -> RepoConfig:
+    """The validated file, clamped to ``ceilings`` (default: the default ceilings).
+
+    Every reader gets clamped values: a caller without the operator's settings still
+    never sees more than the defaults allow.
+    """
+    return load(text, ceilings or DEFAULT_CEILINGS)[0]
+
+
+def load(text: str | None, ceilings: Ceilings) -> tuple[RepoConfig, list[str]]:
+    """The validated file within ``ceilings``, and a sentence per key that was lowered."""
+    return clamp(_validate(text), ceilings)
+
+
+def _validate(text: str | None) -> RepoConfig:
     if text is None:
         raise ConfigError([f"{CONFIG_PATH} is missing; it needs at least a `verify` command"])
     try:

@@ -75,7 +75,7 @@ def _label_added(rt: Runtime, gh: Installation, cmd: LabelAdded) -> str:
     if not gh.can_write(cmd.repo, cmd.actor):
         return f"{cmd.actor} cannot write to {cmd.repo}: ignored"
     try:
-        config = repo_config.parse(text)
+        config = repo_config.parse(text, repo_config.Ceilings.of(rt.settings))
     except repo_config.ConfigError as exc:
         gh.upsert_comment(
             cmd.repo, cmd.issue, "config-error", messages.config_error(exc.problems, cmd.actor)
@@ -214,7 +214,7 @@ def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
         return result
     text = gh.file(cmd.repo, repo_config.CONFIG_PATH)
     try:
-        config = repo_config.parse(text)
+        config = repo_config.parse(text, repo_config.Ceilings.of(rt.settings))
     except repo_config.ConfigError as exc:
         gh.upsert_comment(
             cmd.repo, cmd.issue, reply_key, messages.config_error(exc.problems, cmd.actor)
@@ -307,7 +307,9 @@ def _feedback(rt: Runtime, gh: Installation, cmd: PullFeedback) -> str:
     rt.store.event(key, "human_feedback", actor=cmd.actor, pull=cmd.pull)
     if record.active and rt.store.lease_holder(key):
         return "queued for the running loop"
-    cfg = repo_config.parse(gh.file(cmd.repo, repo_config.CONFIG_PATH))
+    cfg = repo_config.parse(
+        gh.file(cmd.repo, repo_config.CONFIG_PATH), repo_config.Ceilings.of(rt.settings)
+    )
     return start_loop(
         rt,
         cmd.repo,

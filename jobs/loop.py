@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -136,8 +137,11 @@ class LoopRunner:
         self._set(status=Status.RUNNING, phase="preparing")
         self.store.event(self.key, "loop_started", worker=self.lease.owner)
         repo_info = gh.repo(self.repo)
+        ceilings = repo_config.Ceilings.of(self.rt.settings)
         try:
-            config = repo_config.parse(gh.file(self.repo, repo_config.CONFIG_PATH))
+            config, clamped = repo_config.load(
+                gh.file(self.repo, repo_config.CONFIG_PATH), ceilings
+            )
         except repo_config.ConfigError as exc:
             gh.upsert_comment(
                 self.repo,
@@ -147,6 +151,17 @@ class LoopRunner:
             )
             return self._finish(Status.FAILED, Reason.BAD_CONFIG, "; ".join(exc.problems))
         self.config = config
+        if clamped:
+            # Edited in place, never repeated: the same key on every run.
+            gh.upsert_comment(
+                self.repo,
+                self.issue_number,
+                repo_config.CLAMPED_COMMENT_KEY,
+                repo_config.clamped_comment(clamped),
+            )
+            self.store.event(self.key, "config_clamped", notes=clamped)
+        self.max_hours = repo_config.wall_hours(config, ceilings)
+        self.since = self._wall_clock_start(record)
         self._set(max_turns=config.max_turns, verify_command=config.verify)
         self._status_comment()
 
@@ -215,6 +230,8 @@ class LoopRunner:
                 issue_open=issue.open,
                 has_label=self.config.labels.ready in issue.labels,
                 cancel=self.store.cancel_requested(self.key),
+                elapsed_hours=(time.time() - self.since) / 3600,
+                max_hours=self.max_hours,
             )
             if isinstance(step, transitions.Stop):
                 return self._finish(step.status, step.reason, step.detail)
@@ -302,6 +319,19 @@ class LoopRunner:
                 return self._open_pull(base, outcome)
             failure = after.failure
             self._status_comment()
+
+    def _wall_clock_start(self, record: LoopRecord) -> float:
+        """When the wall-clock budget started: the loop's creation or its last restart by a
+        person. A worker that died and was resumed does not reset it."""
+        since, after = record.created_at, "-"
+        while True:
+            events = self.store.events(self.key, after=after)
+            for e in events:
+                if e.get("kind") == "loop_restarted":
+                    since = max(since, float(e.get("at", since)))
+            if len(events) < 1000:
+                return since
+            after = events[-1]["id"]
 
     def _over_limit(self, detail: str) -> str:
         """Stop for a resource limit, dropping what was not committed: committing it would

@@ -5,6 +5,7 @@ The loop job (``jobs.loop``) does the I/O and asks these what to do.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from bot.loopstate import Reason, Status
@@ -33,7 +34,14 @@ class Continue:
 
 
 def before_turn(
-    *, turn: int, max_turns: int, issue_open: bool, has_label: bool, cancel: str | None
+    *,
+    turn: int,
+    max_turns: int,
+    issue_open: bool,
+    has_label: bool,
+    cancel: str | None,
+    elapsed_hours: float = 0.0,
+    max_hours: float = math.inf,
 ) -> RunTurn | Stop:
     if cancel:
         reason = Reason.ISSUE_INACTIVE if cancel == Reason.ISSUE_INACTIVE else Reason.CANCELLED
@@ -44,6 +52,12 @@ def before_turn(
         return Stop(Status.CANCELLED, Reason.ISSUE_INACTIVE, "the ready label was removed")
     if turn >= max_turns:
         return Stop(Status.FAILED, Reason.MAX_TURNS, f"{turn} turns without passing verify")
+    if elapsed_hours >= max_hours:
+        return Stop(
+            Status.FAILED,
+            Reason.BUDGET,
+            f"wall-clock budget: {elapsed_hours:.1f} h of {max_hours:g} h used",
+        )
     return RunTurn(turn + 1)
 
 
