@@ -35,6 +35,7 @@ class Reason(StrEnum):
     ERRORS = "error_max_retries"
     CRITIC_ROUNDS = "critic_rounds_exhausted"
     CRITIC_ERROR = "critic_error"
+    GATE_ERROR = "gate_error"
     CHECKS_FAILED = "checks_failed"
     CHECKS_TIMEOUT = "checks_timeout"
     NOT_MERGEABLE = "not_mergeable"

@@ -9,12 +9,14 @@ carries a hidden marker naming the sha, looked for before posting.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from pydantic import ValidationError
 
 from bot import repo_config
 from bot.diffmap import changed_line_count
+from bot.failures import GitHubError
 from bot.github import Installation
 from bot.logs import get_logger
 from bot.loopstate import LoopRecord, Reason, Status
@@ -22,6 +24,7 @@ from bot.queues import enqueue_gate
 from bot.store import Store
 from jobs import messages
 from jobs.dispatch import enqueue_loop
+from jobs.gate import transient
 from jobs.pricing import usage_from
 from jobs.review import (
     CodeAgain,
@@ -41,6 +44,10 @@ log = get_logger("loopbot.critic")
 CHECK_NAME = "loopbot/critic"
 MAX_DIFF_CHARS = 150_000
 ATTEMPTS = 2
+# A review that fails (GitHub or the model down past their clients' own retries) is run
+# again from the start after these pauses; then the loop ends with ``critic_error``.
+ERROR_ATTEMPTS = 3
+ERROR_BACKOFF = (30.0, 120.0)
 
 SYSTEM = """\
 You review pull requests written by an autonomous coding agent, as a careful senior
@@ -63,15 +70,75 @@ class Critic:
         self.store: Store = rt.store
 
     def run(self) -> str:
+        """Review and act; never leave the loop in ``reviewing`` when the review fails for
+        good. A retry is safe: the review is posted once per sha (its marker)."""
+        for attempt in range(ERROR_ATTEMPTS):
+            try:
+                return self._run_once()
+            except Exception as exc:  # noqa: BLE001 - any failure must end the loop, not strand it
+                error = f"{type(exc).__name__}: {exc}"[:300]
+                again = transient(exc) and attempt + 1 < ERROR_ATTEMPTS
+                log.warning("critic.error", loop=self.key, attempt=attempt + 1, error=error)
+                self.store.event(
+                    self.key, "critic_error", attempt=attempt + 1, error=error, retry=again
+                )
+                if not again:
+                    return self._give_up(error, attempt + 1)
+                time.sleep(ERROR_BACKOFF[min(attempt, len(ERROR_BACKOFF) - 1)])
+        raise AssertionError("unreachable")
+
+    def _give_up(self, error: str, attempts: int) -> str:
+        record = self.store.get(self.key)
+        if record is None or record.status != Status.REVIEWING:
+            return f"critic error after the loop moved on: {error}"
+        detail = messages.gave_up("review", error, attempts)
+
+        def apply(r: LoopRecord) -> None:
+            if r.status == Status.REVIEWING:
+                r.status, r.reason, r.detail = Status.FAILED, Reason.CRITIC_ERROR.value, detail
+                r.phase = Status.FAILED.value
+
+        updated = self.store.update(self.key, apply)
+        if updated.reason != Reason.CRITIC_ERROR.value:
+            return f"critic error after the loop moved on: {error}"
+        self.store.event(
+            self.key, "loop_finished", status="failed", reason="critic_error", detail=detail
+        )
+        try:  # best effort: GitHub may be what is failing; the record says it all already
+            gh = self.rt.github.installation(record.installation_id)
+            gh.upsert_comment(self.repo, self.issue, "status", messages.status_comment(updated))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("critic.comment_failed", loop=self.key, error=str(exc)[:300])
+        return "failed: critic_error"
+
+    def _run_once(self) -> str:
         record = self.store.get(self.key)
         if record is None or record.status != Status.REVIEWING or record.pr_number is None:
             return "nothing to review"
         gh = self.rt.github.installation(record.installation_id)
-        config = repo_config.parse(gh.file(self.repo, repo_config.CONFIG_PATH))
+        config = repo_config.parse(
+            gh.file(self.repo, repo_config.CONFIG_PATH), repo_config.Ceilings.of(self.rt.settings)
+        )
         pull = gh.pull(self.repo, record.pr_number)
         sha = pull.head_sha
         issue = gh.issue(self.repo, self.issue)
-        diff = gh.pull_diff(self.repo, pull.number)
+        try:
+            diff = gh.pull_diff(self.repo, pull.number)
+        except GitHubError as exc:
+            if exc.status != 406:
+                raise
+            # GitHub answers 406 when the diff passes 300 files, 20,000 lines or 1 MB: far
+            # past what the critic reads whole (MAX_DIFF_CHARS), so a person reviews it.
+            self.store.event(self.key, "diff_too_large", sha=sha, error=str(exc)[:300])
+            gh.add_labels(self.repo, self.issue, [config.labels.needs_human])
+            return self._finish(
+                gh,
+                Status.REFUSED,
+                Reason.NEEDS_HUMAN,
+                "the pull request's diff is too large for GitHub to return (over 300 files, "
+                "20,000 lines or 1 MB), so loopbot cannot review it: a person must review "
+                "and merge it",
+            )
         round_ = record.critic_round + 1
         self.store.event(self.key, "review_started", sha=sha, round=round_)
         gh.upsert_check_run(

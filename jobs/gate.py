@@ -6,7 +6,11 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Literal
 
+import anthropic
+
+from bot.failures import GitHubError, Unavailable
 from bot.loopstate import Reason
+from jobs.messages import code_span
 
 OWN_CHECKS = frozenset({"loopbot", "loopbot/critic"})
 
@@ -30,6 +34,7 @@ class Facts:
     waited_seconds: float
     max_wait_seconds: float
     protected_changes: tuple[str, ...] = ()
+    ready_label: bool = True  # the issue still carries the ready label
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,12 @@ def decide(f: Facts) -> Decision:
         return AlreadyMerged()
     if not f.issue_open:
         return Refuse(Reason.ISSUE_CLOSED, "the issue was closed while the loop ran")
+    if not f.ready_label:
+        # Re-read now: the unlabeled webhook may have been lost, and it is the label that
+        # allows loopbot to act on the issue at all.
+        return Refuse(
+            Reason.ISSUE_INACTIVE, "the ready label was removed from the issue while the loop ran"
+        )
     if not f.pr_open:
         return Refuse(Reason.PULL_CLOSED, "the pull request was closed")
     if f.open_sev1:
@@ -87,7 +98,7 @@ def decide(f: Facts) -> Decision:
             f"{f.reviewed_sha[:10] or 'nothing'}"
         )
     if f.protected_changes:
-        shown = ", ".join(f"`{p}`" for p in f.protected_changes[:5])
+        shown = ", ".join(code_span(p) for p in f.protected_changes[:5])
         more = len(f.protected_changes) - 5
         return Refuse(
             Reason.NEEDS_HUMAN,
@@ -174,3 +185,13 @@ def protected_changes(paths: list[str], patterns: tuple[str, ...]) -> tuple[str,
                 hits.append(path)
                 break
     return tuple(sorted(set(hits)))
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether trying again later may succeed: GitHub or the model down, slow or rate
+    limiting (after the client's own retries). Anything else fails the same way again."""
+    if isinstance(exc, GitHubError):
+        return isinstance(exc, Unavailable) or exc.status == 0 or exc.status >= 500
+    if isinstance(exc, anthropic.APIStatusError):
+        return exc.status_code >= 500 or exc.status_code in (408, 429)
+    return isinstance(exc, anthropic.APIConnectionError)

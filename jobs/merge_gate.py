@@ -29,11 +29,16 @@ from jobs.gate import (
     decide,
     protected_changes,
     summarize_checks,
+    transient,
 )
 from jobs.runtime import Runtime, current, instrumented
 
 log = get_logger("loopbot.gate")
 RECHECK_SECONDS = 60
+# A gate run that fails (GitHub down past the client's own retries) is run again from the
+# start, re-reading everything, after these pauses; then the loop ends with ``gate_error``.
+ERROR_ATTEMPTS = 3
+ERROR_BACKOFF = (15.0, 60.0)
 
 
 @instrumented("gate")
@@ -69,13 +74,64 @@ class Gate:
         self.store = rt.store
 
     def run(self) -> str:
+        """Decide and act; never leave the loop in ``merging`` when the run fails for good.
+
+        Every attempt re-reads the issue and the pull request, so one after a merge whose
+        answer was lost finds the pull request merged and completes the loop.
+        """
+        for attempt in range(ERROR_ATTEMPTS):
+            try:
+                return self._run_once()
+            except Exception as exc:  # noqa: BLE001 - any failure must end the loop, not strand it
+                error = f"{type(exc).__name__}: {exc}"[:300]
+                again = transient(exc) and attempt + 1 < ERROR_ATTEMPTS
+                log.warning("gate.error", loop=self.key, attempt=attempt + 1, error=error)
+                self.store.event(
+                    self.key, "gate_error", attempt=attempt + 1, error=error, retry=again
+                )
+                if not again:
+                    return self._give_up(error, attempt + 1)
+                time.sleep(ERROR_BACKOFF[min(attempt, len(ERROR_BACKOFF) - 1)])
+        raise AssertionError("unreachable")
+
+    def _give_up(self, error: str, attempts: int) -> str:
+        detail = messages.gave_up("merge gate", error, attempts)
+        with self.store.lock(f"gate:{self.key}", timeout=120):
+            record = self.store.get(self.key)
+            if record is None or record.status != Status.MERGING:
+                return f"gate error after the loop moved on: {error}"
+            updated = self._set(
+                status=Status.FAILED, reason=Reason.GATE_ERROR.value, phase="failed", detail=detail
+            )
+            self.store.event(
+                self.key, "loop_finished", status="failed", reason="gate_error", detail=detail
+            )
+        try:  # best effort: GitHub may be what is failing; the record says it all already
+            gh = self.rt.github.installation(record.installation_id)
+            if record.pr_number is not None:
+                gh.upsert_comment(
+                    self.repo,
+                    record.pr_number,
+                    "gate-error",
+                    f"⚠️ loopbot stopped trying to merge this pull request: "
+                    f"{messages.safe_text(detail)}.",
+                )
+            gh.upsert_comment(self.repo, self.issue, "status", messages.status_comment(updated))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("gate.comment_failed", loop=self.key, error=str(exc)[:300])
+        return "failed: gate_error"
+
+    def _run_once(self) -> str:
         store = self.store
         with store.lock(f"gate:{self.key}", timeout=120):
             record = store.get(self.key)
             if record is None or record.status != Status.MERGING or record.pr_number is None:
                 return "not waiting to merge"
             gh = self.rt.github.installation(record.installation_id)
-            config = repo_config.parse(gh.file(self.repo, repo_config.CONFIG_PATH))
+            config = repo_config.parse(
+                gh.file(self.repo, repo_config.CONFIG_PATH),
+                repo_config.Ceilings.of(self.rt.settings),
+            )
             issue = gh.issue(self.repo, self.issue)
             pull = gh.pull(self.repo, record.pr_number)
             runs = [
@@ -113,6 +169,7 @@ class Gate:
                 waited_seconds=now - since,
                 max_wait_seconds=config.merge.wait_checks_minutes * 60,
                 protected_changes=protected,
+                ready_label=config.labels.ready in issue.labels,
             )
             decision = decide(facts)
             store.event(
@@ -184,7 +241,7 @@ class Gate:
                 record.pr_number,
                 sha,
                 "squash",
-                f"{title} (#{record.pr_number})",
+                messages.squash_title(title, record.pr_number),
                 messages.merge_message(record, sha),
             )
         except Conflict as exc:

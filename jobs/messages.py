@@ -114,9 +114,10 @@ def code_block(text: str) -> str:
 
 
 # GitHub closes the issues that a merged pull request's body or a default-branch commit
-# message names after one of these words.
+# message names after one of these words: ``#N``, ``owner/repo#N`` or an issue's URL.
 _CLOSING = re.compile(
-    r"(?i)\b(close[sd]?|fix(?:e[sd])?|resolve[sd]?)(\s*:?\s+)((?:[\w.-]+/[\w.-]+)?#\d+)"
+    r"(?i)\b(close[sd]?|fix(?:e[sd])?|resolve[sd]?)(\s*:?\s+)"
+    r"((?:[\w.-]+/[\w.-]+)?#\d+|https?://[^\s/]+/[\w.-]+/[\w.-]+/(?:issues|pull)/\d+\b)"
 )
 
 
@@ -136,12 +137,65 @@ def merge_message(r: LoopRecord, sha: str) -> str:
     )
 
 
-# @user and @org/team notify people; a word character or a backtick before the @ (an
-# e-mail address, a code span) is not a mention.
-_MENTION = re.compile(r"(?<![\w`])@([A-Za-z0-9][A-Za-z0-9-]{0,38}(?:/[\w.-]+)?)")
+# @user and @org/team notify people; a word character before the @ (an e-mail address)
+# makes it no mention. Inside a code span nothing is a mention or a reference.
+_MENTION = re.compile(r"(?<!\w)@([A-Za-z0-9][A-Za-z0-9-]{0,38}(?:/[\w.-]+)?)")
+_TICKS = re.compile(r"(?<!\\)`+")
+
+
+def _code_spans(text: str) -> list[tuple[bool, str]]:
+    """``text`` cut into (is_code, piece): a run of N backticks opens a code span only if
+    a later run of exactly N closes it (CommonMark); an unclosed backtick is plain text."""
+    pieces: list[tuple[bool, str]] = []
+    start = search = 0
+    while (opening := _TICKS.search(text, search)) is not None:
+        width = len(opening.group())
+        closing = next(
+            (c for c in _TICKS.finditer(text, opening.end()) if len(c.group()) == width), None
+        )
+        if closing is None:
+            search = opening.end()
+            continue
+        pieces.append((False, text[start : opening.start()]))
+        pieces.append((True, text[opening.start() : closing.end()]))
+        start = search = closing.end()
+    pieces.append((False, text[start:]))
+    return pieces
+
+
+def _defuse_plain(text: str) -> str:
+    # A stray backtick is escaped first, so it cannot pair with the code spans added here
+    # and turn the text between them back into live text.
+    text = re.sub(r"(?<!\\)`", r"\`", text)
+    return _MENTION.sub(lambda m: f"`@{m.group(1)}`", defuse_references(text))
 
 
 def safe_text(text: str) -> str:
-    """Model-written text (the agent's summary, the critic's findings) made safe to post:
-    it neither closes issues nor pings people, whatever an issue talked the model into."""
-    return _MENTION.sub(lambda m: f"`@{m.group(1)}`", defuse_references(text))
+    """Model-written text (the agent's summary, the critic's findings), an issue title, a
+    file name, made safe to post: it neither closes issues nor pings people, whatever an
+    issue talked the model into. Code spans are kept as they are."""
+    return "".join(piece if code else _defuse_plain(piece) for code, piece in _code_spans(text))
+
+
+def code_span(text: str) -> str:
+    """``text`` shown literally in one code span, whatever backticks it holds (a file
+    name such as ``.github/`@acme/team`.md``): nothing in it links, closes or pings."""
+    text = " ".join(text.splitlines())
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def squash_title(title: str, pr_number: int) -> str:
+    """The squash commit's title: loopbot's words around the issue title, defused."""
+    return f"loop: {safe_text(' '.join(title.split()))} (#{pr_number})"
+
+
+def gave_up(what: str, error: str, attempts: int) -> str:
+    """The detail of a loop that ended because a job kept failing: what to do now."""
+    return (
+        f"the {what} failed {attempts} time(s) and loopbot stopped trying: {error}. "
+        "Nothing was merged. Comment `/loop-restart` to try again once this is fixed, "
+        "or review and merge the pull request yourself"
+    )

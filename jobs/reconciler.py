@@ -9,6 +9,9 @@ starts, so starting a process changes no loop.
   most ``max_auto_resumes`` times; after that it is ``stalled``.
 - **Handovers.** A loop whose worker shut down cleanly (see ``jobs.drain``) is resumed
   at once, and not counted as a lost worker.
+- **Stranded reviews and merges.** A loop in ``reviewing`` or ``merging`` whose critic or
+  gate job is gone (lost enqueue, deleted, killed past its retries) gets its job again, at
+  most ``max_auto_resumes`` times; after that it ends with ``critic_error``/``gate_error``.
 - **Sweep.** GitHub never redelivers a failed webhook. Each installation's open issues
   with the ready label and no loop are started, if the person who added the label can
   write to the repository.
@@ -22,13 +25,23 @@ import threading
 import time
 
 from rq.job import JobStatus
+from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
 from bot import repo_config
 from bot.commands import loop_job_id
 from bot.failures import GitHubError
 from bot.logs import get_logger
 from bot.loopstate import LoopRecord, Reason, Status
-from bot.queues import fetch_job
+from bot.queues import (
+    CRITIC_JOB,
+    GATE_JOB,
+    LOOP_QUEUE,
+    enqueue_critic,
+    enqueue_gate,
+    fetch_job,
+    loop_queue,
+)
+from jobs import messages
 from jobs.dispatch import enqueue_loop, start_loop
 from jobs.drain import HANDOFF_PHASE
 from jobs.runtime import Runtime
@@ -37,6 +50,8 @@ from jobs.worktree import Worktrees
 log = get_logger("loopbot.reconciler")
 # A queued loop whose job nobody has taken for this long is looked at too (a lost enqueue).
 QUEUED_GRACE_SECONDS = 120
+# A reviewing or merging loop whose job is gone is looked at after this long unchanged.
+STRANDED_GRACE_SECONDS = 300
 
 
 def _job_state(rt: Runtime, record: LoopRecord) -> JobStatus | None:
@@ -123,6 +138,88 @@ def _stall(rt: Runtime, record: LoopRecord) -> None:
     rt.store.event(record.key, "loop_finished", status="stalled", reason="stall_timeout")
 
 
+def _pending_jobs(rt: Runtime) -> set[tuple[str, str, int]]:
+    """(function, repo, issue) of every critic and gate job queued, running, scheduled
+    (the gate's timer, an RQ retry) or deferred on the loop queue."""
+    queue = loop_queue(rt.redis)
+    ids = set(queue.get_job_ids())
+    for registry in (StartedJobRegistry, ScheduledJobRegistry, DeferredJobRegistry):
+        ids.update(registry(LOOP_QUEUE, connection=rt.redis).get_job_ids())
+    found = set()
+    for job_id in ids:
+        try:
+            job = fetch_job(job_id, rt.redis)
+            name, args = job.func_name, job.args
+        except Exception:  # noqa: BLE001 - gone meanwhile, or not ours: not a pending job
+            continue
+        if name in (CRITIC_JOB, GATE_JOB) and len(args) == 2:
+            found.add((str(name), str(args[0]), int(args[1])))
+    return found
+
+
+def revive_stranded(rt: Runtime) -> list[str]:
+    """Give a reviewing or merging loop whose job is gone its job again, or end it."""
+    store = rt.store
+    now = time.time()
+    wanted = {Status.REVIEWING.value, Status.MERGING.value}
+    candidates = [
+        s["key"]
+        for s in store.summaries()
+        if s["status"] in wanted and now - float(s["updated_at"]) >= STRANDED_GRACE_SECONDS
+    ]
+    if not candidates:
+        return []
+    pending = _pending_jobs(rt)
+    acted = []
+    for key in candidates:
+        record = store.get(key)
+        if record is None or record.status not in (Status.REVIEWING, Status.MERGING):
+            continue
+        reviewing = record.status == Status.REVIEWING
+        func = CRITIC_JOB if reviewing else GATE_JOB
+        if (func, record.repo, record.issue) in pending:
+            continue
+        with store.lock(f"gate:{key}", timeout=120):
+            fresh = store.get(key)
+            if fresh is None or fresh.status != record.status:
+                continue
+            if fresh.auto_resumes >= rt.settings.max_auto_resumes:
+                _end_stranded(rt, fresh)
+                acted.append(key)
+                continue
+            store.update(key, _count_resume)
+            store.event(key, "job_requeued", job="critic" if reviewing else "gate")
+            if reviewing:
+                enqueue_critic(rt.redis, record.repo, record.issue)
+            else:
+                enqueue_gate(rt.redis, record.repo, record.issue)
+            log.warning("reconciler.requeued", loop=key, status=record.status.value)
+            acted.append(key)
+    return acted
+
+
+def _count_resume(r: LoopRecord) -> None:
+    r.auto_resumes += 1
+
+
+def _end_stranded(rt: Runtime, record: LoopRecord) -> None:
+    reviewing = record.status == Status.REVIEWING
+    reason = Reason.CRITIC_ERROR if reviewing else Reason.GATE_ERROR
+    what = "review" if reviewing else "merge gate"
+    detail = messages.gave_up(what, "its job was lost each time", record.auto_resumes + 1)
+
+    def apply(r: LoopRecord) -> None:
+        r.status, r.reason, r.phase, r.detail = Status.FAILED, reason.value, "failed", detail
+
+    updated = rt.store.update(record.key, apply)
+    rt.store.event(record.key, "loop_finished", status="failed", reason=reason.value, detail=detail)
+    try:
+        gh = rt.github.installation(record.installation_id)
+        gh.upsert_comment(record.repo, record.issue, "status", messages.status_comment(updated))
+    except Exception as exc:  # noqa: BLE001 - the record is terminal whatever GitHub says
+        log.warning("reconciler.comment_failed", loop=record.key, error=str(exc)[:300])
+
+
 def sweep(rt: Runtime) -> list[str]:
     """Start loops for labelled issues whose webhook never arrived."""
     started = []
@@ -141,7 +238,7 @@ def sweep(rt: Runtime) -> list[str]:
                     actor = gh.last_labeler(repo, issue.number, label)
                     if actor is None or not gh.can_write(repo, actor):
                         continue
-                    config = repo_config.parse(text)
+                    config = repo_config.parse(text, repo_config.Ceilings.of(rt.settings))
                     result = start_loop(rt, repo, issue.number, iid, actor, config)
                     rt.store.event(key, "swept", actor=actor, result=result)
                     started.append(key)
@@ -188,6 +285,7 @@ class Reconciler(threading.Thread):
         ):
             return
         resume_lapsed(self.rt)
+        revive_stranded(self.rt)
         if time.time() - self._last_sweep >= self.rt.settings.sweep_interval:
             self._last_sweep = time.time()
             sweep(self.rt)

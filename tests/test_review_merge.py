@@ -94,7 +94,7 @@ def test_clean_report_reviews_inline_and_squash_merges(
     assert critic_runs[-1]["conclusion"] == "success"
     assert critic_runs[-1]["output"]["annotations"][0]["annotation_level"] == "notice"
     # A real squash merge: one new commit on main, with the fix; branch deleted; issue closed.
-    assert main_log(github)[0] == f"add() subtracts (#{r.pr_number})"
+    assert main_log(github)[0] == f"loop: add() subtracts (#{r.pr_number})"
     assert "return a + b" in github.file_at(REPO, "main", "calc.py")  # type: ignore[operator]
     assert github.ref(REPO, "loop/issue-1") is None
     assert repo.issues[1].state == "closed"

@@ -58,6 +58,7 @@ class Fault:
     delay: float = 0.0
     after: bool = False  # apply the request, then answer with the fault
     hits: int = 0
+    accept: str = ""  # only requests whose Accept header contains this (e.g. "diff")
 
 
 @dataclass
@@ -234,6 +235,7 @@ class GitHubServer:
         delay: float = 0.0,
         after: bool = False,
         body: Json | None = None,
+        accept: str = "",
     ) -> Fault:
         """Fail the next ``times`` requests whose path matches the regex ``path``."""
         fault = Fault(
@@ -245,6 +247,7 @@ class GitHubServer:
             body or {"message": "injected fault"},
             delay,
             after,
+            accept=accept,
         )
         with self.lock:
             self.faults.append(fault)
@@ -353,6 +356,9 @@ class GitHubServer:
             "user": issue.user.json(),
             "html_url": f"{self.url}/{repo.full_name}/issues/{issue.number}",
             "comments": sum(1 for c in repo.comments.values() if c["_issue"] == issue.number),
+            # As on GitHub, to the second: two events on one issue within the same second
+            # can have byte-identical payloads.
+            "updated_at": _now(),
         }
         if issue.is_pull:
             d["pull_request"] = {"url": f"{self.url}/repos/{repo.full_name}/pulls/{issue.number}"}
@@ -444,7 +450,9 @@ class GitHubServer:
         def _before() -> Response | None:
             if request.path.startswith("/git/"):
                 return None
-            fault = srv._match_fault(request.method, request.path)
+            fault = srv._match_fault(
+                request.method, request.path, request.headers.get("Accept", "")
+            )
             g.fault = None
             if fault is not None:
                 if fault.delay:
@@ -908,13 +916,10 @@ class GitHubServer:
                 pull.closed_head_sha = head
                 issue.state = "closed"
             # As GitHub does: closing keywords in the PR body and in the commit that lands.
-            for closed in re.findall(
-                r"(?i)\b(?:close[sd]?|fix(?:e[sd])?|resolve[sd]?):? #(\d+)",
-                f"{issue.body}\n{message}",
-            ):
-                target = repo.issues.get(int(closed))
+            for target_repo, closed in srv._closing_references(repo, f"{issue.body}\n{message}"):
+                target = target_repo.issues.get(closed)
                 if target is not None and target.state == "open":
-                    srv._set_state(repo, target, "closed", srv._actor())
+                    srv._set_state(target_repo, target, "closed", srv._actor())
             return jsonify(
                 {"sha": result.sha, "merged": True, "message": "Pull Request successfully merged"}
             )
@@ -1025,17 +1030,37 @@ class GitHubServer:
         if g.auth[0] != kind:
             abort(_error(401, f"{kind} authentication required"))
 
-    def _match_fault(self, method: str, path: str) -> Fault | None:
+    def _match_fault(self, method: str, path: str, accept: str = "") -> Fault | None:
         with self.lock:
             for fault in self.faults:
                 if (
                     fault.hits < fault.times
                     and fault.method in (method, "*")
                     and fault.path.search(path)
+                    and fault.accept in accept
                 ):
                     fault.hits += 1
                     return fault
         return None
+
+    def _closing_references(self, repo: Repo, text: str) -> list[tuple[Repo, int]]:
+        """The issues GitHub closes for ``text`` landing in ``repo``: a closing keyword
+        (close/fix/resolve and their forms, any case, an optional colon) directly before
+        ``#N``, ``owner/repo#N`` or an issue URL, on this server."""
+        found = []
+        for ref in _CLOSING_REF.finditer(text):
+            owner, name, number = ref.group("owner"), ref.group("name"), ref.group("number")
+            if owner is None:
+                owner, name = ref.group("uowner"), ref.group("uname")
+            if owner is None or name is None:
+                target: Repo | None = repo
+            else:
+                target = self.repos.get(f"{owner}/{name}")
+            if number is None:
+                number = ref.group("unumber")
+            if target is not None:
+                found.append((target, int(number)))
+        return found
 
     def _issue(self, repo: Repo, number: int) -> Issue:
         issue = repo.issues.get(number)
@@ -1173,6 +1198,13 @@ class GitHubServer:
             elif key:
                 headers[key.strip()] = value.strip()
         return Response(body, status=status, headers=headers)
+
+
+_CLOSING_REF = re.compile(
+    r"(?i)\b(?:close[sd]?|fix(?:e[sd])?|resolve[sd]?):?\s+"
+    r"(?:(?:(?P<owner>[\w.-]+)/(?P<name>[\w.-]+))?#(?P<number>\d+)"
+    r"|https?://[^\s/]+/(?P<uowner>[\w.-]+)/(?P<uname>[\w.-]+)/issues/(?P<unumber>\d+))\b"
+)
 
 
 def _error(status: int, message: str) -> Response:
