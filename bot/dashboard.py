@@ -1,61 +1,116 @@
 """The dashboard: two pages and the JSON API behind them, protected by a token.
 
 No token configured (``LOOPBOT_DASHBOARD_TOKEN``) means no dashboard: every route
-answers 404, never an open page. With a token, requests carry it as
-``Authorization: Bearer <token>`` or in the cookie set by ``/dashboard/login``.
+answers 404, never an open page. With a token, a request carries either
+``Authorization: Bearer <token>`` (scripts) or a session cookie from signing in with a
+POST to ``/dashboard/login`` (browsers). The token never travels in a URL and never
+sits in a cookie: the cookie holds a random session id, Redis holds only its SHA-256
+with an expiry (``LOOPBOT_DASHBOARD_SESSION_TTL``), and ``/dashboard/logout`` deletes it.
+The cookie is HttpOnly, SameSite=Strict, and Secure whenever the request came over TLS
+(directly, or through a proxy the operator trusts: ``LOOPBOT_TRUSTED_PROXY``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any
 
 from flask import Blueprint, Response, abort, jsonify, make_response, redirect, request
+from redis import Redis
+from werkzeug.wrappers import Response as BaseResponse
 
 from bot.loopstate import SUMMARY_FIELDS, Status
 from bot.settings import Settings
 from bot.store import Store
 
-COOKIE = "loopbot_dashboard"
+COOKIE = "loopbot_session"
+SESSION_PREFIX = "loopbot:dashboard:session:"
 
 
-def blueprint(settings: Settings, store: Store) -> Blueprint:
+def _digest(value: str) -> bytes:
+    return hashlib.sha256(value.encode()).digest()
+
+
+def session_key(session_id: str) -> str:
+    """Redis keeps the hash of a session id: reading Redis does not give a sign-in."""
+    return SESSION_PREFIX + hashlib.sha256(session_id.encode()).hexdigest()
+
+
+def blueprint(settings: Settings, store: Store, redis: Redis) -> Blueprint:
     bp = Blueprint("dashboard", __name__)
     token = settings.dashboard_token.get_secret_value() if settings.dashboard_token else ""
+    token_digest = _digest(token)
+    ttl = settings.dashboard_session_ttl
+
+    def token_ok(given: str) -> bool:
+        # Equal-length digests, compared in constant time: no timing on the token itself.
+        return bool(given) and hmac.compare_digest(_digest(given), token_digest)
+
+    def session_ok() -> bool:
+        sid = request.cookies.get(COOKIE, "")
+        if not sid or len(sid) > 100:
+            return False
+        return bool(redis.exists(session_key(sid)))
 
     def authorized() -> bool:
         header = request.headers.get("Authorization", "")
-        given = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
-        given = given or request.cookies.get(COOKIE, "")
-        return bool(given) and hmac.compare_digest(given.encode(), token.encode())
+        if header.startswith("Bearer "):
+            return token_ok(header.removeprefix("Bearer ").strip())
+        return session_ok()
+
+    def login_page(code: int) -> Response:
+        resp = make_response(LOGIN_PAGE, code)
+        resp.headers["Cache-Control"] = "no-store"
+        return resp
 
     @bp.before_request
     def guard() -> Response | tuple[Response, int] | None:
         if not token:
             abort(404)
-        if request.endpoint in ("dashboard.login", "dashboard.style") or authorized():
+        if request.endpoint in ("dashboard.login", "dashboard.logout", "dashboard.style"):
+            return None
+        if authorized():
             return None
         if request.path.startswith("/api/"):
-            return jsonify({"error": "unauthorized: send Authorization: Bearer <token>"}), 401
-        return make_response(LOGIN_PAGE, 401)
+            return jsonify({"error": "unauthorized: sign in or send Authorization: Bearer"}), 401
+        return login_page(401)
 
-    @bp.route("/dashboard/login", methods=["GET", "POST"])
-    def login() -> Any:
-        given = request.values.get("token", "")
-        if not given or not hmac.compare_digest(given.encode(), token.encode()):
-            return make_response(LOGIN_PAGE, 401)
-        resp = redirect("/dashboard")
+    @bp.get("/dashboard/login")
+    def login_form() -> Response:
+        # Never signs in: a token in a URL ends up in proxy logs and browser history.
+        return login_page(200)
+
+    @bp.post("/dashboard/login")
+    def login() -> BaseResponse:
+        if not token_ok(request.form.get("token", "")):
+            return login_page(401)
+        sid = secrets.token_urlsafe(32)
+        redis.set(session_key(sid), "1", ex=ttl)
+        resp = redirect("/dashboard", code=303)
         resp.set_cookie(
             COOKIE,
-            given,
+            sid,
+            max_age=ttl,
+            path="/",
             httponly=True,
             samesite="Strict",
-            secure=request.is_secure,
-            max_age=7 * 24 * 3600,
+            secure=request.is_secure,  # https, directly or from a trusted proxy
         )
+        resp.headers["Cache-Control"] = "no-store"
+        return resp
+
+    @bp.post("/dashboard/logout")
+    def logout() -> BaseResponse:
+        sid = request.cookies.get(COOKIE, "")
+        if sid and len(sid) <= 100:
+            redis.delete(session_key(sid))
+        resp = redirect("/dashboard/login", code=303)
+        resp.delete_cookie(COOKIE, path="/", httponly=True, samesite="Strict")
         return resp
 
     @bp.get("/dashboard/static/style.css")

@@ -234,7 +234,7 @@ def run_demo(keep: bool = False) -> int:
         click.echo("")
         _line(start, f"main is now at {commit}; issue #{number} is {repo.issues[number].state}")
         _line(start, f"the fix on main: {github.file_at(REPO, 'main', 'calc.py')!r}")
-        click.echo(f"\n  dashboard: http://127.0.0.1:{port}/dashboard/login?token={token}")
+        click.echo(f"\n  dashboard: http://127.0.0.1:{port}/dashboard (sign in with {token})")
         click.echo(
             f"  cost of the scripted model: ${record.cost_usd:.4f} "
             f"({sum(u.messages for u in record.usage.values())} model calls)"

@@ -26,6 +26,7 @@ from redis import Redis
 from rq import Queue, Retry, Worker
 from rq.exceptions import DeserializationError, DuplicateJobError
 from rq.job import Job
+from rq.scripts import UNIQUE_ENQUEUE_SCRIPT, _build_hset_args
 from rq.serializers import JSONSerializer
 
 from bot.commands import Command
@@ -174,7 +175,11 @@ def make_worker(queues: Sequence[str], redis: Redis, cls: type[W]) -> W:
 
 
 class Duplicate(Exception):
-    """This delivery was enqueued before."""
+    """This delivery, or the same body under another delivery id, was enqueued before."""
+
+
+class Replay(Duplicate):
+    """The same signed body as an earlier delivery, under a new delivery id."""
 
 
 def command_job_id(delivery: str) -> str:
@@ -184,31 +189,74 @@ def command_job_id(delivery: str) -> str:
     return "cmd-h" + hashlib.sha256(delivery.encode()).hexdigest()[:40]
 
 
-def enqueue_command(queue: Queue, command: Command) -> str:
-    """Enqueue ``command`` for the dispatcher, once per delivery.
+def body_key(body_sha256: str) -> str:
+    """Which delivery (as its job id) first carried a body with this SHA-256."""
+    return f"loopbot:webhook:body:{body_sha256}"
+
+
+# RQ's own atomic unique enqueue (check the job key, HSET the job, EXPIRE, push), with
+# loopbot's two extra steps in front, in the same script and so the same round trip:
+# the body-hash record (KEYS[3]) and the queue's entry in RQ's set of queues (KEYS[4]).
+# The body record holds the job id of the first delivery that carried the body: the same
+# delivery again (GitHub's redeliver, or a retry after a 503) goes on to RQ's check, and a
+# different delivery id with the same body is a replay (-1). The record lives as long as
+# the dedupe on the delivery id.
+_ENQUEUE_SCRIPT = (
+    f"""
+    local first = redis.call("GET", KEYS[3])
+    if first and first ~= ARGV[1] then
+        return -1
+    end
+    redis.call("SET", KEYS[3], ARGV[1], "EX", {COMMAND_KEEP_SECONDS})
+    redis.call("SADD", KEYS[4], KEYS[2])
+    """
+    + UNIQUE_ENQUEUE_SCRIPT
+)
+
+
+def enqueue_command(queue: Queue, command: Command, body_sha256: str | None = None) -> str:
+    """Enqueue ``command`` for the dispatcher, once per delivery and once per body.
 
     The job id is derived from the delivery id and enqueued with RQ's atomic unique
     enqueue (check, save and push in one Lua script): the dedupe and the enqueue are one
     Redis round trip, and there is no moment where one happened without the other.
+    With ``body_sha256`` (the webhook's raw body) the same script also refuses a body
+    that an earlier delivery carried under another delivery id (``Replay``).
     Raises ``Duplicate`` for a delivery seen before.
     """
     job_id = command_job_id(command.delivery)
-    try:
-        job = queue.enqueue(
-            DISPATCH,
-            command.model_dump_json(),
-            job_id=job_id,
-            unique=True,
-            job_timeout=300,
-            result_ttl=COMMAND_KEEP_SECONDS,
-            failure_ttl=7 * 24 * 3600,
-            # A dispatch job only reads GitHub and enqueues; retrying it is safe, and a
-            # GitHub outage should not drop a maintainer's request.
-            retry=Retry(max=3, interval=[10, 60, 300]),
-            description=f"{command.kind} {command.repo}#{command.issue} by {command.actor}",
-        )
-    except DuplicateJobError:
-        raise Duplicate(command.delivery) from None
+    options: dict[str, Any] = {
+        "job_id": job_id,
+        "result_ttl": COMMAND_KEEP_SECONDS,
+        "failure_ttl": 7 * 24 * 3600,
+        # A dispatch job only reads GitHub and enqueues; retrying it is safe, and a
+        # GitHub outage should not drop a maintainer's request.
+        "retry": Retry(max=3, interval=[10, 60, 300]),
+        "description": f"{command.kind} {command.repo}#{command.issue} by {command.actor}",
+    }
+    if body_sha256 is None:
+        try:
+            job = queue.enqueue(
+                DISPATCH, command.model_dump_json(), job_timeout=300, unique=True, **options
+            )
+        except DuplicateJobError:
+            raise Duplicate(command.delivery) from None
+        return str(job.id)
+    # What Queue.enqueue(..., unique=True) does for a job without dependencies, with
+    # loopbot's script in place of RQ's (see _ENQUEUE_SCRIPT).
+    job = queue.create_job(DISPATCH, args=(command.model_dump_json(),), timeout=300, **options)
+    queue._prepare_for_queue(job)
+    conn = queue.connection
+    script = conn.register_script(_ENQUEUE_SCRIPT)
+    ttl = job.ttl if job.ttl is not None else -1
+    result = script(
+        keys=[job.key, queue.key, body_key(body_sha256), queue.redis_queues_keys],
+        args=[job.id, "R", ttl, *_build_hset_args(job)],  # type: ignore[no-untyped-call]
+    )
+    if result == -1:
+        raise Replay(command.delivery)
+    if result == 0:
+        raise Duplicate(command.delivery)
     return str(job.id)
 
 

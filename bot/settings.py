@@ -58,6 +58,11 @@ class Settings(BaseSettings):
     max_auto_resumes: int = Field(3, alias="LOOPBOT_MAX_AUTO_RESUMES", ge=0)
     data_dir: Path = Field(Path.home() / ".loopbot", alias="LOOPBOT_DATA_DIR")
     dashboard_token: SecretStr | None = Field(None, alias="LOOPBOT_DASHBOARD_TOKEN")
+    # A dashboard sign-in lasts this many seconds (a random session id in Redis).
+    dashboard_session_ttl: int = Field(12 * 3600, alias="LOOPBOT_DASHBOARD_SESSION_TTL", ge=1)
+    # Behind a TLS-terminating proxy: true (one proxy) or how many proxies to trust for
+    # X-Forwarded-Proto/-For. Off by default: a client could claim "https" itself.
+    trusted_proxy: bool | int = Field(False, alias="LOOPBOT_TRUSTED_PROXY")
     # Running agent commands without bubblewrap is an explicit operator decision.
     allow_unsandboxed: bool = Field(False, alias="LOOPBOT_ALLOW_UNSANDBOXED")
     log_format: Literal["json", "console"] = Field("json", alias="LOOPBOT_LOG_FORMAT")
@@ -76,6 +81,13 @@ class Settings(BaseSettings):
     # Private or loopback networks the egress proxy may reach anyway (an internal package
     # mirror); comma-separated CIDRs. Empty: only public addresses.
     egress_allowed_networks: str = Field("", alias="LOOPBOT_EGRESS_ALLOWED_NETWORKS")
+    # Operator ceilings: the most any repository's loop.yml may ask for; a value above
+    # is lowered to the ceiling and the issue is told so (bot.repo_config.clamp).
+    max_cost_usd: float = Field(25.0, alias="LOOPBOT_MAX_COST_USD", gt=0)
+    max_turns: int = Field(50, alias="LOOPBOT_MAX_TURNS", ge=1)
+    max_tool_budget: int = Field(1000, alias="LOOPBOT_MAX_TOOL_BUDGET", ge=1)
+    max_wall_hours: float = Field(12.0, alias="LOOPBOT_MAX_WALL_HOURS", gt=0)
+    max_wait_checks_minutes: int = Field(240, alias="LOOPBOT_MAX_WAIT_CHECKS_MINUTES", ge=1)
 
     @field_validator("redis_url")
     @classmethod

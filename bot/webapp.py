@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import secrets
 import time
 from typing import Any
 
@@ -10,15 +12,16 @@ from flask import Flask, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST
 from redis import Redis
 from redis.exceptions import RedisError
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from bot import dashboard, signature
 from bot.logs import get_logger
 from bot.metrics import WEBHOOK_SECONDS
 from bot.metrics import render as render_metrics
-from bot.queues import Duplicate, control_queue, enqueue_command
+from bot.queues import Duplicate, Replay, control_queue, enqueue_command
 from bot.redis_conn import connect
 from bot.routing import Enqueue, Ignore, Malformed, route
-from bot.settings import Settings
+from bot.settings import Settings, SettingsError
 from bot.store import Store
 
 MAX_BODY_BYTES = 25 * 1024 * 1024  # GitHub caps payloads at 25 MB
@@ -34,6 +37,13 @@ def create_app(settings: Settings, redis: Redis | None = None) -> Flask:
     """Build the web app around ``settings``; ``redis`` defaults to ``settings.redis_url``."""
     app = Flask("loopbot")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    proxies = int(settings.trusted_proxy)  # true is one proxy
+    if proxies < 0:
+        raise SettingsError(["LOOPBOT_TRUSTED_PROXY: must be true, false or a count >= 0"])
+    if proxies:
+        # Only then is X-Forwarded-Proto (https: Secure cookies) and -For believed, and
+        # only the values the trusted proxies appended, never what a client sent them.
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=proxies, x_proto=proxies)  # type: ignore[method-assign]
     # Few retries: a webhook request must answer fast; a 503 makes GitHub's redeliver usable.
     conn = redis or connect(settings.redis_url, retries=2, timeout=2)
     secret = settings.github_webhook_secret.get_secret_value().encode()
@@ -56,6 +66,9 @@ def create_app(settings: Settings, redis: Redis | None = None) -> Flask:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             return _answer(400, error="body is not JSON")
+        except RecursionError:
+            log.warning("webhook.too_deep", delivery=delivery, gh_event=event)
+            return _answer(400, error="body is JSON nested too deeply")
         if event == "ping":
             return _answer(200, status="pong")
 
@@ -71,7 +84,12 @@ def create_app(settings: Settings, redis: Redis | None = None) -> Flask:
         assert isinstance(decision, Enqueue)
         cmd = decision.command
         try:
-            job_id = enqueue_command(queue, cmd)
+            job_id = enqueue_command(queue, cmd, hashlib.sha256(body).hexdigest())
+        except Replay:
+            # The same signed body under a new delivery id: GitHub's own redeliveries
+            # keep the id, and two real events never have byte-identical bodies.
+            bound.warning("webhook.replay")
+            return _answer(202, status="duplicate", reason="this body was delivered before")
         except Duplicate:
             bound.info("webhook.duplicate")
             return _answer(202, status="duplicate")
@@ -91,20 +109,25 @@ def create_app(settings: Settings, redis: Redis | None = None) -> Flask:
     def metrics() -> Response:
         return Response(render_metrics(conn), mimetype=CONTENT_TYPE_LATEST)
 
-    app.register_blueprint(dashboard.blueprint(settings, Store(conn)))
+    app.register_blueprint(dashboard.blueprint(settings, Store(conn), conn))
 
     @app.get("/healthz")
     def healthz() -> tuple[Response, int]:
         try:
             conn.ping()
         except RedisError as exc:
-            return _answer(503, status="unhealthy", redis=str(exc))
+            # The details (host, port, the client's message) go to the log, under an id
+            # the answer gives; the answer itself is fixed text.
+            error_id = secrets.token_hex(6)
+            log.error("healthz.redis_unavailable", error_id=error_id, error=repr(exc))
+            return _answer(503, status="unhealthy", reason="redis unavailable", error_id=error_id)
         return _answer(200, status="ok")
 
     @app.errorhandler(RedisError)
     def redis_down(exc: RedisError) -> tuple[Response, int]:
-        log.error("redis.unavailable", error=str(exc))
-        return _answer(503, error="queue unavailable; redeliver later")
+        error_id = secrets.token_hex(6)
+        log.error("redis.unavailable", error_id=error_id, error=repr(exc))
+        return _answer(503, error="queue unavailable; redeliver later", error_id=error_id)
 
     return app
 

@@ -84,7 +84,7 @@ def test_demo_runs_the_whole_story(tmp_path: Path) -> None:
         "loop completed: merged",
         "issue #1 is closed",
         "local stand-ins",
-        "/dashboard/login?token=",
+        "/dashboard (sign in with ",
     ]:
         assert step in text, (step, text)
 
@@ -209,7 +209,7 @@ def test_dashboard_needs_the_token(dash: Any, redis: Redis) -> None:
     assert one.json["verify"][0]["exit_code"] == 1 and one.json["loop"]["turn"] == 2
     assert dash.post("/dashboard/login", data={"token": "nope"}).status_code == 401
     login = dash.post("/dashboard/login", data={"token": "s3cret-token"})
-    assert login.status_code == 302 and "HttpOnly" in login.headers["Set-Cookie"]
+    assert login.status_code == 303 and "HttpOnly" in login.headers["Set-Cookie"]
     assert dash.get("/dashboard").status_code == 200  # the cookie now
 
 
