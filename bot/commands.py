@@ -51,6 +51,16 @@ class IssueInactive(_Command):
     label: str = ""
 
 
+class IssueEdited(_Command):
+    """The issue's title or body changed. ``title`` and ``body`` are the text after this
+    edit (from the payload, not re-read: a later edit by someone else is its own event)."""
+
+    kind: Literal["issue_edited"] = "issue_edited"
+    title: str
+    body: str = ""
+    by_bot: bool = False
+
+
 class PullFeedback(_Command):
     """A human asked loopbot's PR for changes (a review, or ``/loop`` on the PR).
 
@@ -76,7 +86,7 @@ class ChecksCompleted(_Command):
 
 
 Command = Annotated[
-    LabelAdded | ControlCommand | IssueInactive | PullFeedback | ChecksCompleted,
+    LabelAdded | ControlCommand | IssueInactive | IssueEdited | PullFeedback | ChecksCompleted,
     Field(discriminator="kind"),
 ]
 COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from enum import StrEnum
 from typing import Any
@@ -48,6 +50,7 @@ class Reason(StrEnum):
     NO_CHANGES = "no_changes"
     PUSH_REJECTED = "push_rejected"
     RESOURCE_LIMIT = "resource_limit"
+    ISSUE_EDITED = "issue_edited"  # title or body changed after a writer approved it
 
 
 class Usage(BaseModel):
@@ -107,6 +110,12 @@ class LoopRecord(BaseModel):
     merge_sha: str = ""
     resume_note: str = ""  # why the loop continues: critic findings, a human review, checks
     verify_command: str = ""
+    # Frozen intake: the issue text a writer approved (by the ready label, /loop-restart
+    # or their own edit). The agent and the critic read this, never the live issue.
+    approved_title: str = ""
+    approved_body: str = ""
+    approved_sha256: str = ""  # intake_hash(approved_title, approved_body); "" = none yet
+    approved_by: str = ""
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
 
@@ -123,6 +132,20 @@ class LoopRecord(BaseModel):
         slot.add(usage)
         self.cost_usd = round(sum(u.cost_usd for u in self.usage.values()), 6)
         self.usage = dict(self.usage)  # re-validate on assignment
+
+
+def intake_hash(title: str, body: str | None) -> str:
+    """The hash of an issue's title and body, as approved or as read now."""
+    data = json.dumps([title, body or ""], ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(data.encode()).hexdigest()
+
+
+def approve(record: LoopRecord, title: str, body: str | None, actor: str) -> None:
+    """Take ``title`` and ``body`` as the text a writer (``actor``) approved."""
+    record.approved_title = title
+    record.approved_body = body or ""
+    record.approved_sha256 = intake_hash(title, body)
+    record.approved_by = actor
 
 
 def can_restart(

@@ -16,6 +16,7 @@ from bot.commands import (
     ChecksCompleted,
     Command,
     ControlCommand,
+    IssueEdited,
     IssueInactive,
     LabelAdded,
     PullFeedback,
@@ -54,6 +55,8 @@ class _Label(_Model):
 class _Issue(_Model):
     number: int
     pull_request: dict[str, Any] | None = None
+    title: str = ""
+    body: str | None = ""
 
 
 class _Comment(_Model):
@@ -98,6 +101,7 @@ class _Envelope(_Model):
 class _IssuesEvent(_Envelope):
     issue: _Issue
     label: _Label | None = None
+    changes: dict[str, Any] | None = None
 
 
 class _CommentEvent(_Envelope):
@@ -167,11 +171,11 @@ def _is_bot(sender: _User) -> bool:
 
 def _issues(payload: dict[str, Any], app_id: int, delivery: str) -> Route:
     action = payload.get("action")
-    if action not in ("labeled", "unlabeled", "closed"):
+    if action not in ("labeled", "unlabeled", "closed", "edited"):
         return Ignore(f"issues.{action} is not used")
     ev = _IssuesEvent.model_validate(payload)
     if ev.issue.pull_request is not None:
-        return Ignore("label on a pull request")
+        return Ignore(f"issues.{action} on a pull request")
     common = {
         "installation_id": ev.installation.id,
         "repo": ev.repository.full_name,
@@ -179,6 +183,19 @@ def _issues(payload: dict[str, Any], app_id: int, delivery: str) -> Route:
         "actor": ev.sender.login,
         "delivery": delivery,
     }
+    if action == "edited":
+        # Frozen intake: the job decides whether the editor may change what was approved.
+        # Bots are routed too: an edit nobody with write access made must stop the loop.
+        if not {"title", "body"} & set(ev.changes or {}):
+            return Ignore("issues.edited changed neither title nor body")
+        return Enqueue(
+            IssueEdited(
+                title=ev.issue.title,
+                body=ev.issue.body or "",
+                by_bot=_is_bot(ev.sender),
+                **common,
+            )
+        )
     if action == "closed":
         # Closing stops a loop whoever closes it, bots included: stopping is always safe.
         return Enqueue(IssueInactive(reason="closed", **common))

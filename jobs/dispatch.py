@@ -19,6 +19,7 @@ from bot import repo_config
 from bot.commands import (
     ChecksCompleted,
     ControlCommand,
+    IssueEdited,
     IssueInactive,
     LabelAdded,
     PullFeedback,
@@ -27,12 +28,21 @@ from bot.commands import (
     loop_job_id,
     parse_command,
 )
-from bot.github import Installation
+from bot.github import Installation, IssueInfo
 from bot.logs import get_logger
-from bot.loopstate import ACTIVE, LoopRecord, Reason, Status, can_restart, should_start
+from bot.loopstate import (
+    ACTIVE,
+    LoopRecord,
+    Reason,
+    Status,
+    approve,
+    can_restart,
+    intake_hash,
+    should_start,
+)
 from bot.queues import LOOP_JOB, enqueue_gate, fetch_job, loop_queue
 from bot.store import Store
-from jobs import messages
+from jobs import intake, messages
 from jobs.runtime import Runtime, current, instrumented
 
 log = get_logger("loopbot.dispatch")
@@ -56,6 +66,8 @@ def handle_command(raw: str) -> str:
         result = _control(rt, gh, cmd)
     elif isinstance(cmd, IssueInactive):
         result = _inactive(rt, gh, cmd)
+    elif isinstance(cmd, IssueEdited):
+        result = _edited(rt, gh, cmd)
     elif isinstance(cmd, PullFeedback):
         result = _feedback(rt, gh, cmd)
     else:
@@ -82,7 +94,10 @@ def _label_added(rt: Runtime, gh: Installation, cmd: LabelAdded) -> str:
         )
         rt.store.event(f"{cmd.repo}#{cmd.issue}", "config_invalid", problems=exc.problems)
         return "bad config: " + str(exc)
-    return start_loop(rt, cmd.repo, cmd.issue, cmd.installation_id, cmd.actor, config)
+    issue = gh.issue(cmd.repo, cmd.issue)  # the text this writer approves
+    return start_loop(
+        rt, cmd.repo, cmd.issue, cmd.installation_id, cmd.actor, config, approved=issue
+    )
 
 
 def start_loop(
@@ -95,10 +110,13 @@ def start_loop(
     *,
     restart: bool = False,
     note: str = "",
+    approved: IssueInfo | None = None,
 ) -> str:
     """Create or resume the loop record and enqueue its one job. Safe to call twice.
 
     ``note`` tells the agent why it continues (the first line of its next prompt).
+    ``approved``: the issue as the writer ``actor`` approved it (frozen intake); None
+    keeps the text approved before.
     """
     store = rt.store
     key = f"{repo}#{issue}"
@@ -122,6 +140,8 @@ def start_loop(
                 started_by=actor,
                 max_turns=config.max_turns,
             )
+            if approved is not None:
+                approve(record, approved.title, approved.body, actor)
             store.put(record)
             store.event(key, "loop_created", actor=actor)
         else:
@@ -145,6 +165,8 @@ def start_loop(
                     or r.resume_note
                     or f"@{actor} restarted this loop; continue from the last commit."
                 )
+                if approved is not None:
+                    approve(r, approved.title, approved.body, actor)
 
             store.update(key, resume)
             store.event(key, "loop_restarted", actor=actor)
@@ -221,7 +243,14 @@ def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
         )
         return "bad config"
     result = start_loop(
-        rt, cmd.repo, cmd.issue, cmd.installation_id, cmd.actor, config, restart=True
+        rt,
+        cmd.repo,
+        cmd.issue,
+        cmd.installation_id,
+        cmd.actor,
+        config,
+        restart=True,
+        approved=gh.issue(cmd.repo, cmd.issue),  # a writer's restart approves the text
     )
     gh.upsert_comment(cmd.repo, cmd.issue, reply_key, messages.restarted(record, cmd.actor, result))
     return result
@@ -281,6 +310,46 @@ def _inactive(rt: Runtime, gh: Installation, cmd: IssueInactive) -> str:
 
         return refuse_closed(rt, gh, cmd.loop_key, cmd.actor)
     return cancel_loop(rt.redis, cmd.loop_key, Reason.ISSUE_INACTIVE, cmd.actor)
+
+
+def _edited(rt: Runtime, gh: Installation, cmd: IssueEdited) -> str:
+    """Frozen intake: a writer's edit is the new approved text; anyone else's stops the loop."""
+    key = cmd.loop_key
+    record = rt.store.get(key)
+    if record is None or record.status == Status.COMPLETED:
+        return "no loop"
+    if intake_hash(cmd.title, cmd.body) == record.approved_sha256:
+        return "text unchanged"
+    if not cmd.by_bot and gh.can_write(cmd.repo, cmd.actor):
+        rt.store.update(key, lambda r: approve(r, cmd.title, cmd.body, cmd.actor))
+        rt.store.event(key, "intake_approved", actor=cmd.actor, by="edit")
+        # The agent read the old text in its first prompt: its next turn gets the new one.
+        edit = {"kind": "intake", "from": cmd.actor, "title": cmd.title, "body": cmd.body}
+        rt.store.push_feedback(key, edit)
+        if record.active or record.reason != Reason.ISSUE_EDITED:
+            return "edit approved"
+        # The loop stopped for this very edit before this job ran (its turn-time check
+        # came first): resume it, if the issue still reads as this writer left it.
+        now = gh.issue(cmd.repo, cmd.issue)
+        if intake_hash(now.title, now.body) != intake_hash(cmd.title, cmd.body):
+            return "edit approved; the issue changed again since"
+        config = repo_config.parse(
+            gh.file(cmd.repo, repo_config.CONFIG_PATH), repo_config.Ceilings.of(rt.settings)
+        )
+        comment = intake.reapproved_comment(cmd.actor)
+        gh.upsert_comment(cmd.repo, cmd.issue, intake.COMMENT_KEY, comment)
+        return "edit approved; " + start_loop(
+            rt, cmd.repo, cmd.issue, cmd.installation_id, cmd.actor, config, restart=True
+        )
+    if not record.active:
+        return "edit by a non-writer; no active loop"
+    rt.store.event(key, "intake_edited", actor=cmd.actor)
+    result = cancel_loop(rt.redis, key, Reason.ISSUE_EDITED, cmd.actor)
+    label = repo_config.ready_label(gh.file(cmd.repo, repo_config.CONFIG_PATH))
+    gh.upsert_comment(
+        cmd.repo, cmd.issue, intake.COMMENT_KEY, intake.stopped_comment(cmd.actor, label)
+    )
+    return result
 
 
 # -- pull request feedback and checks ---------------------------------------------------------

@@ -239,7 +239,7 @@ def sweep(rt: Runtime) -> list[str]:
                     if actor is None or not gh.can_write(repo, actor):
                         continue
                     config = repo_config.parse(text, repo_config.Ceilings.of(rt.settings))
-                    result = start_loop(rt, repo, issue.number, iid, actor, config)
+                    result = start_loop(rt, repo, issue.number, iid, actor, config, approved=issue)
                     rt.store.event(key, "swept", actor=actor, result=result)
                     started.append(key)
             except (GitHubError, repo_config.ConfigError) as exc:

@@ -42,14 +42,23 @@ def before_turn(
     cancel: str | None,
     elapsed_hours: float = 0.0,
     max_hours: float = math.inf,
+    intake_edited: bool = False,
 ) -> RunTurn | Stop:
+    """``intake_edited``: the issue's title or body differs from what a writer approved."""
     if cancel:
-        reason = Reason.ISSUE_INACTIVE if cancel == Reason.ISSUE_INACTIVE else Reason.CANCELLED
+        passed = (Reason.ISSUE_INACTIVE, Reason.ISSUE_EDITED)
+        reason = Reason(cancel) if cancel in passed else Reason.CANCELLED
         return Stop(Status.CANCELLED, reason)
     if not issue_open:
         return Stop(Status.CANCELLED, Reason.ISSUE_INACTIVE, "the issue was closed")
     if not has_label:
         return Stop(Status.CANCELLED, Reason.ISSUE_INACTIVE, "the ready label was removed")
+    if intake_edited:
+        return Stop(
+            Status.CANCELLED,
+            Reason.ISSUE_EDITED,
+            "the issue's title or body changed after a writer approved it",
+        )
     if turn >= max_turns:
         return Stop(Status.FAILED, Reason.MAX_TURNS, f"{turn} turns without passing verify")
     if elapsed_hours >= max_hours:

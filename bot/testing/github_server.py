@@ -644,9 +644,31 @@ class GitHubServer:
             repo = srv._repo(owner, name)
             issue = srv._issue(repo, number)
             body = request.get_json(force=True)
-            for key in ("title", "body"):
-                if key in body:
-                    setattr(issue, key, body[key])
+            kind, who = g.auth
+            text_keys = [k for k in ("title", "body") if k in body]
+            if (
+                text_keys
+                and kind == "user"
+                and who != issue.user.login
+                and repo.permissions.get(who) not in ("write", "maintain", "admin")
+            ):
+                abort(_error(403, "Must have write access or be the author to edit an issue"))
+            changes: Json = {}
+            with srv.lock:
+                for key in text_keys:
+                    if body[key] != getattr(issue, key):
+                        changes[key] = {"from": getattr(issue, key)}
+                        setattr(issue, key, body[key])
+            if changes:
+                srv.emit(
+                    "issues",
+                    {
+                        "action": "edited",
+                        "changes": changes,
+                        "issue": srv._issue_json(repo, issue),
+                        **srv._event_base(repo, srv._actor()),
+                    },
+                )
             if body.get("state") in ("open", "closed") and body["state"] != issue.state:
                 srv._set_state(repo, issue, body["state"], srv._actor())
             return jsonify(srv._issue_json(repo, issue))
