@@ -6,6 +6,7 @@ client (``bot.github``) acts on it. Callers only ever see the exception tree bel
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 import httpx
@@ -116,3 +117,36 @@ def classify(exc: Exception, attempt: int, *, max_wait: float) -> Decision:
     if isinstance(exc, GitHubException):
         return Fatal(GitHubError(repr(exc)))
     raise exc
+
+
+# -- what a public comment may say about an internal failure ----------------------------------
+
+_REASONS = (
+    # (class name anywhere in the exception's MRO, the short public reason)
+    ("GitHubError", "a GitHub API call failed"),
+    ("GitError", "a git operation failed"),
+    ("SandboxUnavailable", "the sandbox could not run"),
+    ("APIError", "the model API call failed"),
+    ("RedisError", "the state store (Redis) failed"),
+    ("OSError", "a file system operation failed"),
+)
+
+
+def new_error_id() -> str:
+    """A short id that ties a public reason to the full error in the logs and events."""
+    return uuid.uuid4().hex[:8]
+
+
+def public_reason(exc: BaseException) -> str:
+    """A short, fixed reason for ``exc``: never its message, which may hold paths or tokens."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    for name, reason in _REASONS:
+        if name in names:
+            status = getattr(exc, "status", 0) if name == "GitHubError" else 0
+            return f"{reason} (HTTP {status})" if isinstance(status, int) and status else reason
+    return "an internal error"
+
+
+def public_error(exc: BaseException, error_id: str) -> str:
+    """What a GitHub comment says about ``exc``: a short reason and the id to look up."""
+    return f"{public_reason(exc)} (error id {error_id}; details in the worker log)"

@@ -46,6 +46,10 @@ def _index(pipe: Any, record: LoopRecord) -> None:
     pipe.zadd(RECENT, {record.key: record.updated_at})
 
 
+class LeaseLost(Exception):
+    """This worker no longer holds the loop's lease: it must stop writing at once."""
+
+
 class Store:
     def __init__(self, redis: Redis) -> None:
         # redis-py's return types are unions of bytes, str and awaitables; the client here
@@ -71,11 +75,23 @@ class Store:
 
     def update(self, key: str, fn: Callable[[LoopRecord], None]) -> LoopRecord:
         """Read-modify-write under WATCH, so two processes never lose each other's changes."""
+        return self._update(key, fn, None)
+
+    def _update(self, key: str, fn: Callable[[LoopRecord], None], owner: str | None) -> LoopRecord:
+        """``update``; with ``owner``, also fenced: the write lands only while ``owner``
+        holds the loop's lease (the lease key is WATCHed in the same transaction)."""
         rkey = _k("loop", key)
+        lkey = _k("lease", key)
         while True:
             with self.redis.pipeline() as pipe:
                 try:
-                    pipe.watch(rkey)
+                    if owner is None:
+                        pipe.watch(rkey)
+                    else:
+                        pipe.watch(rkey, lkey)
+                        holder = pipe.get(lkey)
+                        if holder is None or _s(holder) != owner:
+                            raise LeaseLost(f"{key}: the lease is held by {holder!r}")
                     raw = pipe.get(rkey)
                     if raw is None:
                         raise KeyError(key)
@@ -256,6 +272,47 @@ class Store:
         """A short Redis lock for a start/restart decision across processes."""
         with self.redis.lock(P + "lock:" + name, timeout=timeout, blocking_timeout=timeout):
             yield
+
+
+class FencedStore(Store):
+    """The store as one lease holder sees it: every write checks the lease first.
+
+    ``guard`` is the holder's local check (it raises ``LeaseLost`` once renewals have
+    failed for longer than the TTL, or another owner answered); record writes to the
+    leased loop are also fenced in Redis itself, atomically with the write.
+    """
+
+    def __init__(self, redis: Redis, key: str, owner: str, guard: Callable[[], None]) -> None:
+        super().__init__(redis)
+        self.key, self.owner, self.guard = key, owner, guard
+
+    def put(self, record: LoopRecord, *, touch: bool = True) -> LoopRecord:
+        self.guard()
+        return super().put(record, touch=touch)
+
+    def update(self, key: str, fn: Callable[[LoopRecord], None]) -> LoopRecord:
+        self.guard()
+        return self._update(key, fn, self.owner if key == self.key else None)
+
+    def event(self, key: str, kind: str, **fields: Any) -> None:
+        self.guard()
+        super().event(key, kind, **fields)
+
+    def save_conversation(self, key: str, messages: list[dict[str, Any]]) -> None:
+        self.guard()
+        super().save_conversation(key, messages)
+
+    def count(self, name: str, by: int = 1) -> None:
+        self.guard()
+        super().count(name, by)
+
+    def take_feedback(self, key: str) -> list[dict[str, Any]]:
+        self.guard()
+        return super().take_feedback(key)
+
+    def push_feedback(self, key: str, item: dict[str, Any]) -> None:
+        self.guard()
+        super().push_feedback(key, item)
 
 
 def _decode_event(entry_id: bytes | str, fields: dict[Any, Any]) -> dict[str, Any]:

@@ -19,13 +19,13 @@ from typing import Any
 import anthropic
 
 from bot import repo_config
-from bot.failures import GitHubError
+from bot.failures import GitHubError, new_error_id, public_error
 from bot.github import IssueInfo
 from bot.logs import get_logger
 from bot.loopstate import ACTIVE, LoopRecord, Reason, Status
 from bot.queues import enqueue_critic, enqueue_gate
-from bot.store import Store
-from jobs import messages, prompts, transitions
+from bot.store import FencedStore, LeaseLost, Store
+from jobs import intake, messages, prompts, transitions
 from jobs.agent import Agent, Limits, Outcome
 from jobs.drain import DRAIN, HANDOFF_PHASE
 from jobs.runtime import Runtime, current, instrumented
@@ -52,6 +52,11 @@ class Lease:
 
     Renewal does not depend on the agent producing output: a long model call or a slow
     verify keeps the lease; a dead process loses it within ``ttl``.
+
+    The lease also counts itself lost once ``ttl`` has passed (monotonic clock) since the
+    last renewal that succeeded, whatever the reason renewals failed (Redis unreachable, a
+    network partition, a paused VM): by then Redis may have let another worker take it.
+    ``check()`` raises ``LeaseLost`` then, and every write the loop makes calls it first.
     """
 
     def __init__(self, store: Store, key: str, ttl: float = LEASE_TTL) -> None:
@@ -60,22 +65,57 @@ class Lease:
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._renewed_at = time.monotonic()  # when the last successful renewal was *sent*
+        self._why = ""
 
     def acquire(self) -> bool:
+        sent = time.monotonic()
         if not self.store.take_lease(self.key, self.owner, self.ttl):
             return False
+        self._renewed_at = sent
         self._thread = threading.Thread(target=self._renew, daemon=True, name="lease")
         self._thread.start()
         return True
 
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl / 3):
+            sent = time.monotonic()  # measured before the call: Redis' TTL starts later
             try:
                 if not self.store.renew_lease(self.key, self.owner, self.ttl):
-                    self.lost.set()
+                    self._mark_lost("another worker holds the lease")
                     return
+                self._renewed_at = sent
             except Exception:  # noqa: BLE001 - Redis blips: keep trying until the TTL says lost
                 log.warning("lease.renew_failed", loop=self.key)
+                if self.is_lost():
+                    return
+
+    def _mark_lost(self, why: str) -> None:
+        if not self.lost.is_set():
+            self._why = why
+            self.lost.set()
+            log.warning("lease.lost", loop=self.key, owner=self.owner, why=why)
+
+    def is_lost(self) -> bool:
+        if not self.lost.is_set() and time.monotonic() - self._renewed_at >= self.ttl:
+            self._mark_lost(f"no successful renewal for {self.ttl:g}s")
+        return self.lost.is_set()
+
+    def check(self) -> None:
+        """Raise ``LeaseLost`` if this worker may no longer hold the lease: call before a write.
+
+        Asks Redis who holds the lease (one GET); when Redis cannot answer, the clock since
+        the last successful renewal decides.
+        """
+        if not self.is_lost():
+            try:
+                holder: str | None = self.store.lease_holder(self.key)
+            except Exception:  # noqa: BLE001 - Redis unreachable: is_lost() above decides
+                holder = self.owner
+            if holder != self.owner:
+                self._mark_lost("another worker holds the lease" if holder else "it expired")
+        if self.lost.is_set():
+            raise LeaseLost(f"{self.key}: {self._why}")
 
     def release(self) -> None:
         self._stop.set()
@@ -108,19 +148,34 @@ class LoopRunner:
         if not lease.acquire():
             return "another worker holds this loop"
         self.lease = lease
+        # Every store write from here on checks the lease (record writes atomically in Redis).
+        self.store = FencedStore(self.store.redis, self.key, lease.owner, lease.check)
         try:
-            return self._run(record)
-        except (GitHubError, GitError, SandboxUnavailable, anthropic.APIError, OSError) as exc:
-            return self._error(exc)
+            try:
+                return self._run(record)
+            except (GitHubError, GitError, SandboxUnavailable, anthropic.APIError, OSError) as exc:
+                return self._error(exc)
+        except LeaseLost as exc:
+            # Another worker may own the loop now: write nothing more, not even the error.
+            self.log.warning("lease.lost", owner=lease.owner, error=str(exc))
+            return LEASE_LOST
         finally:
+            self.store = self.rt.store
             lease.release()
 
     def _error(self, exc: Exception) -> str:
         """Count a failure against the loop's error budget; retry through RQ or give up."""
-        self.log.exception("loop.error")
-        detail = f"{type(exc).__name__}: {exc}"[:500]
+        # The full error (message, paths) goes to the log and the loop's event stream, both
+        # for operators; the record's detail, shown in public comments, gets a short reason
+        # and the id that finds the rest.
+        error_id = new_error_id()
+        self.log.exception("loop.error", error_id=error_id)
+        internal = f"{type(exc).__name__}: {exc}"[:500]
+        detail = public_error(exc, error_id)
         record = self.store.update(self.key, lambda r: _inc_error(r, detail))
-        self.store.event(self.key, "error", error=detail, count=record.error_count)
+        self.store.event(
+            self.key, "error", error=internal, error_id=error_id, count=record.error_count
+        )
         if record.error_count >= MAX_ERRORS:
             self._finish(Status.FAILED, Reason.ERRORS, detail)
             return "failed: " + detail
@@ -232,8 +287,16 @@ class LoopRunner:
                 cancel=self.store.cancel_requested(self.key),
                 elapsed_hours=(time.time() - self.since) / 3600,
                 max_hours=self.max_hours,
+                intake_edited=intake.edited(record, issue.title, issue.body),
             )
             if isinstance(step, transitions.Stop):
+                if step.reason == Reason.ISSUE_EDITED:
+                    self.gh.upsert_comment(
+                        self.repo,
+                        self.issue_number,
+                        intake.COMMENT_KEY,
+                        intake.stopped_comment("", self.config.labels.ready),
+                    )
                 return self._finish(step.status, step.reason, step.detail)
             turn = step.turn
             self._set(turn=turn, phase="coding", resume_note="")
@@ -241,7 +304,10 @@ class LoopRunner:
             self.store.count("turns")
             self._status_comment()
             if not conversation:
-                prompt = prompts.issue_prompt(self.repo, issue, self.config.verify)
+                title, body = intake.approved_text(record, issue.title, issue.body)
+                prompt = prompts.issue_prompt(
+                    self.repo, self.issue_number, title, body, self.config.verify
+                )
             else:
                 prompt = prompts.continuation(
                     turn,
@@ -358,6 +424,7 @@ class LoopRunner:
             )
         else:
             # Git merged it alone: push now, since the turn may change nothing more.
+            self.lease.check()
             self.worktrees.push(self.checkout, token)
             note = (
                 f"The pull request was behind `{base}`; the harness merged `{base}` into "
@@ -397,6 +464,7 @@ class LoopRunner:
         if sha is None:
             return None
         self._pushed()
+        self.lease.check()  # a push is a write: not after the lease is gone
         token = self.gh.token()
         # Only git on the thread: GitHub calls stay on the job's thread and its client.
         self._push = (_Background(lambda: self.worktrees.push(self.checkout, token)), turn, sha)
@@ -408,6 +476,7 @@ class LoopRunner:
             return
         (push, turn, sha), self._push = self._push, None
         push.join()
+        self.lease.check()
         self._set(head_sha=sha)
         self.store.event(self.key, "pushed", turn=turn, sha=sha)
         self._check_run("in_progress", title=f"turn {turn}: verified", new_head=True)
@@ -419,7 +488,10 @@ class LoopRunner:
         issue = self.gh.issue(self.repo, self.issue_number)
         stat = self.worktrees.diff_stat(self.checkout)
         body = pull_body(issue, record, outcome.text, stat)
-        pull = self.gh.open_pull(self.repo, record.branch, base, issue.title, body)
+        self.lease.check()
+        pull = self.gh.open_pull(
+            self.repo, record.branch, base, record.approved_title or issue.title, body
+        )
         self._set(pr_number=pull.number, pr_url=pull.html_url, head_sha=pull.head_sha)
         self.store.event(self.key, "pr_opened", pr=pull.number, sha=pull.head_sha)
         self._check_run(
@@ -428,11 +500,13 @@ class LoopRunner:
         if self.config.critic.enabled:
             self._set(status=Status.REVIEWING, phase="reviewing")
             self._status_comment()
+            self.lease.check()
             enqueue_critic(self.rt.redis, self.repo, self.issue_number)
             return f"pull request #{pull.number} opened; critic queued"
         if self.config.merge.enabled:
             self._set(status=Status.MERGING, phase="merging")
             self._status_comment()
+            self.lease.check()
             enqueue_gate(self.rt.redis, self.repo, self.issue_number)
             return f"pull request #{pull.number} opened; merge gate queued"
         return self._finish(Status.COMPLETED, Reason.PR_OPENED, f"pull request #{pull.number}")
@@ -459,6 +533,7 @@ class LoopRunner:
 
     def _finish(self, status: Status, reason: Reason, detail: str = "") -> str:
         self._pushed()
+        self.lease.check()
 
         def apply(r: LoopRecord) -> None:
             # A cancel that landed meanwhile wins: it was asked for by a person.
@@ -489,6 +564,7 @@ class LoopRunner:
         return f"{record.status.value}: {record.reason}"
 
     def _status_comment(self) -> None:
+        self.lease.check()
         record = self._record()
         body = messages.status_comment(
             record, "" if record.last_verify.get("passed") else self._verify_tail
