@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -687,19 +688,25 @@ def test_a_worktree_over_its_disk_limit_stops_the_loop_and_pushes_nothing(
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="already running as a non-root user")
 @pytest.mark.skipif(bool(os.environ.get(NON_ROOT_RUN)), reason="inside the non-root run")
-def test_the_same_attacks_fail_for_a_non_root_worker(tmp_path: Path) -> None:
+def test_the_same_attacks_fail_for_a_non_root_worker() -> None:
     """Re-run this module as uid 65534: the sandbox then rests on an unprivileged user
     namespace instead of dropping root, and every attack must fail the same way."""
+    # Not under pytest's own temp root: every pytest session started as root (another
+    # run on this machine) resets /tmp/pytest-of-root to 0700, which uid 65534 cannot enter.
+    tmp_path = Path(tempfile.mkdtemp(prefix="loopbot-non-root-", dir="/tmp"))
+    try:
+        _run_as_non_root(tmp_path)
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(tmp_path)], check=False)
+
+
+def _run_as_non_root(tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)
     home = tmp_path / "home"
     base = tmp_path / "base"
     for d in (home, base):
         d.mkdir()
         os.chown(d, 65534, 65534)
-    tmp_path.chmod(0o755)
-    for parent in tmp_path.parents:
-        if parent == Path("/tmp") or parent == Path("/"):
-            break
-        parent.chmod(parent.stat().st_mode | 0o011)
     root = Path(__file__).resolve().parent.parent
     env = {
         "PATH": os.environ["PATH"],
