@@ -1,13 +1,17 @@
 """Webhook ingress benchmark: loopbot's web app vs a bare Flask endpoint, same gunicorn.
 
     .venv/bin/python bench/webhook.py [--seconds 10] [--workers 2] [--connections 16]
+        [--worker-class gevent|gthread|sync] [--slow-clients 50]
 
-Starts a private redis-server, runs each app under gunicorn (sync workers, same
-settings), and drives both on loopback with signed ``issues.labeled`` deliveries, each
-with a new delivery id (so loopbot verifies, dedupes, routes and enqueues every one):
+Starts a private redis-server, runs each app under gunicorn (the same worker class and
+settings; gevent by default, as ``loopbot web`` and the Procfile), and drives both on
+loopback with signed ``issues.labeled`` deliveries, each with a new delivery id (so
+loopbot verifies, dedupes, routes and enqueues every one):
 
 1. throughput: wrk, closed loop, ``--connections`` connections for ``--seconds``;
-2. latency: an open-loop driver at a fixed 200 requests/s, p50/p99.
+2. latency: an open-loop driver at a fixed 200 requests/s, p50/p99;
+3. slow clients (loopbot only): the same open loop while ``--slow-clients`` connections
+   each send a partial request a byte every 0.5 s; p99.
 
 Prints one table. Needs wrk (``./scripts/setup --dev``).
 """
@@ -15,11 +19,13 @@ Prints one table. Needs wrk (``./scripts/setup --dev``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -69,7 +75,9 @@ end
 """
 
 
-def gunicorn(app: str, port: int, env: dict[str, str], workers: int) -> subprocess.Popen[bytes]:
+def gunicorn(
+    app: str, port: int, env: dict[str, str], workers: int, worker_class: str
+) -> subprocess.Popen[bytes]:
     cmd = [
         str(ROOT / ".venv/bin/gunicorn"),
         "--bind",
@@ -77,7 +85,7 @@ def gunicorn(app: str, port: int, env: dict[str, str], workers: int) -> subproce
         "--workers",
         str(workers),
         "--worker-class",
-        "sync",
+        worker_class,
         "--log-level",
         "warning",
         app,
@@ -156,6 +164,40 @@ def open_loop(url: str, rate: int, seconds: int, body: bytes) -> list[float]:
     return latencies
 
 
+class SlowClients:
+    """``n`` connections that each send a partial request one byte every 0.5 s."""
+
+    LINE = b"POST /webhook HTTP/1.1\r\nHost: bench\r\nX-GitHub-Event: issues\r\n"
+
+    def __init__(self, port: int, n: int) -> None:
+        self.port, self.n = port, n
+        self.socks: list[socket.socket] = []
+        self.stop = threading.Event()
+
+    def __enter__(self) -> SlowClients:
+        for _ in range(self.n):
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=2)
+            s.send(self.LINE[:1])
+            self.socks.append(s)
+        threading.Thread(target=self._trickle, daemon=True).start()
+        time.sleep(0.5)
+        return self
+
+    def _trickle(self) -> None:
+        i = 1
+        while not self.stop.wait(0.5):
+            for s in self.socks:
+                with contextlib.suppress(OSError):
+                    s.send(self.LINE[i % len(self.LINE) : i % len(self.LINE) + 1])
+            i += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for s in self.socks:
+            with contextlib.suppress(OSError):
+                s.close()
+
+
 def in_process(redis_url: str, n: int = 2000) -> dict[str, float]:
     """Microseconds per call without HTTP: where a loopbot request's time goes."""
     import bare_app  # type: ignore[import-not-found]  # bench/ is on sys.path as a script
@@ -223,6 +265,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--rate", type=int, default=200)
+    ap.add_argument("--worker-class", default="gevent", choices=["gevent", "gthread", "sync"])
+    ap.add_argument("--slow-clients", type=int, default=50)
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: ./scripts/setup --dev")
@@ -239,6 +283,7 @@ def main() -> None:
     }
     body = json.dumps(PAYLOAD)
     results = {}
+    slow_lat: list[float] = []
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for name, app in [
@@ -246,13 +291,16 @@ def main() -> None:
             ("loopbot", "bot.wsgi:app_from_env()"),
         ]:
             port = free_port()
-            proc = gunicorn(app, port, env, args.workers)
+            proc = gunicorn(app, port, env, args.workers, args.worker_class)
             procs.append(proc)
             url = f"http://127.0.0.1:{port}/webhook"
             run_wrk(url, 2, args.connections, body)  # warm-up
             rps = run_wrk(url, args.seconds, args.connections, body)
             lat = open_loop(url, args.rate, args.seconds, body.encode())
             results[name] = (rps, pct(lat, 50), pct(lat, 99))
+            if name == "loopbot":
+                with SlowClients(port, args.slow_clients):
+                    slow_lat = open_loop(url, args.rate, args.seconds, body.encode())
             proc.send_signal(signal.SIGTERM)
             proc.wait(10)
         micro = in_process(redis.url)
@@ -268,7 +316,8 @@ def main() -> None:
         redis.stop()
 
     print(
-        f"webhook ingress, gunicorn {args.workers} sync workers, wrk -c{args.connections}, "
+        f"webhook ingress, gunicorn {args.workers} {args.worker_class} workers, "
+        f"wrk -c{args.connections}, "
         f"{args.seconds}s; latency at {args.rate} req/s open loop"
     )
     print(f"{'app':<12}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}")
@@ -276,6 +325,10 @@ def main() -> None:
         print(f"{name:<12}{rps:>10.0f}{p50:>10.2f}{p99:>10.2f}")
     ratio = results["loopbot"][0] / results["bare flask"][0]
     print(f"loopbot / bare throughput: {ratio:.1%}   (jobs enqueued by loopbot: {enqueued})")
+    print(
+        f"loopbot with {args.slow_clients} slow clients open: p99 {pct(slow_lat, 99):.2f} ms "
+        f"(p50 {pct(slow_lat, 50):.2f} ms)"
+    )
     print("\nin-process, no HTTP (µs per call):")
     for name, us in micro.items():
         print(f"  {name:<24}{us:>8.0f}")

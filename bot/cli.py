@@ -40,27 +40,39 @@ def main() -> None:
     "--port", default=lambda: int(os.environ.get("PORT", "8000")), show_default="$PORT or 8000"
 )
 @click.option("--workers", default=2, show_default=True, help="gunicorn worker processes")
-def web(host: str, port: int, workers: int) -> None:
+@click.option(
+    "--worker-class",
+    type=click.Choice(["gevent", "sync"]),
+    default="gevent",
+    show_default=True,
+    help="gunicorn worker class; under gevent a slow client holds a greenlet, not a worker",
+)
+def web(host: str, port: int, workers: int, worker_class: str) -> None:
     """Serve the webhook endpoint, /healthz and the dashboard (gunicorn)."""
     from gunicorn.app.base import BaseApplication
 
-    from bot.webapp import create_app
+    from bot.serving import GUNICORN_SETTINGS
 
     settings = _settings("web")
     check_at_startup(settings.redis_url, "loopbot web", tolerate_down=True)
-    app = create_app(settings)
 
     class _App(BaseApplication):  # type: ignore[misc]
         def load_config(self) -> None:
             self.cfg.set("bind", f"{host}:{port}")
             self.cfg.set("workers", workers)
             self.cfg.set("accesslog", None)
-            self.cfg.set("timeout", 30)
+            for name, value in GUNICORN_SETTINGS.items():
+                self.cfg.set(name, value)
+            self.cfg.set("worker_class", worker_class)
 
         def load(self) -> Any:
-            return app
+            # In the worker, after gevent has patched the socket and threading modules,
+            # so that the app's Redis pool is made of cooperative sockets and locks.
+            from bot.webapp import create_app
 
-    log.info("web.start", host=host, port=port, workers=workers)
+            return create_app(settings)
+
+    log.info("web.start", host=host, port=port, workers=workers, worker_class=worker_class)
     _App().run()
 
 
