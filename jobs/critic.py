@@ -9,14 +9,13 @@ carries a hidden marker naming the sha, looked for before posting.
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from pydantic import ValidationError
 
 from bot import repo_config
 from bot.diffmap import changed_line_count
-from bot.failures import GitHubError, new_error_id, public_error
+from bot.failures import GitHubError
 from bot.github import Installation
 from bot.logs import get_logger
 from bot.loopstate import LoopRecord, Reason, Status
@@ -24,9 +23,9 @@ from bot.queues import enqueue_gate
 from bot.store import Store
 from jobs import intake, messages
 from jobs.dispatch import enqueue_loop
-from jobs.gate import transient
 from jobs.pricing import usage_from
 from jobs.prompts import FENCE, fence_safe
+from jobs.retries import with_retries
 from jobs.review import (
     CodeAgain,
     CriticReport,
@@ -73,34 +72,15 @@ class Critic:
     def run(self) -> str:
         """Review and act; never leave the loop in ``reviewing`` when the review fails for
         good. A retry is safe: the review is posted once per sha (its marker)."""
-        for attempt in range(ERROR_ATTEMPTS):
-            try:
-                return self._run_once()
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"[:300]
-                error_id = new_error_id()
-                again = transient(exc) and attempt + 1 < ERROR_ATTEMPTS
-                log.warning(
-                    "critic.error",
-                    loop=self.key,
-                    attempt=attempt + 1,
-                    error=error,
-                    error_id=error_id,
-                    exc_info=True,
-                )
-                self.store.event(
-                    self.key,
-                    "critic_error",
-                    attempt=attempt + 1,
-                    error=error,
-                    error_id=error_id,
-                    retry=again,
-                )
-                if not again:
-                    # What GitHub shows: a short reason and the id, never the message.
-                    return self._give_up(public_error(exc, error_id), attempt + 1)
-                time.sleep(ERROR_BACKOFF[min(attempt, len(ERROR_BACKOFF) - 1)])
-        raise AssertionError("unreachable")
+        return with_retries(
+            self._run_once,
+            self._give_up,
+            kind="critic",
+            key=self.key,
+            store=self.store,
+            attempts=ERROR_ATTEMPTS,
+            backoff=ERROR_BACKOFF,
+        )
 
     def _give_up(self, error: str, attempts: int) -> str:
         record = self.store.get(self.key)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from bot import repo_config
-from bot.failures import Conflict, new_error_id, public_error
+from bot.failures import Conflict
 from bot.github import Installation
 from bot.logs import get_logger
 from bot.loopstate import LoopRecord, Reason, Status
@@ -29,8 +29,8 @@ from jobs.gate import (
     decide,
     protected_changes,
     summarize_checks,
-    transient,
 )
+from jobs.retries import with_retries
 from jobs.runtime import Runtime, current, instrumented
 
 log = get_logger("loopbot.gate")
@@ -79,35 +79,15 @@ class Gate:
         Every attempt re-reads the issue and the pull request, so one after a merge whose
         answer was lost finds the pull request merged and completes the loop.
         """
-        for attempt in range(ERROR_ATTEMPTS):
-            try:
-                return self._run_once()
-            except Exception as exc:  # any failure must end the loop, not strand it
-                # The whole error goes to the log and the event stream; GitHub gets a short
-                # reason and the id that finds it there (no paths, tokens or messages).
-                error_id = new_error_id()
-                error = f"{type(exc).__name__}: {exc}"[:300]
-                again = transient(exc) and attempt + 1 < ERROR_ATTEMPTS
-                log.warning(
-                    "gate.error",
-                    loop=self.key,
-                    attempt=attempt + 1,
-                    error=error,
-                    error_id=error_id,
-                    exc_info=exc,
-                )
-                self.store.event(
-                    self.key,
-                    "gate_error",
-                    attempt=attempt + 1,
-                    error=error,
-                    error_id=error_id,
-                    retry=again,
-                )
-                if not again:
-                    return self._give_up(public_error(exc, error_id), attempt + 1)
-                time.sleep(ERROR_BACKOFF[min(attempt, len(ERROR_BACKOFF) - 1)])
-        raise AssertionError("unreachable")
+        return with_retries(
+            self._run_once,
+            self._give_up,
+            kind="gate",
+            key=self.key,
+            store=self.store,
+            attempts=ERROR_ATTEMPTS,
+            backoff=ERROR_BACKOFF,
+        )
 
     def _give_up(self, error: str, attempts: int) -> str:
         detail = messages.gave_up("merge gate", error, attempts)

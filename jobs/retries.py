@@ -1,0 +1,59 @@
+"""The critic's and the gate's way through failures: retry what may pass, then give up
+in a way that ends the loop instead of stranding it in ``reviewing`` or ``merging``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from bot.failures import new_error_id, public_error
+from bot.logs import get_logger
+from bot.store import Store
+from jobs.gate import transient
+
+log = get_logger("loopbot.retries")
+
+
+def with_retries(
+    run_once: Callable[[], str],
+    give_up: Callable[[str, int], str],
+    *,
+    kind: str,
+    key: str,
+    store: Store,
+    attempts: int,
+    backoff: tuple[float, ...],
+) -> str:
+    """Run one critic or gate pass; retry what ``transient`` says may pass, with pauses.
+
+    Every failure goes whole to the log and the event stream (``{kind}_error``, with an
+    error id). When it is final, ``give_up`` gets only a short public reason with that
+    id, which is what GitHub shows: no paths, tokens or exception messages.
+    """
+    for attempt in range(attempts):
+        try:
+            return run_once()
+        except Exception as exc:
+            error_id = new_error_id()
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            again = transient(exc) and attempt + 1 < attempts
+            log.warning(
+                f"{kind}.error",
+                loop=key,
+                attempt=attempt + 1,
+                error=error,
+                error_id=error_id,
+                exc_info=exc,
+            )
+            store.event(
+                key,
+                f"{kind}_error",
+                attempt=attempt + 1,
+                error=error,
+                error_id=error_id,
+                retry=again,
+            )
+            if not again:
+                return give_up(public_error(exc, error_id), attempt + 1)
+            time.sleep(backoff[min(attempt, len(backoff) - 1)])
+    raise AssertionError("unreachable")
