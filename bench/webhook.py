@@ -56,23 +56,31 @@ PAYLOAD = {
     "repository": {"full_name": "acme/widgets"},
 }
 
+# Every request is a new delivery with its own body (GitHub never sends the same body
+# twice: it carries the delivery's own timestamps), so loopbot's replay check passes and
+# each request is verified, deduped, routed and enqueued. wrk cannot compute an HMAC, so
+# the signatures are computed here, one per body, and indexed by the request counter.
 WRK_LUA = """
-local body = [[%BODY%]]
+local prefix = [[%PREFIX%]]
+local suffix = [[%SUFFIX%]]
+local sigs = {%SIGS%}
 local counter = 0
 local thread_id = 0
 local tid = 0
 setup = function(thread) thread:set("tid", tid); tid = tid + 1 end
 init = function(args) thread_id = tid end
 request = function()
+  local n = (counter * 2 + thread_id) %% #sigs
   counter = counter + 1
   local headers = {}
   headers["Content-Type"] = "application/json"
   headers["X-GitHub-Event"] = "issues"
   headers["X-GitHub-Delivery"] = string.format("wrk-%%s-%%d-%%d", "%RUN%", thread_id, counter)
-  headers["X-Hub-Signature-256"] = "%SIG%"
-  return wrk.format("POST", "/webhook", headers, body)
+  headers["X-Hub-Signature-256"] = sigs[n + 1]
+  return wrk.format("POST", "/webhook", headers, prefix .. n .. suffix)
 end
 """
+WRK_BODIES = 120_000  # more than a run sends: a repeat would be a (cheaper) replay
 
 
 def gunicorn(
@@ -102,11 +110,15 @@ def gunicorn(
     raise SystemExit(f"{app} did not start on port {port}")
 
 
-def run_wrk(url: str, seconds: int, connections: int, body: str) -> float:
+def run_wrk(url: str, seconds: int, connections: int, count: int = WRK_BODIES) -> float:
+    run = uuid.uuid4().hex[:8]
+    prefix, suffix = json.dumps({**PAYLOAD, "bench": f"{run}-@@"}).split("@@")
+    sigs = ",".join(f'"{sign(SECRET, f"{prefix}{n}{suffix}".encode())}"' for n in range(count))
     lua = (
-        WRK_LUA.replace("%BODY%", body)
-        .replace("%SIG%", sign(SECRET, body.encode()))
-        .replace("%RUN%", uuid.uuid4().hex[:8])
+        WRK_LUA.replace("%PREFIX%", prefix)
+        .replace("%SUFFIX%", suffix)
+        .replace("%SIGS%", sigs)
+        .replace("%RUN%", run)
     ).replace("%%", "%")
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(lua)
@@ -122,12 +134,22 @@ def run_wrk(url: str, seconds: int, connections: int, body: str) -> float:
         raise SystemExit(f"wrk saw {non2xx.group(1)} error responses:\n{out}")
     m = re.search(r"Requests/sec:\s+([\d.]+)", out)
     assert m, out
+    total = re.search(r"(\d+) requests in", out)
+    assert total, out
+    if int(total.group(1)) > count:
+        raise SystemExit(f"wrk sent more than {count} requests: raise WRK_BODIES")
     return float(m.group(1))
 
 
-def open_loop(url: str, rate: int, seconds: int, body: bytes) -> list[float]:
+def signed_body(tag: str) -> tuple[bytes, str]:
+    """A delivery body of its own (see WRK_LUA) and its signature."""
+    body = json.dumps({**PAYLOAD, "bench": tag}).encode()
+    return body, sign(SECRET, body)
+
+
+def open_loop(url: str, rate: int, seconds: int) -> list[float]:
     """Send ``rate`` requests/s on a fixed schedule; latency counts from the scheduled time."""
-    sig = sign(SECRET, body)
+    run = uuid.uuid4().hex[:8]
     latencies: list[float] = []
     lock = threading.Lock()
     total = rate * seconds
@@ -138,6 +160,7 @@ def open_loop(url: str, rate: int, seconds: int, body: bytes) -> list[float]:
         with httpx.Client(timeout=5) as client:
             for i in range(k, total, n_threads):
                 due = start + i / rate
+                body, sig = signed_body(f"{run}-{i}")
                 delay = due - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
@@ -203,7 +226,7 @@ def in_process(redis_url: str, n: int = 2000) -> dict[str, float]:
     import bare_app  # type: ignore[import-not-found]  # bench/ is on sys.path as a script
     import structlog
 
-    from bot.queues import control_queue, enqueue_command
+    from bot.queues import CommandEnqueuer, control_queue
     from bot.redis_conn import connect
     from bot.routing import Enqueue, route
     from bot.settings import load_settings
@@ -223,14 +246,17 @@ def in_process(redis_url: str, n: int = 2000) -> dict[str, float]:
     body = json.dumps(PAYLOAD).encode()
     headers = {"X-GitHub-Event": "issues", "X-Hub-Signature-256": sign(SECRET, body)}
     conn = connect(redis_url)
-    queue = control_queue(conn)
+    enqueuer = CommandEnqueuer(control_queue(conn))
     decision = route("issues", PAYLOAD, app_id=1, delivery="x")
     assert isinstance(decision, Enqueue)
     cmd = decision.command
 
     def loopbot() -> None:
-        h = {**headers, "X-GitHub-Delivery": uuid.uuid4().hex}
-        assert app.post("/webhook", data=body, headers=h).status_code == 202
+        tag = uuid.uuid4().hex
+        one, sig = signed_body(tag)
+        h = {**headers, "X-GitHub-Delivery": tag, "X-Hub-Signature-256": sig}
+        response = app.post("/webhook", data=one, headers=h)
+        assert response.json == {"status": "queued", "job": f"cmd-{tag}"}, response.json
 
     calls: dict[str, Callable[[], object]] = {
         "bare flask request": lambda: bare.post("/webhook", data=body),
@@ -239,8 +265,8 @@ def in_process(redis_url: str, n: int = 2000) -> dict[str, float]:
             verify(SECRET.encode(), body, headers["X-Hub-Signature-256"]),
             route("issues", json.loads(body), app_id=1, delivery=uuid.uuid4().hex),
         ),
-        "RQ unique enqueue": lambda: enqueue_command(
-            queue, cmd.model_copy(update={"delivery": uuid.uuid4().hex})
+        "enqueue (one round trip)": lambda: enqueuer.enqueue(
+            cmd.model_copy(update={"delivery": uuid.uuid4().hex}), uuid.uuid4().hex
         ),
         "one Redis PING": conn.ping,
     }
@@ -281,7 +307,6 @@ def main() -> None:
         "LOOPBOT_LOG_FORMAT": "json",
         "PYTHONPATH": str(ROOT),
     }
-    body = json.dumps(PAYLOAD)
     results = {}
     slow_lat: list[float] = []
     procs: list[subprocess.Popen[bytes]] = []
@@ -295,13 +320,13 @@ def main() -> None:
             proc = gunicorn(app, port, env, args.workers, args.worker_class)
             procs.append(proc)
             url = f"http://127.0.0.1:{port}/webhook"
-            run_wrk(url, 2, args.connections, body)  # warm-up
-            rps = run_wrk(url, args.seconds, args.connections, body)
-            lat = open_loop(url, args.rate, args.seconds, body.encode())
+            run_wrk(url, 2, args.connections, 20_000)  # warm-up
+            rps = run_wrk(url, args.seconds, args.connections)
+            lat = open_loop(url, args.rate, args.seconds)
             results[name] = (rps, pct(lat, 50), pct(lat, 99))
             if name == "loopbot":
                 with SlowClients(port, args.slow_clients):
-                    slow_lat = open_loop(url, args.rate, args.seconds, body.encode())
+                    slow_lat = open_loop(url, args.rate, args.seconds)
             proc.send_signal(signal.SIGTERM)
             proc.wait(10)
         micro = in_process(redis.url)

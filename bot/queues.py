@@ -17,19 +17,23 @@ worker is built here, and they:
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+import zlib
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from redis import Redis
 from rq import Queue, Retry, Worker
-from rq.exceptions import DeserializationError, DuplicateJobError
+from rq.exceptions import DeserializationError
 from rq.job import Job
-from rq.scripts import UNIQUE_ENQUEUE_SCRIPT, _build_hset_args
+from rq.scripts import _build_hset_args
 from rq.serializers import JSONSerializer
+from rq.utils import now as rq_now
+from rq.utils import utcformat
 
-from bot.commands import Command
+from bot.commands import ChecksCompleted, Command
 from bot.logs import get_logger
 
 log = get_logger("loopbot.queues")
@@ -194,70 +198,145 @@ def body_key(body_sha256: str) -> str:
     return f"loopbot:webhook:body:{body_sha256}"
 
 
-# RQ's own atomic unique enqueue (check the job key, HSET the job, EXPIRE, push), with
-# loopbot's two extra steps in front, in the same script and so the same round trip:
-# the body-hash record (KEYS[3]) and the queue's entry in RQ's set of queues (KEYS[4]).
-# The body record holds the job id of the first delivery that carried the body: the same
-# delivery again (GitHub's redeliver, or a retry after a 503) goes on to RQ's check, and a
-# different delivery id with the same body is a replay (-1). The record lives as long as
-# the dedupe on the delivery id.
-_ENQUEUE_SCRIPT = (
-    f"""
-    local first = redis.call("GET", KEYS[3])
-    if first and first ~= ARGV[1] then
-        return -1
+# How a delivery becomes a dispatch job: one Lua script, so one Redis round trip, that
+# 1. refuses a body an earlier delivery carried under another delivery id (-1), and
+#    records the body's hash (KEYS[3]) for as long as the delivery id is deduped;
+# 2. refuses a job id (the delivery id) that exists (0): RQ's unique enqueue;
+# 3. writes the job hash exactly as RQ's ``Queue.enqueue`` would, pushes the id onto the
+#    queue and registers the queue in RQ's set of queues (KEYS[4]).
+# Building an RQ ``Job`` per request (uuid, datetimes, to_dict, ~50 arguments to pack)
+# cost three times the Redis round trip. So RQ builds one template job when the
+# enqueuer is made; the fields a delivery changes (data, description, timestamps) are
+# the script's arguments and the rest are constants written into the script's source.
+# tests/test_webhook.py compares the hash with the one RQ writes for the same job.
+_PER_JOB_FIELDS = ("data", "description", "created_at", "enqueued_at")
+_ENQUEUE_SCRIPT = """
+    if ARGV[6] ~= "" then
+        local first = redis.call("GET", KEYS[3])
+        if first and first ~= ARGV[1] then
+            return -1
+        end
     end
-    redis.call("SET", KEYS[3], ARGV[1], "EX", {COMMAND_KEEP_SECONDS})
+    if redis.call("EXISTS", KEYS[1]) == 1 then
+        return 0
+    end
+    if ARGV[6] ~= "" then
+        redis.call("SET", KEYS[3], ARGV[1], "EX", %(keep)d)
+    end
+    redis.call("HSET", KEYS[1], "data", ARGV[2], "description", ARGV[3],
+        "created_at", ARGV[4], "enqueued_at", ARGV[5]%(constants)s)
+    redis.call("RPUSH", KEYS[2], ARGV[1])
     redis.call("SADD", KEYS[4], KEYS[2])
-    """
-    + UNIQUE_ENQUEUE_SCRIPT
-)
+    return 1
+"""
 
 
-def enqueue_command(queue: Queue, command: Command, body_sha256: str | None = None) -> str:
-    """Enqueue ``command`` for the dispatcher, once per delivery and once per body.
+def _lua_string(value: str | bytes) -> str:
+    """``value`` as a Lua string literal: every byte but a few plain ones as ``\\ddd``."""
+    raw = value.encode() if isinstance(value, str) else value
+    plain = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.:, []"
+    return '"' + "".join(chr(b) if b in plain else f"\\{b:03d}" for b in raw) + '"'
 
-    The job id is derived from the delivery id and enqueued with RQ's atomic unique
-    enqueue (check, save and push in one Lua script): the dedupe and the enqueue are one
-    Redis round trip, and there is no moment where one happened without the other.
-    With ``body_sha256`` (the webhook's raw body) the same script also refuses a body
-    that an earlier delivery carried under another delivery id (``Replay``).
-    Raises ``Duplicate`` for a delivery seen before.
-    """
-    job_id = command_job_id(command.delivery)
-    options: dict[str, Any] = {
-        "job_id": job_id,
+
+def _job_options(delivery: str, description: str) -> dict[str, Any]:
+    return {
+        "job_id": command_job_id(delivery),
         "result_ttl": COMMAND_KEEP_SECONDS,
         "failure_ttl": 7 * 24 * 3600,
         # A dispatch job only reads GitHub and enqueues; retrying it is safe, and a
         # GitHub outage should not drop a maintainer's request.
         "retry": Retry(max=3, interval=[10, 60, 300]),
-        "description": f"{command.kind} {command.repo}#{command.issue} by {command.actor}",
+        "description": description,
+        "timeout": 300,
     }
-    if body_sha256 is None:
-        try:
-            job = queue.enqueue(
-                DISPATCH, command.model_dump_json(), job_timeout=300, unique=True, **options
-            )
-        except DuplicateJobError:
-            raise Duplicate(command.delivery) from None
-        return str(job.id)
-    # What Queue.enqueue(..., unique=True) does for a job without dependencies, with
-    # loopbot's script in place of RQ's (see _ENQUEUE_SCRIPT).
-    job = queue.create_job(DISPATCH, args=(command.model_dump_json(),), timeout=300, **options)
-    queue._prepare_for_queue(job)
-    conn = queue.connection
-    script = conn.register_script(_ENQUEUE_SCRIPT)
-    ttl = job.ttl if job.ttl is not None else -1
-    result = script(
-        keys=[job.key, queue.key, body_key(body_sha256), queue.redis_queues_keys],
-        args=[job.id, "R", ttl, *_build_hset_args(job)],  # type: ignore[no-untyped-call]
+
+
+def _description(command: Command) -> str:
+    return f"{command.kind} {command.repo}#{command.issue} by {command.actor}"
+
+
+def _job_data(command: Command) -> bytes:
+    """What RQ stores as ``data`` for ``DISPATCH(command_json)``: zlib of the JSON call."""
+    return zlib.compress(json.dumps((DISPATCH, None, (command.model_dump_json(),), {})).encode())
+
+
+def rq_job_fields(queue: Queue, command: Command) -> dict[str, bytes]:
+    """The job hash RQ itself writes when it enqueues ``command``: the reference."""
+    job = queue.create_job(
+        DISPATCH,
+        args=(command.model_dump_json(),),
+        **_job_options(command.delivery, _description(command)),
     )
-    if result == -1:
-        raise Replay(command.delivery)
-    if result == 0:
-        raise Duplicate(command.delivery)
-    return str(job.id)
+    queue._prepare_for_queue(job)
+    args = _build_hset_args(job)  # type: ignore[no-untyped-call]
+    return {
+        str(k): v if isinstance(v, bytes) else str.encode(v)
+        for k, v in zip(args[::2], args[1::2], strict=True)
+    }
+
+
+class CommandEnqueuer:
+    """Enqueue dispatch jobs for one queue, each in one Redis round trip (see above)."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.script: Any = None  # built on first use: RQ asks Redis its version
+
+    def _script(self) -> Any:
+        if self.script is None:
+            template = rq_job_fields(self.queue, _TEMPLATE_COMMAND)
+            if "ttl" in template or template["status"] != b"queued":
+                raise RuntimeError("RQ's job format changed: re-check CommandEnqueuer")
+            constants = "".join(
+                f", {_lua_string(k)}, {_lua_string(v)}"
+                for k, v in template.items()
+                if k not in _PER_JOB_FIELDS
+            )
+            source = _ENQUEUE_SCRIPT % {"keep": COMMAND_KEEP_SECONDS, "constants": constants}
+            self.script = self.queue.connection.register_script(source)
+        return self.script
+
+    def enqueue(self, command: Command, body_sha256: str | None = None) -> str:
+        """Enqueue ``command``; raises ``Duplicate`` (or ``Replay``) and writes nothing.
+
+        The job id is the delivery id (``command_job_id``), so GitHub's redelivery of a
+        delivery is ``Duplicate``. With ``body_sha256`` (the raw webhook body's hash) the
+        same body under another delivery id is a ``Replay``: GitHub's own redeliveries
+        keep the id, and two real events never have byte-identical bodies.
+        """
+        job_id = command_job_id(command.delivery)
+        stamp = utcformat(rq_now())
+        result = self._script()(
+            keys=[
+                Job.key_for(job_id),
+                self.queue.key,
+                body_key(body_sha256) if body_sha256 else "",
+                self.queue.redis_queues_keys,
+            ],
+            args=[
+                job_id,
+                _job_data(command),
+                _description(command),
+                stamp,
+                stamp,
+                body_sha256 or "",
+            ],
+        )
+        if result == -1:
+            raise Replay(command.delivery)
+        if result == 0:
+            raise Duplicate(command.delivery)
+        return job_id
+
+
+_TEMPLATE_COMMAND = ChecksCompleted(
+    installation_id=1, repo="o/r", issue=1, actor="a", delivery="template", head_sha="0" * 40
+)
+
+
+def enqueue_command(queue: Queue, command: Command, body_sha256: str | None = None) -> str:
+    """``CommandEnqueuer(queue).enqueue``, for callers that enqueue once."""
+    return CommandEnqueuer(queue).enqueue(command, body_sha256)
 
 
 def enqueue_critic(redis: Redis, repo: str, issue: int) -> None:

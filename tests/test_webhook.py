@@ -190,3 +190,55 @@ def test_signed_garbage_payloads_never_5xx(
     redis.delete("loopbot:delivery:g")
     resp = post(client, payload, event=event, delivery="g")
     assert resp.status_code in (200, 202, 400)
+
+
+def test_one_round_trip_enqueue_writes_the_job_rq_would(redis: Redis) -> None:
+    """The webhook's enqueue script writes the same job hash as RQ's own enqueue, and RQ
+    reads it back as the job it is: a change in RQ's format fails here, not in production."""
+    from rq.job import JobStatus
+
+    from bot.commands import LabelAdded
+    from bot.queues import (
+        CommandEnqueuer,
+        Duplicate,
+        Replay,
+        control_queue,
+        fetch_job,
+        rq_job_fields,
+    )
+
+    queue = control_queue(redis)
+    cmd = LabelAdded(
+        installation_id=5,
+        repo="acme/widgets",
+        issue=3,
+        actor='al"ice\\',
+        delivery="d-rt",
+        label="loop:ready",
+    )
+    job_id = CommandEnqueuer(queue).enqueue(cmd, "ab" * 32)
+    written = {k.decode(): v for k, v in redis.hgetall(f"rq:job:{job_id}").items()}
+    reference = rq_job_fields(queue, cmd)
+    stamps = {"created_at", "enqueued_at"}
+    assert {k: v for k, v in written.items() if k not in stamps} == {
+        k: v for k, v in reference.items() if k not in stamps
+    }
+    assert written.keys() == reference.keys()
+    job = fetch_job(job_id, redis)
+    assert job.get_status() == JobStatus.QUEUED
+    assert (job.func_name, tuple(job.args), job.timeout, job.retries_left) == (
+        "jobs.dispatch.handle_command",
+        (cmd.model_dump_json(),),
+        300,
+        3,
+    )
+    assert job.refusal() is None
+    assert redis.lrange("rq:queue:loopbot-control", 0, -1) == [job_id.encode()]
+    assert b"rq:queue:loopbot-control" in redis.smembers("rq:queues")
+    # The same delivery again, and the same body under a new delivery: nothing written.
+    with pytest.raises(Duplicate):
+        CommandEnqueuer(queue).enqueue(cmd, "ab" * 32)
+    with pytest.raises(Replay):
+        CommandEnqueuer(queue).enqueue(cmd.model_copy(update={"delivery": "d-2"}), "ab" * 32)
+    assert redis.llen("rq:queue:loopbot-control") == 1
+    assert not redis.exists("rq:job:cmd-d-2")
