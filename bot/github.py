@@ -27,6 +27,7 @@ from githubkit.exception import GitHubException
 from httpx import TransportError
 from pydantic import BaseModel, ConfigDict
 
+from bot.defuse import one_line, safe_text
 from bot.failures import (
     Fatal,
     Forbidden,
@@ -462,7 +463,7 @@ class Installation:
         ``known_id`` (the id from an earlier upsert) skips the search; if that comment
         is gone, the search runs as usual.
         """
-        text = f"{body}\n\n{marker(key)}"
+        text = f"{safe_text(body)}\n\n{marker(key)}"
         if known_id is not None:
             with contextlib.suppress(NotFound):
                 return _comment(
@@ -535,8 +536,16 @@ class Installation:
                 paths.append(str(f["previous_filename"]))
         return paths
 
-    def open_pull(self, repo: str, branch: str, base: str, title: str, body: str) -> PullInfo:
-        """The open PR for ``branch``: found, or created once; its title and body updated."""
+    def open_pull(
+        self, repo: str, branch: str, base: str, title: str, body: str, *, closes: int
+    ) -> PullInfo:
+        """The open PR for ``branch``: found, or created once; its title and body updated.
+
+        The body starts with ``Closes #closes`` (the loop's own issue); the rest is defused,
+        so it names no other issue to close and pings no one.
+        """
+        title = one_line(title)
+        body = f"Closes #{closes}\n\n{safe_text(body)}"
         existing = self.find_pull(repo, branch)
         if existing is not None:
             if existing.body != body or existing.title != title:
@@ -588,7 +597,8 @@ class Installation:
         comments: list[dict[str, Any]],
     ) -> ReviewInfo:
         """One COMMENT review tagged ``key``: never posted twice, even across retries."""
-        text = f"{body}\n\n{marker(key)}"
+        text = f"{safe_text(body)}\n\n{marker(key)}"
+        comments = [{**c, "body": safe_text(str(c.get("body", "")))} for c in comments]
         existing = self.find_review(repo, number, key)
         if existing is not None:
             return existing
@@ -607,10 +617,22 @@ class Installation:
         )
 
     def merge_pull(
-        self, repo: str, number: int, sha: str, method: str, title: str, message: str
+        self,
+        repo: str,
+        number: int,
+        sha: str,
+        method: str,
+        title: str,
+        message: str,
+        *,
+        closes: int,
     ) -> MergeResult:
         """Merge with ``sha`` pinned. ``message`` is given, never GitHub's default, which
-        may copy the PR body or the branch's commit messages onto the default branch."""
+        may copy the PR body or the branch's commit messages onto the default branch.
+        It starts with ``Closes #closes``; the title and the rest are defused, and the
+        title ends with `` (#number)``, GitHub's own convention for a squash commit."""
+        title = f"{one_line(title)} (#{number})"
+        message = f"Closes #{closes}.\n\n{safe_text(message)}"
         d = self._call(
             lambda gh: gh.rest.pulls.merge(
                 *_split(repo),
@@ -689,11 +711,18 @@ class Installation:
         new_head: bool = False,
     ) -> CheckRunInfo:
         """The check run ``name`` on ``head_sha``: created once, then updated."""
-        output: dict[str, Any] = {"title": title or name, "summary": summary or title or name}
+        title, summary = one_line(title or name), safe_text(summary or title or name)
+        output: dict[str, Any] = {"title": title, "summary": summary}
         if text:
-            output["text"] = text
+            output["text"] = safe_text(text)
         if annotations:
-            output["annotations"] = annotations[:50]  # GitHub's limit per request
+            output["annotations"] = [  # 50: GitHub's limit per request
+                {
+                    **a,
+                    **{f: safe_text(str(a[f])) for f in ("message", "title") if a.get(f)},
+                }
+                for a in annotations[:50]
+            ]
         fields: dict[str, Any] = {"status": status, "output": output}
         if conclusion:
             fields["conclusion"] = conclusion

@@ -490,7 +490,12 @@ class LoopRunner:
         body = pull_body(issue, record, outcome.text, stat)
         self.lease.check()
         pull = self.gh.open_pull(
-            self.repo, record.branch, base, record.approved_title or issue.title, body
+            self.repo,
+            record.branch,
+            base,
+            record.approved_title or issue.title,
+            body,
+            closes=self.issue_number,
         )
         self._set(pr_number=pull.number, pr_url=pull.html_url, head_sha=pull.head_sha)
         self.store.event(self.key, "pr_opened", pr=pull.number, sha=pull.head_sha)
@@ -632,7 +637,6 @@ def _conclusion(status: Status) -> str:
 
 def pull_body(issue: IssueInfo, record: LoopRecord, summary: str, stat: str) -> str:
     return (
-        f"Closes #{issue.number}\n\n"
         f"{messages.safe_text(summary.strip()) or 'Changes made by loopbot.'}\n\n"
         f"| turns | cost | verify |\n|---|---|---|\n"
         f"| {record.turn} | ${record.cost_usd:.2f} | `{record.verify_command}` passed |\n\n"

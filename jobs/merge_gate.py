@@ -236,8 +236,9 @@ class Gate:
                 record.pr_number,
                 sha,
                 "squash",
-                messages.squash_title(title, record.pr_number),
+                messages.squash_title(title),
                 messages.merge_message(record, sha),
+                closes=self.issue,
             )
         except Conflict as exc:
             if exc.status == 409:  # the head moved between our read and the merge

@@ -11,6 +11,7 @@ from rq.job import JobStatus
 
 from bot import repo_config
 from bot.commands import loop_job_id
+from bot.defuse import JOINER as J
 from bot.loopstate import Status
 from bot.queues import fetch_job
 from bot.settings import load_settings
@@ -78,7 +79,9 @@ def test_cancel_during_a_long_turn_then_restart(
     assert any(
         r["content"] == "eyes" and r["comment_id"] == cid for r in github.repo(REPO).reactions
     )
-    wait_for(lambda: any("Cancelled by @writer" in b for b in bot_replies(github)), 10, "a reply")
+    wait_for(
+        lambda: any(f"Cancelled by @{J}writer" in b for b in bot_replies(github)), 10, "a reply"
+    )
 
     model.play(FIX, m.text("Fixed add."))
     comment(github, "writer", n, "/loop-restart")

@@ -8,6 +8,7 @@ from typing import Any
 
 from redis import Redis
 
+from bot.defuse import JOINER as J
 from bot.loopstate import Status, intake_hash
 from bot.store import Store
 from bot.testing import anthropic_server as m
@@ -103,7 +104,7 @@ def test_author_edit_seen_by_dispatch_first_cancels_with_comment(
     r = record(redis)
     assert (r.status, r.reason, r.detail) == (Status.CANCELLED, "issue_edited", "by reader")
     stopped = [b for b in bot_comments(github) if "loopbot stopped" in b]
-    assert len(stopped) == 1 and "@reader" in stopped[0]
+    assert len(stopped) == 1 and f"@{J}reader" in stopped[0]
     drain()
     assert model.requests == []  # the cancelled loop never called the model
     # A writer re-applies the label: the current text is approved and the loop runs on it.

@@ -98,8 +98,8 @@ def test_pull_request_created_once_across_lost_answers(gh, github: GitHubServer)
     gitrepo.git(repo.path, "branch", "loop/issue-1", "main")
     gitrepo.seed(repo.path, "loop/issue-1", {"README.md": "fixed\n"}, "fix")
     github.inject("POST", r"/pulls$", 502, after=True)
-    pr = gh.open_pull(REPO, "loop/issue-1", "main", "Fix", "Closes #1")
-    again = gh.open_pull(REPO, "loop/issue-1", "main", "Fix", "Closes #1")
+    pr = gh.open_pull(REPO, "loop/issue-1", "main", "Fix", "Done.", closes=1)
+    again = gh.open_pull(REPO, "loop/issue-1", "main", "Fix", "Done.", closes=1)
     assert pr.number == again.number
     assert len(repo.pulls) == 1
 

@@ -10,6 +10,7 @@ import pytest
 from redis import Redis
 
 from bot import failures
+from bot.defuse import JOINER as J
 from bot.loopstate import Status
 from bot.queues import CRITIC_JOB, fetch_job, loop_queue
 from bot.store import Store
@@ -201,8 +202,8 @@ def test_issue_title_closes_nothing_when_squash_merged(
     assert issues[one].state == "open" and issues[two].state == "open"
     assert issues[n].state == "closed"
     subject = main_log(github)[0]
-    assert subject.startswith("loop: Fixes `#1`, closes `acme/other#3`"), subject
-    assert subject.endswith(f"`@writer` (#{r.pr_number})"), subject
+    assert subject.startswith(f"loop: F{J}ixes #{J}1, c{J}loses acme/other#{J}3"), subject
+    assert subject.endswith(f"@{J}writer (#{r.pr_number})"), subject
     message = gitrepo.git(github.repo(REPO).path, "log", "-1", "--format=%B", "main")
     assert f"Closes #{n}." in message
 

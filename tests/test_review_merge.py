@@ -7,6 +7,7 @@ from typing import Any
 
 from redis import Redis
 
+from bot.defuse import JOINER as J
 from bot.loopstate import Status
 from bot.store import Store
 from bot.testing import anthropic_server as m
@@ -119,7 +120,7 @@ def test_agent_text_cannot_close_other_issues_or_ping_people(
     repo = github.repo(REPO)
     assert repo.issues[n].state == "closed" and repo.issues[other].state == "open"
     body = repo.issues[r.pr_number].body
-    assert f"fixes `#{other}`" in body and "cc `@writer`" in body  # no close, no ping
+    assert f"fixes #{J}{other}" in body and f"cc @{J}writer" in body  # no close, no ping
     message = gitrepo.git(repo.path, "log", "-1", "--format=%B", "main")
     assert f"Closes #{n}." in message and "Merged by loopbot after 1 turn(s)" in message
 
