@@ -116,6 +116,22 @@ class LoopRecord(BaseModel):
     approved_body: str = ""
     approved_sha256: str = ""  # intake_hash(approved_title, approved_body); "" = none yet
     approved_by: str = ""
+    # Evidence from the base: verify on the base commit before any change (sha, passed,
+    # exit_code, tail, seconds, cached); turns in a row that changed nothing; the test
+    # files the pull request adds or changes.
+    base_sha: str = ""
+    base_verify: dict[str, Any] = Field(default_factory=dict)
+    idle_turns: int = 0
+    tests_changed: list[str] = Field(default_factory=list)
+    # Findings that persist across review rounds (jobs/findings.py), and the verdict on
+    # each reviewed head: a sha in ``verdicts`` is never reviewed again.
+    finding_log: list[dict[str, Any]] = Field(default_factory=list)
+    next_finding: int = 1
+    verdicts: dict[str, str] = Field(default_factory=dict)
+    # One budget over the whole life (jobs/budget.py): never reset by a restart.
+    total_turns: int = 0
+    active_seconds: float = 0.0
+    receipt_comment_id: int | None = None  # the merge gate's receipt on the pull request
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
 

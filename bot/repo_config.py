@@ -77,6 +77,13 @@ class LimitsConfig(_Strict):
     # Wall-clock hours a loop may run, counted from its start or its last restart;
     # unset means the operator's ceiling (LOOPBOT_MAX_WALL_HOURS).
     max_hours: float | None = Field(None, gt=0)
+    # A change larger than these is not merged on its own: a person looks at it.
+    max_changed_lines: int = Field(1000, ge=1)
+    max_changed_files: int = Field(100, ge=1)
+    # The whole-life budget for tokens and turns (jobs/budget.py); unset means
+    # the operator's ceiling.
+    max_tokens: int | None = Field(None, ge=1)
+    max_total_turns: int | None = Field(None, ge=1)
 
 
 class RepoConfig(_Strict):
