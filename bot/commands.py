@@ -77,6 +77,23 @@ class PullFeedback(_Command):
     comment_id: int | None = None
 
 
+class DismissFinding(_Command):
+    """``/loop-dismiss F3 <reason>``: a writer says a review finding does not apply.
+
+    Accepted on the issue and on loopbot's pull request, where the reviews are; on the
+    pull request ``issue`` is 0 and ``pull`` its number, and the job reads the pull
+    request's branch to find the loop. ``finding`` and ``reason`` are as written: the
+    job checks them, so a malformed command still gets an answer saying what is wrong.
+    """
+
+    kind: Literal["dismiss"] = "dismiss"
+    issue: int = Field(ge=0)
+    pull: int = Field(0, ge=0)
+    finding: str = Field("", max_length=100)
+    reason: str = Field("", max_length=2000)
+    comment_id: int
+
+
 class ChecksCompleted(_Command):
     """A check suite finished on loopbot's branch head: the merge gate may open."""
 
@@ -86,7 +103,13 @@ class ChecksCompleted(_Command):
 
 
 Command = Annotated[
-    LabelAdded | ControlCommand | IssueInactive | IssueEdited | PullFeedback | ChecksCompleted,
+    LabelAdded
+    | ControlCommand
+    | IssueInactive
+    | IssueEdited
+    | PullFeedback
+    | DismissFinding
+    | ChecksCompleted,
     Field(discriminator="kind"),
 ]
 COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)

@@ -27,6 +27,7 @@ from werkzeug.wrappers import Response as BaseResponse
 from bot.loopstate import SUMMARY_FIELDS, Status
 from bot.settings import Settings
 from bot.store import Store
+from jobs import budget
 
 COOKIE = "loopbot_session"
 SESSION_PREFIX = "loopbot:dashboard:session:"
@@ -152,6 +153,9 @@ def blueprint(settings: Settings, store: Store, redis: Redis) -> Blueprint:
         return jsonify(
             {
                 "loop": record.model_dump(mode="json"),
+                # The whole-life budget, live: spent and limit per budget.
+                "budget": budget.table(record),
+                "budget_line": budget.line(record),
                 "events": events[-500:],
                 "turns": [e["data"] for e in events if e["kind"] == "turn_completed"],
                 "verify": [e["data"] for e in events if e["kind"] == "verify"],

@@ -100,6 +100,11 @@ class PullInfo(_Model):
     html_url: str = ""
     title: str = ""
     body: str | None = None
+    # The size of the change (None when GitHub did not say), and the merge commit.
+    additions: int | None = None
+    deletions: int | None = None
+    changed_files: int | None = None
+    merge_commit_sha: str | None = None
 
 
 class ReviewInfo(_Model):
@@ -162,6 +167,10 @@ def _pull(d: Any) -> PullInfo:
         html_url=d.get("html_url") or "",
         title=d.get("title") or "",
         body=d.get("body"),
+        additions=d.get("additions"),
+        deletions=d.get("deletions"),
+        changed_files=d.get("changed_files"),
+        merge_commit_sha=d.get("merge_commit_sha"),
     )
 
 
@@ -523,6 +532,20 @@ class Installation:
             )
         )
 
+    def compare_diff(self, repo: str, base: str, head: str) -> str:
+        """The diff from ``base`` to ``head`` (GitHub's three-dot compare)."""
+        return str(
+            self._call(
+                lambda gh: (
+                    gh.rest.repos.compare_commits(
+                        *_split(repo),
+                        f"{base}...{head}",
+                        headers={"Accept": "application/vnd.github.diff"},
+                    ).text
+                )
+            )
+        )
+
     def pull_files(self, repo: str, number: int) -> list[str]:
         """Every path the pull request touches, renamed-from paths included."""
         paths: list[str] = []
@@ -660,11 +683,26 @@ class Installation:
         return [_check_run(c) for c in items]
 
     def commit_statuses(self, repo: str, ref: str) -> list[tuple[str, str]]:
-        """The legacy commit statuses on ``ref``, latest per context: (context, state)."""
-        d = self._call(
-            lambda gh: gh.rest.repos.get_combined_status_for_ref(*_split(repo), ref).json()
-        )
-        return [(str(st.get("context")), str(st.get("state"))) for st in d.get("statuses") or []]
+        """The legacy commit statuses on ``ref``, latest per context: (context, state).
+
+        The combined status is paginated (``total_count``): every page is read, and if
+        they cannot all be read, an entry with the state ``unknown`` is added, which the
+        gate refuses, so a failing status on a page not read can never pass."""
+        found: list[tuple[str, str]] = []
+
+        def fetch(page: int) -> Callable[[GitHub[Any]], Any]:
+            return lambda gh: gh.rest.repos.get_combined_status_for_ref(
+                *_split(repo), ref, per_page=100, page=page
+            ).json()
+
+        for page in range(1, 11):
+            d = self._call(fetch(page))
+            batch = d.get("statuses") or []
+            found += [(str(st.get("context")), str(st.get("state"))) for st in batch]
+            total = d.get("total_count")
+            if not isinstance(total, int) or len(found) >= total or not batch:
+                return found
+        return [*found, ("(statuses beyond 1,000 not read)", "unknown")]
 
     def required_checks(self, repo: str, branch: str) -> frozenset[str] | None:
         """The check names ``branch`` requires, from rulesets and branch protection.

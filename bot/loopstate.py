@@ -130,7 +130,8 @@ class LoopRecord(BaseModel):
     verdicts: dict[str, str] = Field(default_factory=dict)
     # One budget over the whole life (jobs/budget.py): never reset by a restart.
     total_turns: int = 0
-    active_seconds: float = 0.0
+    active_seconds: float = 0.0  # banked by the store at each write of an active record
+    budget_limits: dict[str, float] = Field(default_factory=dict)  # name -> limit in force
     receipt_comment_id: int | None = None  # the merge gate's receipt on the pull request
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)

@@ -27,6 +27,9 @@ class _Strict(BaseModel):
 
 class CriticConfig(_Strict):
     enabled: bool = True
+    # Read-only tools on the PR head (read, search, run verify) in the sandbox, so the
+    # critic checks claims against the code (jobs/critic_tools.py).
+    tools: bool = True
     max_rounds: int = Field(3, ge=1, le=20)
     large_diff_lines: int = Field(400, ge=1)
 
@@ -74,8 +77,9 @@ class SandboxConfig(_Strict):
 
 
 class LimitsConfig(_Strict):
-    # Wall-clock hours a loop may run, counted from its start or its last restart;
-    # unset means the operator's ceiling (LOOPBOT_MAX_WALL_HOURS).
+    # Wall-clock hours a loop may be active (queued, running, reviewing, merging), summed
+    # over its whole life, restarts included; unset means the operator's ceiling
+    # (LOOPBOT_MAX_WALL_HOURS).
     max_hours: float | None = Field(None, gt=0)
     # A change larger than these is not merged on its own: a person looks at it.
     max_changed_lines: int = Field(1000, ge=1)
@@ -129,6 +133,8 @@ class Ceilings:
     tool_budget: int = 1000
     wait_checks_minutes: int = 240
     max_hours: float = 12.0
+    max_tokens: int = 100_000_000
+    max_total_turns: int = 200
 
     @classmethod
     def of(cls, settings: Settings) -> Ceilings:
@@ -138,6 +144,8 @@ class Ceilings:
             tool_budget=settings.max_tool_budget,
             wait_checks_minutes=settings.max_wait_checks_minutes,
             max_hours=settings.max_wall_hours,
+            max_tokens=settings.max_tokens,
+            max_total_turns=settings.max_total_turns,
         )
 
 
@@ -150,6 +158,8 @@ _CAPS: tuple[tuple[str, str, str], ...] = (
     ("tool_budget", "tool_budget", "LOOPBOT_MAX_TOOL_BUDGET"),
     ("merge.wait_checks_minutes", "wait_checks_minutes", "LOOPBOT_MAX_WAIT_CHECKS_MINUTES"),
     ("limits.max_hours", "max_hours", "LOOPBOT_MAX_WALL_HOURS"),
+    ("limits.max_tokens", "max_tokens", "LOOPBOT_MAX_TOKENS"),
+    ("limits.max_total_turns", "max_total_turns", "LOOPBOT_MAX_TOTAL_TURNS"),
 )
 
 

@@ -16,6 +16,7 @@ from bot.commands import (
     ChecksCompleted,
     Command,
     ControlCommand,
+    DismissFinding,
     IssueEdited,
     IssueInactive,
     LabelAdded,
@@ -29,6 +30,7 @@ CONTROL_WORDS: dict[str, Literal["cancel", "restart", "status"]] = {
     "/loop-status": "status",
 }
 FEEDBACK_WORD = "/loop"
+DISMISS_WORD = "/loop-dismiss"
 
 
 class _Model(BaseModel):
@@ -218,7 +220,7 @@ def _issue_comment(payload: dict[str, Any], app_id: int, delivery: str) -> Route
         return Ignore(f"issue_comment.{payload.get('action')} is not used")
     ev = _CommentEvent.model_validate(payload)
     word = _first_word(ev.comment.body)
-    if word not in CONTROL_WORDS and word != FEEDBACK_WORD:
+    if word not in CONTROL_WORDS and word not in (FEEDBACK_WORD, DISMISS_WORD):
         return Ignore("comment is not a loopbot command")
     if _is_bot(ev.sender):
         return Ignore(f"command from {ev.sender.type} {ev.sender.login}")
@@ -229,6 +231,8 @@ def _issue_comment(payload: dict[str, Any], app_id: int, delivery: str) -> Route
         "delivery": delivery,
     }
     on_pull = ev.issue.pull_request is not None
+    if word == DISMISS_WORD:
+        return Enqueue(_dismiss(ev, on_pull, common))
     if word == FEEDBACK_WORD:
         if not on_pull:
             return Ignore("/loop is a pull request command")
@@ -250,6 +254,20 @@ def _issue_comment(payload: dict[str, Any], app_id: int, delivery: str) -> Route
             issue=ev.issue.number,
             **common,
         )
+    )
+
+
+def _dismiss(ev: _CommentEvent, on_pull: bool, common: dict[str, Any]) -> DismissFinding:
+    # "/loop-dismiss F3 the overflow cannot happen: n <= 10" -> ("F3", "the overflow ...").
+    # Checked in the job, which answers a malformed command; here only cut to size.
+    words = (ev.comment.body or "").strip().split(maxsplit=2)
+    return DismissFinding(
+        issue=0 if on_pull else ev.issue.number,
+        pull=ev.issue.number if on_pull else 0,
+        finding=(words[1] if len(words) > 1 else "")[:100],
+        reason=(words[2].strip() if len(words) > 2 else "")[:2000],
+        comment_id=ev.comment.id,
+        **common,
     )
 
 

@@ -2,9 +2,10 @@
 
 A step is one model call plus the tool calls it asks for. The turn ends on a non-tool
 finish, the step cap, the tool-call budget, a doom loop (the same call three times in a
-row), the cost cap, too many stalls, or cancellation; the reason is returned, never
-swallowed. The conversation is a list of plain dicts so it can be stored in Redis and
-continued by another worker.
+row), the issue's budget (checked before each call: a call that could cross it is never
+made), too many stalls, or cancellation; the reason is returned, never swallowed. The
+conversation is a list of plain dicts so it can be stored in Redis and continued by
+another worker.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any, Literal
 import anthropic
 
 from bot.loopstate import Usage
+from jobs import budget, precall
+from jobs.budget import Budget, Spent
 from jobs.pricing import usage_from
 from jobs.tools import TOOLS, ToolBox
 
@@ -27,7 +30,7 @@ End = Literal[
     "step_cap",
     "tool_budget",
     "doom_loop",
-    "cost_cap",
+    "budget_exhausted",
     "stalled",
     "cancelled",
     "shutdown",
@@ -52,7 +55,8 @@ calling tools.{protected} Finish with a short summary of what you changed and wh
 class Limits:
     step_cap: int
     tool_budget: int
-    cost_left_usd: float
+    budget: Budget | None = None  # the issue's whole-life budget; None: unlimited
+    spent: Spent = field(default_factory=Spent)  # what the issue had spent as the turn began
     stall_timeout: float = 300.0
 
 
@@ -70,6 +74,13 @@ class Outcome:
     @property
     def cost(self) -> float:
         return sum(u.cost_usd for _, u in self.usage)
+
+    @property
+    def tokens(self) -> int:
+        return sum(
+            u.input_tokens + u.output_tokens + u.cache_read_tokens + u.cache_write_tokens
+            for _, u in self.usage
+        )
 
 
 def with_cache_points(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -149,9 +160,9 @@ class Agent:
         self.draining = draining  # the worker is shutting down: hand over at the next step
         self.resources = resources  # what is over a resource limit after a tool call
 
-    def _call(
-        self, messages: list[dict[str, Any]], with_tools: bool, timeout: float, model: str
-    ) -> Any:
+    def _request(
+        self, messages: list[dict[str, Any]], with_tools: bool, model: str
+    ) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "model": model,
             "max_tokens": MAX_TOKENS,
@@ -162,7 +173,31 @@ class Agent:
         }
         if with_tools:
             kwargs["tools"] = TOOLS
-        return self.client.with_options(timeout=timeout).messages.create(**kwargs)
+        return kwargs
+
+    def _over_budget(
+        self,
+        request: dict[str, Any],
+        limits: Limits,
+        outcome: Outcome,
+        seconds: float,
+        counted: tuple[int, int] | None,
+        messages: list[dict[str, Any]],
+    ) -> str | None:
+        """Why ``request`` may not be sent (the budget it could cross), or None.
+
+        ``counted``: the last response's tokens as the API counted them (input, cache and
+        output) and the conversation's length just after it; the request's input is at
+        most that plus the bytes added since.
+        """
+        if limits.budget is None:
+            return None
+        bound = (
+            budget.grown_bound(counted[0], messages[counted[1] :]) if counted is not None else None
+        )
+        spent = limits.spent.plus(usd=outcome.cost, tokens=outcome.tokens, seconds=seconds)
+        out = precall.check(self.client, request, limits.budget, spent, bound)
+        return None if out is None else out.detail
 
     def run_turn(self, messages: list[dict[str, Any]], prompt: str, limits: Limits) -> Outcome:
         """Run one turn on ``messages`` (mutated in place) starting with ``prompt``."""
@@ -172,6 +207,8 @@ class Agent:
         stalls = 0
         model = self.model
         text_only = limits.step_cap == 0
+        started = time.monotonic()
+        counted: tuple[int, int] | None = None
         while True:
             if self.cancelled():
                 outcome.end = "cancelled"
@@ -182,12 +219,18 @@ class Agent:
             if not text_only and outcome.steps >= limits.step_cap:
                 outcome.end, outcome.detail = "step_cap", f"{limits.step_cap} steps"
                 return outcome
-            if outcome.cost >= limits.cost_left_usd:
-                outcome.end, outcome.detail = "cost_cap", f"${outcome.cost:.2f} spent this turn"
+            request = self._request(messages, not text_only, model)
+            why = self._over_budget(
+                request, limits, outcome, time.monotonic() - started, counted, messages
+            )
+            if why is not None:
+                outcome.end, outcome.detail = "budget_exhausted", why
                 return outcome
             called = time.monotonic()
             try:
-                resp = self._call(messages, not text_only, limits.stall_timeout, model)
+                resp = self.client.with_options(timeout=limits.stall_timeout).messages.create(
+                    **request
+                )
             except (anthropic.APITimeoutError, anthropic.APIConnectionError) as exc:
                 outcome.model_seconds += time.monotonic() - called
                 stalls += 1
@@ -205,9 +248,17 @@ class Agent:
             outcome.model_seconds += time.monotonic() - called
             stalls = 0
             outcome.steps += 1
-            outcome.usage.append((resp.model or model, usage_from(resp.model or model, resp.usage)))
+            used = usage_from(resp.model or model, resp.usage)
+            outcome.usage.append((resp.model or model, used))
             blocks = [b.model_dump(exclude_none=True) for b in resp.content]
             messages.append({"role": "assistant", "content": blocks})
+            counted = (
+                used.input_tokens
+                + used.cache_read_tokens
+                + used.cache_write_tokens
+                + used.output_tokens,
+                len(messages),
+            )
             texts = [b["text"] for b in blocks if b.get("type") == "text" and b.get("text")]
             if texts:
                 outcome.text = "\n".join(texts)

@@ -8,6 +8,7 @@ no reply, nothing that tells them whether a loop exists.
 from __future__ import annotations
 
 import contextlib
+import time
 
 from redis import Redis
 from rq import Retry, get_current_job
@@ -19,6 +20,7 @@ from bot import repo_config
 from bot.commands import (
     ChecksCompleted,
     ControlCommand,
+    DismissFinding,
     IssueEdited,
     IssueInactive,
     LabelAdded,
@@ -26,6 +28,7 @@ from bot.commands import (
     branch_for,
     issue_from_branch,
     loop_job_id,
+    loop_key,
     parse_command,
 )
 from bot.github import Installation, IssueInfo
@@ -42,7 +45,11 @@ from bot.loopstate import (
 )
 from bot.queues import LOOP_JOB, enqueue_gate, fetch_job, loop_queue
 from bot.store import Store
-from jobs import intake, messages
+from jobs import budget, intake, messages
+from jobs import findings as flog
+from jobs.agent import MAX_TOKENS
+from jobs.messages import code_span
+from jobs.review import gate_after_dismissal
 from jobs.runtime import Runtime, current, instrumented
 
 log = get_logger("loopbot.dispatch")
@@ -70,6 +77,8 @@ def handle_command(raw: str) -> str:
         result = _edited(rt, gh, cmd)
     elif isinstance(cmd, PullFeedback):
         result = _feedback(rt, gh, cmd)
+    elif isinstance(cmd, DismissFinding):
+        result = _dismiss(rt, gh, cmd)
     else:
         assert isinstance(cmd, ChecksCompleted)
         result = _checks(rt, cmd)
@@ -124,9 +133,11 @@ def start_loop(
         record = store.get(key)
         if restart and record is not None:
             alive = store.lease_holder(key) is not None
-            ok, why = can_restart(record, alive, config.max_cost_usd)
+            ok, why = can_restart(record, alive)
         else:
-            ok, why = should_start(record, config.max_cost_usd)
+            ok, why = should_start(record)
+        if ok and record is not None and (why := _out_of_budget(rt, record, config)):
+            return why  # a restart never refills the issue's budget: say which one is out
         if not ok:
             return why
         if _job_pending(rt, loop_job_id(repo, issue)):
@@ -151,6 +162,7 @@ def start_loop(
                 r.phase = "queued"
                 r.turn = 0
                 r.error_count = 0
+                r.idle_turns = 0  # a stop for no_changes must not recur at the first idle turn
                 # A person asked for another go: fresh review rounds too, or a loop stopped
                 # for critic_rounds_exhausted would stop again at its first sev1.
                 r.critic_round = 0
@@ -173,6 +185,11 @@ def start_loop(
         store.clear_cancel(key)
         enqueue_loop(rt, repo, issue)
     return "restarted" if record.restarts or restart else "started"
+
+
+def _out_of_budget(rt: Runtime, record: LoopRecord, config: repo_config.RepoConfig) -> str:
+    limits = budget.Budget.of(config, repo_config.Ceilings.of(rt.settings))
+    return budget.refusal(limits, record, budget.smallest_call(rt.settings.model, MAX_TOKENS))
 
 
 def enqueue_loop(rt: Runtime, repo: str, issue: int, *, replace: bool = False) -> None:
@@ -389,6 +406,102 @@ def _feedback(rt: Runtime, gh: Installation, cmd: PullFeedback) -> str:
         restart=True,
         note=f"@{cmd.actor} asked for changes on pull request #{cmd.pull}.",
     )
+
+
+def _dismiss(rt: Runtime, gh: Installation, cmd: DismissFinding) -> str:
+    """``/loop-dismiss F3 <reason>``: a writer marks a review finding as not applying.
+
+    Recorded on the finding (who, why, when, on which head) with an event and a reply.
+    A sev1 that was all that held a stopped loop back lets it go on to the merge gate.
+    Anything wrong (no such open finding, no reason) is answered and changes nothing.
+    """
+    issue = cmd.issue
+    if issue == 0:
+        found = issue_from_branch(gh.pull(cmd.repo, cmd.pull).head_ref)
+        if found is None:
+            return "not a loopbot pull request"
+        issue = found
+    if not gh.can_write(cmd.repo, cmd.actor):
+        return f"{cmd.actor} cannot write to {cmd.repo}: ignored"
+    gh.react(cmd.repo, cmd.comment_id, "eyes")
+    key = loop_key(cmd.repo, issue)
+    fid = cmd.finding.upper()
+
+    def reply(text: str) -> None:
+        gh.upsert_comment(cmd.repo, cmd.issue or cmd.pull, f"reply:{cmd.comment_id}", text)
+
+    record = rt.store.get(key)
+    problem = ""
+    if record is None:
+        problem = "there is no loop for this issue"
+    elif record.status == Status.COMPLETED:
+        problem = "this loop completed; its findings are history"
+    elif not flog.is_id(fid):
+        problem = "name a finding by its id, as in `/loop-dismiss F3 <why it does not apply>`"
+    if record is None or problem:
+        reply(f"⚠️ @{cmd.actor}: nothing was dismissed: {problem}.")
+        return "dismiss refused: " + problem
+    head = gh.pull(cmd.repo, record.pr_number).head_sha if record.pr_number else ""
+    config = repo_config.parse(
+        gh.file(cmd.repo, repo_config.CONFIG_PATH), repo_config.Ceilings.of(rt.settings)
+    )
+
+    def apply(r: LoopRecord) -> None:
+        r.finding_log = flog.dismiss(
+            r.finding_log, fid, by=cmd.actor, reason=cmd.reason, sha=head, at=time.time()
+        )
+        # The last review's findings, as the loop's next prompt and the gate read them.
+        r.findings = [x for x in r.findings if x.get("id") != fid]
+
+    with rt.store.lock(key):  # the decision to go to the gate, against a concurrent start
+        try:
+            updated = rt.store.update(key, apply)
+        except ValueError as exc:
+            reply(f"⚠️ @{cmd.actor}: nothing was dismissed: {exc}.")
+            return f"dismiss refused: {exc}"
+        entry = next(e for e in updated.finding_log if e["id"] == fid)
+        go = config.merge.enabled and gate_after_dismissal(
+            status=updated.status,
+            reason=updated.reason,
+            severity=str(entry["severity"]),
+            log=updated.finding_log,
+            head=head,
+            reviewed_sha=updated.reviewed_sha,
+            verdicts=updated.verdicts,
+        )
+        rt.store.event(
+            key,
+            "finding_dismissed",
+            id=fid,
+            severity=entry["severity"],
+            actor=cmd.actor,
+            reason=cmd.reason,
+            sha=head,
+            unblocked=go,
+        )
+        if go:
+            rt.store.update(key, lambda r: _to_gate(r, head))
+            enqueue_gate(rt.redis, cmd.repo, issue)
+    standing = [str(e["id"]) for e in flog.blocking(updated.finding_log)]
+    then = (
+        "No sev1 finding stands on this head: loopbot goes on to the merge gate."
+        if go
+        else f"Still blocking the merge: {', '.join(standing)}."
+        if standing
+        else "It no longer counts, and later reviews keep it dismissed."
+    )
+    reply(
+        f"@{cmd.actor} dismissed **{fid}** ({entry['severity']}, {entry['title']}) on "
+        f"{code_span(head[:10] or 'no head')}: {cmd.reason}\n\n{then}"
+    )
+    return f"dismissed {fid}" + ("; merge gate queued" if go else "")
+
+
+def _to_gate(r: LoopRecord, head: str) -> None:
+    # The critic's verdict on this head stays as it was: the gate reads the dismissal
+    # from the finding log and its receipt names the writer who overrode the critic. It
+    # still re-reads the issue, the checks and mergeability before merging.
+    r.status, r.phase, r.reason, r.detail = Status.MERGING, "merging", "", ""
 
 
 def _checks(rt: Runtime, cmd: ChecksCompleted) -> str:

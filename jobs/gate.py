@@ -14,7 +14,28 @@ from jobs.messages import code_span
 
 OWN_CHECKS = frozenset({"loopbot", "loopbot/critic"})
 
-ChecksState = Literal["none", "pending", "success", "failure"]
+ChecksState = Literal["none", "pending", "success", "failure", "unknown"]
+Outcome = Literal["pass", "fail", "pending", "unknown"]
+
+# Every state the gate understands, as an allowlist: anything else GitHub reports (``stale``,
+# ``startup_failure``, a value added next year, a missing field) is ``unknown``, and an
+# unknown required check refuses the merge rather than counting as green.
+RUN_PENDING = frozenset({"queued", "in_progress", "waiting", "requested", "pending"})
+RUN_PASS = frozenset({"success", "neutral", "skipped"})
+RUN_FAIL = frozenset({"failure", "timed_out", "cancelled", "action_required"})
+STATUS_PASS = frozenset({"success"})
+STATUS_FAIL = frozenset({"failure", "error"})
+STATUS_PENDING = frozenset({"pending"})
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check the gate counted, as GitHub reported it on the head."""
+
+    name: str
+    kind: Literal["check run", "commit status", "expected"]
+    state: str  # what GitHub said: ``completed/success``, ``pending``, ``not reported``
+    outcome: Outcome
 
 
 @dataclass(frozen=True)
@@ -35,6 +56,21 @@ class Facts:
     max_wait_seconds: float
     protected_changes: tuple[str, ...] = ()
     ready_label: bool = True  # the issue still carries the ready label
+    # Evidence on the head, each "not established" by default so that a caller that
+    # forgets one gets a refusal, never a merge.
+    verify_sha: str = ""  # the commit the last verify ran on
+    verify_passed: bool = False
+    verdict: str = ""  # the critic's verdict on ``head_sha``
+    # Writers who dismissed (``/loop-dismiss``) the sev1 findings raised on ``head_sha``:
+    # the critic's verdict stays what it was, and the receipt says who overrode it.
+    dismissed_by: str = ""
+    changed_lines: int | None = None  # additions + deletions against the base
+    changed_files: int | None = None
+    max_changed_lines: int = 1000
+    max_changed_files: int = 100
+    # For the receipt only: what the checks were, and the findings still open.
+    check_results: tuple[CheckResult, ...] = ()
+    open_findings: tuple[tuple[str, str, str], ...] = ()  # (id, severity, title)
 
 
 @dataclass(frozen=True)
@@ -97,6 +133,14 @@ def decide(f: Facts) -> Decision:
             f"the head moved to {f.head_sha[:10]} after the review of "
             f"{f.reviewed_sha[:10] or 'nothing'}"
         )
+    if f.verdict != "approve" and not (f.dismissed_by and f.verdict not in ("", "error")):
+        return Refuse(
+            Reason.NEEDS_HUMAN,
+            f"the critic's verdict on {f.head_sha[:10]} is "
+            + (f"`{f.verdict}`, not approve" if f.verdict else "not recorded"),
+        )
+    if f.verify_sha != f.head_sha or not f.verify_passed:
+        return Refuse(Reason.NEEDS_HUMAN, verify_problem(f))
     if f.protected_changes:
         shown = ", ".join(code_span(p) for p in f.protected_changes[:5])
         more = len(f.protected_changes) - 5
@@ -106,7 +150,15 @@ def decide(f: Facts) -> Decision:
             + (f" and {more} more" if more > 0 else "")
             + "), which loopbot never merges on its own",
         )
+    if (scope := scope_problem(f)) is not None:
+        return Refuse(Reason.NEEDS_HUMAN, scope)
     if f.require_checks:
+        if f.checks == "unknown":
+            return Refuse(
+                Reason.NEEDS_HUMAN,
+                "loopbot cannot tell whether these required checks passed: "
+                + ", ".join(f.failing_checks),
+            )
         if f.checks == "failure":
             if f.fix_turns_used < f.max_fix_turns:
                 return FixChecks(f.failing_checks)
@@ -130,6 +182,95 @@ def decide(f: Facts) -> Decision:
     return Merge(f.reviewed_sha)
 
 
+def verify_problem(f: Facts) -> str:
+    """Why the verify evidence does not cover the head (only called when it does not)."""
+    if not f.verify_sha:
+        return f"no verify run is recorded on the head {f.head_sha[:10]}"
+    if f.verify_sha != f.head_sha:
+        return f"verify last ran on {f.verify_sha[:10]}, not on the head {f.head_sha[:10]}"
+    return f"verify failed on the head {f.head_sha[:10]}"
+
+
+def scope_problem(f: Facts) -> str | None:
+    """Why the change is too large to merge without a person, or None when it is not."""
+    if f.changed_lines is None or f.changed_files is None:
+        return "the size of the change could not be established"
+    over = []
+    if f.changed_lines > f.max_changed_lines:
+        over.append(f"{f.changed_lines} changed lines (limit {f.max_changed_lines})")
+    if f.changed_files > f.max_changed_files:
+        over.append(f"{f.changed_files} changed files (limit {f.max_changed_files})")
+    if not over:
+        return None
+    return (
+        "the change is larger than this repository lets loopbot merge on its own: "
+        + " and ".join(over)
+        + "; a person should review it, or split the issue into smaller ones"
+    )
+
+
+def classify_checks(
+    runs: list[tuple[str, str, str | None]],
+    statuses: list[tuple[str, str]],
+    required: frozenset[str] | None = None,
+) -> tuple[CheckResult, ...]:
+    """The checks that count, each with its outcome (see ``summarize_checks``)."""
+    wanted = None if required is None else required - OWN_CHECKS
+    results: list[CheckResult] = []
+    for name, status, conclusion in runs:
+        if name in OWN_CHECKS or (wanted is not None and name not in wanted):
+            continue
+        outcome: Outcome
+        if status == "completed":
+            state = f"completed/{conclusion}"
+            if conclusion in RUN_PASS:
+                outcome = "pass"
+            elif conclusion in RUN_FAIL:
+                outcome = "fail"
+            else:
+                outcome = "unknown"
+        else:
+            state = str(status)
+            outcome = "pending" if status in RUN_PENDING else "unknown"
+        results.append(CheckResult(name, "check run", state, outcome))
+    for context, state in statuses:
+        if wanted is not None and context not in wanted:
+            continue
+        if state in STATUS_PASS:
+            outcome = "pass"
+        elif state in STATUS_FAIL:
+            outcome = "fail"
+        elif state in STATUS_PENDING:
+            outcome = "pending"
+        else:
+            outcome = "unknown"
+        results.append(CheckResult(context, "commit status", str(state), outcome))
+    reported = {r.name for r in results}
+    for name in sorted((wanted or frozenset()) - reported):
+        results.append(CheckResult(name, "expected", "not reported", "pending"))
+    return tuple(results)
+
+
+def fold_checks(results: tuple[CheckResult, ...]) -> tuple[ChecksState, tuple[str, ...]]:
+    """One state for all ``results``, and the checks behind a failure or an unknown state.
+
+    Unknown wins over everything: a check the gate cannot read may be the one that failed.
+    """
+    unknown = [
+        f"{code_span(r.name)} ({r.kind} state {code_span(r.state)})"
+        for r in results
+        if r.outcome == "unknown"
+    ]
+    if unknown:
+        return "unknown", tuple(unknown)
+    failing = [r.name for r in results if r.outcome == "fail"]
+    if failing:
+        return "failure", tuple(failing)
+    if any(r.outcome == "pending" for r in results):
+        return "pending", ()
+    return ("success" if results else "none"), ()
+
+
 def summarize_checks(
     runs: list[tuple[str, str, str | None]],
     statuses: list[tuple[str, str]],
@@ -141,35 +282,10 @@ def summarize_checks(
     or rulesets). Then only those count, and one that has not reported yet is pending,
     as GitHub shows it ("Expected — waiting for status"): CI that has not started is
     not a green light. ``None`` (the branch requires nothing) counts every check.
-    loopbot's own runs are left out: the gate is what decides on them.
+    loopbot's own runs are left out: the gate is what decides on them. A state outside
+    the gate's allowlist is ``unknown``, never success.
     """
-    wanted = None if required is None else required - OWN_CHECKS
-    failing: list[str] = []
-    pending = False
-    reported: set[str] = set()
-    for name, status, conclusion in runs:
-        if name in OWN_CHECKS or (wanted is not None and name not in wanted):
-            continue
-        reported.add(name)
-        if status != "completed":
-            pending = True
-        elif conclusion not in ("success", "neutral", "skipped"):
-            failing.append(name)
-    for context, state in statuses:
-        if wanted is not None and context not in wanted:
-            continue
-        reported.add(context)
-        if state in ("failure", "error"):
-            failing.append(context)
-        elif state == "pending":
-            pending = True
-    if wanted is not None and wanted - reported:
-        pending = True
-    if failing:
-        return "failure", tuple(failing)
-    if pending:
-        return "pending", ()
-    return ("success" if reported else "none"), ()
+    return fold_checks(classify_checks(runs, statuses, required))
 
 
 def protected_changes(paths: list[str], patterns: tuple[str, ...]) -> tuple[str, ...]:

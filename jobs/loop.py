@@ -25,8 +25,8 @@ from bot.logs import get_logger
 from bot.loopstate import ACTIVE, LoopRecord, Reason, Status
 from bot.queues import enqueue_critic, enqueue_gate
 from bot.store import FencedStore, LeaseLost, Store
-from jobs import intake, messages, prompts, transitions
-from jobs.agent import Agent, Limits, Outcome
+from jobs import budget, evidence, intake, messages, prompts, transitions
+from jobs.agent import MAX_TOKENS, Agent, Limits, Outcome
 from jobs.drain import DRAIN, HANDOFF_PHASE
 from jobs.runtime import Runtime, current, instrumented
 from jobs.sandbox import Sandbox, SandboxUnavailable
@@ -215,9 +215,14 @@ class LoopRunner:
                 repo_config.clamped_comment(clamped),
             )
             self.store.event(self.key, "config_clamped", notes=clamped)
-        self.max_hours = repo_config.wall_hours(config, ceilings)
-        self.since = self._wall_clock_start(record)
-        self._set(max_turns=config.max_turns, verify_command=config.verify)
+        # One budget over the issue's life (jobs/budget.py); the record keeps the limits
+        # for the status comment and the dashboard.
+        self.budget = budget.Budget.of(config, ceilings)
+        self._set(
+            max_turns=config.max_turns,
+            verify_command=config.verify,
+            budget_limits=self.budget.limits(),
+        )
         self._status_comment()
 
         token = gh.token()
@@ -254,6 +259,8 @@ class LoopRunner:
                 return self._over_limit(f"setup: {problem}")
         if record.sync_base:
             self._sync_base(base, token)
+        if not record.base_verify:
+            self._base_verify(checkout)
         agent = Agent(
             self.rt.model,
             self.rt.settings.model,
@@ -285,8 +292,6 @@ class LoopRunner:
                 issue_open=issue.open,
                 has_label=self.config.labels.ready in issue.labels,
                 cancel=self.store.cancel_requested(self.key),
-                elapsed_hours=(time.time() - self.since) / 3600,
-                max_hours=self.max_hours,
                 intake_edited=intake.edited(record, issue.title, issue.body),
             )
             if isinstance(step, transitions.Stop):
@@ -298,15 +303,23 @@ class LoopRunner:
                         intake.stopped_comment("", self.config.labels.ready),
                     )
                 return self._finish(step.status, step.reason, step.detail)
+            smallest = budget.smallest_call(self.rt.settings.model, MAX_TOKENS)
+            if out := budget.before_turn(self.budget, budget.Spent.of(record), smallest):
+                return self._finish(Status.FAILED, Reason.BUDGET, out.detail)
             turn = step.turn
-            self._set(turn=turn, phase="coding", resume_note="")
+            record = self.store.update(self.key, _start_turn(turn))
             self.store.event(self.key, "turn_started", turn=turn)
             self.store.count("turns")
             self._status_comment()
             if not conversation:
                 title, body = intake.approved_text(record, issue.title, issue.body)
                 prompt = prompts.issue_prompt(
-                    self.repo, self.issue_number, title, body, self.config.verify
+                    self.repo,
+                    self.issue_number,
+                    title,
+                    body,
+                    self.config.verify,
+                    record.base_verify,
                 )
             else:
                 prompt = prompts.continuation(
@@ -318,9 +331,11 @@ class LoopRunner:
             limits = Limits(
                 step_cap=self.config.step_cap,
                 tool_budget=self.config.tool_budget,
-                cost_left_usd=max(self.config.max_cost_usd - record.cost_usd, 0.0),
+                budget=self.budget,
+                spent=budget.Spent.of(record),
                 stall_timeout=self.rt.settings.stall_timeout,
             )
+            ignored_before = self.worktrees.ignored_files(self.checkout)
             outcome = agent.run_turn(conversation, prompt, limits)
             if self.lease.lost.is_set():
                 # Presumed dead and taken over: the other worker owns the record now.
@@ -343,7 +358,13 @@ class LoopRunner:
             if cut is not None:
                 self._commit_and_push(turn, outcome)  # keep what the turn did
                 return self._finish(cut.status, cut.reason, cut.detail or outcome.detail)
+            # verify must judge the commit: files the agent left where git does not look
+            # (ignored paths) would count for verify and never reach the pull request.
+            hidden = self.worktrees.purge_ignored(self.checkout, ignored_before)
+            if hidden:
+                self.store.event(self.key, "ignored_removed", turn=turn, paths=hidden[:50])
             self._commit_and_push(turn, outcome)
+            head = self.worktrees.head(self.checkout.path, self.checkout.mirror)
             self._set(phase="verifying")
             verify = self.sandbox.run(self.config.verify)  # while the push runs
             self._pushed()
@@ -356,9 +377,20 @@ class LoopRunner:
                 "exit_code": verify.exit_code,
                 "seconds": round(verify.seconds, 3),
                 "timed_out": verify.timed_out,
+                "sha": head,
             }
-            self._set(last_verify=result)
+            changed = self.worktrees.tree_changed(self.checkout)
+            tests = (
+                evidence.tests_changed(self.worktrees.changed_files(self.checkout))
+                if changed
+                else []
+            )
+            record = self._record()
+            idle = 0 if changed else record.idle_turns + 1
+            self._set(last_verify=result, idle_turns=idle, tests_changed=tests)
             self.store.event(self.key, "verify", **result)
+            if not changed:
+                self.store.event(self.key, "no_change", turn=turn, idle_turns=idle)
             record = self._record()
             self.store.event(
                 self.key,
@@ -374,29 +406,81 @@ class LoopRunner:
             after = transitions.after_turn(
                 end=outcome.end,
                 verify_passed=verify.passed,
-                has_changes=self.worktrees.changed_since_base(self.checkout),
+                has_changes=changed,
                 cost=record.cost_usd,
                 max_cost=self.config.max_cost_usd,
                 verify_tail=self._verify_tail,
+                idle_turns=idle,
+                base_passed=record.base_verify.get("passed") if record.base_verify else None,
+                tests_changed=tests,
+                test_asked=(
+                    not (changed and verify.passed)
+                    or bool(tests)
+                    or not evidence.needs_test(record.base_verify)
+                    or self._tests_asked()
+                ),
             )
             if isinstance(after, transitions.Stop):
                 return self._finish(after.status, after.reason, after.detail)
             if isinstance(after, transitions.Verified):
                 return self._open_pull(base, outcome)
+            if isinstance(after, transitions.AskForTest):
+                self.store.event(self.key, "test_requested", turn=turn, sha=head)
             failure = after.failure
+            if hidden:
+                failure += (
+                    "\n\nloopbot removed files you left in paths git ignores ("
+                    + ", ".join(hidden[:5])
+                    + (", …" if len(hidden) > 5 else "")
+                    + "): they never reach the commit, so verify ran without them."
+                )
             self._status_comment()
 
-    def _wall_clock_start(self, record: LoopRecord) -> float:
-        """When the wall-clock budget started: the loop's creation or its last restart by a
-        person. A worker that died and was resumed does not reset it."""
-        since, after = record.created_at, "-"
+    def _base_verify(self, checkout: Checkout) -> None:
+        """Run verify on the base commit before the agent's first change (or take the
+        cached result for this base), so every later stage knows what it said then.
+
+        A slow or timed-out verify is evidence ("failed (timed out)"), never a failure
+        of the loop. Only a checkout still at the base, with nothing of the agent's in
+        it, can give that evidence.
+        """
+        head = self.worktrees.head(checkout.path, checkout.mirror)
+        if head != checkout.base_sha or (
+            checkout.resumed and not self.worktrees.is_clean(checkout)
+        ):
+            self.store.event(self.key, "base_verify_skipped", sha=checkout.base_sha, head=head)
+            return
+        self._set(phase="verifying_base")
+        cache = evidence.BaseVerifyCache(self.rt.redis)
+        key = evidence.cache_key(self.repo, head, self.config.verify, self.config.setup)
+        found = cache.get(key)
+        if found is not None:
+            result = {**found, "sha": head, "cached": True}
+        else:
+            clean = self.worktrees.is_clean(checkout)
+            result = evidence.outcome(self.sandbox.run(self.config.verify), head)
+            if clean and not self.worktrees.is_clean(checkout):
+                # What verify wrote (reports, snapshots) is not the agent's change.
+                self.worktrees.restore_committed(checkout)
+                self.sandbox.adopt()
+            if evidence.cacheable(result):
+                self.lease.check()
+                cache.put(key, result)
+        self._set(base_sha=head, base_verify=result)
+        self.store.event(
+            self.key, "base_verify", **{k: v for k, v in result.items() if k != "tail"}
+        )
+
+    def _tests_asked(self) -> bool:
+        """Whether this loop already gave the agent its one turn to add a test (an event,
+        so a resumed loop does not ask twice)."""
+        after = "-"
         while True:
             events = self.store.events(self.key, after=after)
-            for e in events:
-                if e.get("kind") == "loop_restarted":
-                    since = max(since, float(e.get("at", since)))
+            if any(e.get("kind") == "test_requested" for e in events):
+                return True
             if len(events) < 1000:
-                return since
+                return False
             after = events[-1]["id"]
 
     def _over_limit(self, detail: str) -> str:
@@ -484,6 +568,14 @@ class LoopRunner:
     def _open_pull(self, base: str, outcome: Outcome) -> str:
         self._pushed()
         record = self._record()
+        if not self.worktrees.tree_changed(self.checkout):
+            # Never an empty pull request, whatever path led here.
+            return self._finish(
+                Status.FAILED,
+                Reason.NO_CHANGES,
+                "the branch is identical to the base branch: there is nothing to propose, "
+                "so no pull request was opened",
+            )
         self._set(phase="opening_pr")
         issue = self.gh.issue(self.repo, self.issue_number)
         stat = self.worktrees.diff_stat(self.checkout)
@@ -557,6 +649,9 @@ class LoopRunner:
         )
         self.log.info("loop.finished", status=record.status.value, reason=record.reason)
         try:
+            if record.reason == Reason.BUDGET.value:
+                # Only a person can give the issue more: ask for one.
+                self.gh.add_labels(self.repo, self.issue_number, [self.config.labels.needs_human])
             self._status_comment()
             if record.head_sha and status != Status.COMPLETED:
                 self._check_run(
@@ -626,6 +721,14 @@ class _Background:
             raise self._error
 
 
+def _start_turn(turn: int) -> Callable[[LoopRecord], None]:
+    def apply(r: LoopRecord) -> None:
+        r.turn, r.phase, r.resume_note = turn, "coding", ""
+        r.total_turns += 1  # the issue's lifetime count: no restart or review round resets it
+
+    return apply
+
+
 def _inc_error(r: LoopRecord, detail: str) -> None:
     r.error_count += 1
     r.detail = detail
@@ -636,10 +739,15 @@ def _conclusion(status: Status) -> str:
 
 
 def pull_body(issue: IssueInfo, record: LoopRecord, summary: str, stat: str) -> str:
+    tests = ", ".join(f"`{p}`" for p in record.tests_changed[:20]) or "none"
+    if len(record.tests_changed) > 20:
+        tests += f" and {len(record.tests_changed) - 20} more"
     return (
         f"{messages.safe_text(summary.strip()) or 'Changes made by loopbot.'}\n\n"
         f"| turns | cost | verify |\n|---|---|---|\n"
         f"| {record.turn} | ${record.cost_usd:.2f} | `{record.verify_command}` passed |\n\n"
+        f"Evidence: {evidence.evidence_line(record.base_verify, record.last_verify)}; "
+        f"tests changed: {tests}.\n\n"
         "<details><summary>diff stat</summary>\n\n"
         f"{messages.code_block(stat.strip())}\n</details>\n\n"
         "<sub>Opened by loopbot. `/loop <request>` on this PR asks for another turn.</sub>"

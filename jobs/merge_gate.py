@@ -2,7 +2,10 @@
 
 Woken by the critic, by ``check_suite``/``check_run`` webhooks, and by its own timer
 while checks are pending. The squash merge pins the reviewed sha, so GitHub itself
-refuses (409) if the head moved between our read and the merge.
+refuses (409) if the head moved between our read and the merge. Before merging (or when
+refusing) it posts the receipt (``jobs.receipt``): every condition on the exact sha; after
+the merge it adds the merge commit. A condition it cannot establish refuses; a GitHub error
+while reading one goes to the retry path (``jobs.retries``) and ends in ``gate_error``.
 """
 
 from __future__ import annotations
@@ -11,14 +14,15 @@ import time
 
 from bot import repo_config
 from bot.failures import Conflict
-from bot.github import Installation
+from bot.github import Installation, IssueInfo, PullInfo
 from bot.logs import get_logger
 from bot.loopstate import LoopRecord, Reason, Status
 from bot.queues import enqueue_critic, enqueue_gate
-from jobs import messages
+from jobs import messages, receipt
 from jobs.dispatch import enqueue_loop
 from jobs.gate import (
     AlreadyMerged,
+    CheckResult,
     Facts,
     FixChecks,
     FixConflicts,
@@ -26,9 +30,10 @@ from jobs.gate import (
     Refuse,
     Review,
     Wait,
+    classify_checks,
     decide,
+    fold_checks,
     protected_changes,
-    summarize_checks,
 )
 from jobs.retries import with_retries
 from jobs.runtime import Runtime, current, instrumented
@@ -129,58 +134,42 @@ class Gate:
             )
             issue = gh.issue(self.repo, self.issue)
             pull = gh.pull(self.repo, record.pr_number)
-            runs = [
-                (c.name, c.status, c.conclusion) for c in gh.check_runs(self.repo, pull.head_sha)
-            ]
-            statuses = gh.commit_statuses(self.repo, pull.head_sha)
+            now = time.time()
+            since = record.gate_since or now
             required = (
                 gh.required_checks(self.repo, pull.base_ref)
                 if config.merge.require_checks
                 else None
             )
-            checks, failing = summarize_checks(runs, statuses, required)
-            protected = protected_changes(
-                gh.pull_files(self.repo, pull.number), config.merge.protected_paths
-            )
-            now = time.time()
-            since = record.gate_since or now
-            facts = Facts(
-                issue_open=issue.open,
-                pr_open=pull.state == "open",
-                pr_merged=pull.merged,
-                head_sha=pull.head_sha,
-                reviewed_sha=record.reviewed_sha,
-                open_sev1=sum(
-                    1
-                    for f in record.findings
-                    if f.get("severity") == "sev1" and f.get("sha") == pull.head_sha
-                ),
-                checks=checks,
-                failing_checks=failing,
-                mergeable=pull.mergeable,
-                require_checks=config.merge.require_checks,
-                fix_turns_used=record.check_fixes,
-                max_fix_turns=config.merge.max_fix_turns,
-                waited_seconds=now - since,
-                max_wait_seconds=config.merge.wait_checks_minutes * 60,
-                protected_changes=protected,
-                ready_label=config.labels.ready in issue.labels,
-            )
+            facts = self._facts(gh, record, config, issue, pull, required, now - since)
             decision = decide(facts)
+            table = receipt.rows(facts, ready_label=config.labels.ready)
             store.event(
                 self.key,
                 "gate",
                 decision=type(decision).__name__,
-                checks=checks,
+                checks=facts.checks,
                 required=sorted(required) if required is not None else "all",
                 head=pull.head_sha,
                 reviewed=record.reviewed_sha,
             )
             if isinstance(decision, Merge):
-                return self._merge(gh, record, decision.sha, issue.title)
+                if unmet := receipt.unmet(table):
+                    # The decision and its receipt disagree: a condition the receipt cannot
+                    # show as passed is not one to merge on.
+                    why = "the merge receipt does not hold: " + ", ".join(
+                        f"{r.condition} ({r.result})" for r in unmet
+                    )
+                    decision = Refuse(Reason.GATE_ERROR, why)
+                else:
+                    self._post_receipt(
+                        gh, record, table, pull.head_sha, f"Merging {pull.head_sha} now."
+                    )
+                    return self._merge(gh, record, decision.sha, issue.title)
             if isinstance(decision, AlreadyMerged):
-                return self._completed(gh, record, pull.head_sha)
+                return self._completed(gh, record, pull.merge_commit_sha or "")
             if isinstance(decision, Refuse):
+                self._post_receipt(gh, record, table, pull.head_sha, f"Not merged: {decision.why}.")
                 if decision.reason == Reason.NEEDS_HUMAN:
                     gh.add_labels(self.repo, self.issue, [config.labels.needs_human])
                 return self._refuse(gh, record, decision.reason, decision.why)
@@ -228,6 +217,85 @@ class Gate:
             gh.upsert_comment(self.repo, self.issue, "status", messages.status_comment(waiting))
             return "waiting: " + decision.why
 
+    def _facts(
+        self,
+        gh: Installation,
+        record: LoopRecord,
+        config: repo_config.RepoConfig,
+        issue: IssueInfo,
+        pull: PullInfo,
+        required: frozenset[str] | None,
+        waited: float,
+    ) -> Facts:
+        """Everything the decision and its receipt rest on, read now for ``pull``'s head."""
+        head = pull.head_sha
+        results: tuple[CheckResult, ...] = ()
+        if config.merge.require_checks:
+            runs = [(c.name, c.status, c.conclusion) for c in gh.check_runs(self.repo, head)]
+            results = classify_checks(runs, gh.commit_statuses(self.repo, head), required)
+        checks, failing = fold_checks(results)
+        protected = protected_changes(
+            gh.pull_files(self.repo, pull.number), config.merge.protected_paths
+        )
+        open_log = [e for e in record.finding_log if e.get("status") == "open"]
+        verify = record.last_verify
+        return Facts(
+            issue_open=issue.open,
+            pr_open=pull.state == "open",
+            pr_merged=pull.merged,
+            head_sha=head,
+            reviewed_sha=record.reviewed_sha,
+            open_sev1=max(
+                sum(1 for e in open_log if e.get("severity") == "sev1"),
+                # The last review's own findings, should the log not carry them.
+                sum(
+                    1
+                    for f in record.findings
+                    if f.get("severity") == "sev1" and f.get("sha") == head
+                ),
+            ),
+            checks=checks,
+            failing_checks=failing,
+            mergeable=pull.mergeable,
+            require_checks=config.merge.require_checks,
+            fix_turns_used=record.check_fixes,
+            max_fix_turns=config.merge.max_fix_turns,
+            waited_seconds=waited,
+            max_wait_seconds=config.merge.wait_checks_minutes * 60,
+            protected_changes=protected,
+            ready_label=config.labels.ready in issue.labels,
+            verify_sha=str(verify.get("sha") or ""),
+            verify_passed=verify.get("passed") is True,
+            # The last review's verdict is on this head too when it reviewed this head:
+            # the critic writes both in one update.
+            verdict=record.verdicts.get(head)
+            or (record.verdict if record.reviewed_sha == head else ""),
+            dismissed_by=", ".join(
+                sorted(
+                    {
+                        f"@{e.get('dismissed_by')}"
+                        for e in record.finding_log
+                        if e.get("status") == "dismissed"
+                        and e.get("severity") == "sev1"
+                        and e.get("dismissed_sha") == head
+                    }
+                )
+            ),
+            changed_lines=(
+                None
+                if pull.additions is None or pull.deletions is None
+                else pull.additions + pull.deletions
+            ),
+            changed_files=pull.changed_files,
+            max_changed_lines=config.limits.max_changed_lines,
+            max_changed_files=config.limits.max_changed_files,
+            check_results=results,
+            open_findings=tuple(
+                (str(e.get("id", "")), str(e.get("severity", "")), str(e.get("title", "")))
+                for e in open_log
+            ),
+        )
+
     def _merge(self, gh: Installation, record: LoopRecord, sha: str, title: str) -> str:
         assert record.pr_number is not None
         try:
@@ -251,21 +319,50 @@ class Gate:
                 return "head moved: review again"
             pull = gh.pull(self.repo, record.pr_number)  # 405: merged already, or not mergeable
             if pull.merged:
-                return self._completed(gh, record, pull.head_sha)
+                return self._completed(gh, record, pull.merge_commit_sha or "")
             return self._refuse(gh, record, Reason.NOT_MERGEABLE, str(exc))
         self._set(merge_sha=result.sha)
         self.store.event(self.key, "merged", sha=result.sha, pr=record.pr_number)
-        return self._completed(gh, record, sha)
+        return self._completed(gh, record, result.sha)
 
-    def _completed(self, gh: Installation, record: LoopRecord, head: str) -> str:
+    def _post_receipt(
+        self,
+        gh: Installation,
+        record: LoopRecord,
+        table: list[receipt.Row],
+        head: str,
+        outcome: str,
+    ) -> None:
+        assert record.pr_number is not None
+        text = receipt.render(table, head=head, outcome=outcome)
+        posted = gh.upsert_comment(
+            self.repo, record.pr_number, receipt.COMMENT_KEY, text, record.receipt_comment_id
+        )
+        if posted.id != record.receipt_comment_id:
+            self._set(receipt_comment_id=posted.id)
+
+    def _receipt_merged(self, gh: Installation, record: LoopRecord, merge_sha: str) -> None:
+        """Add the merge commit to the receipt posted before the merge, if there is one."""
+        if record.pr_number is None or not merge_sha:
+            return
+        posted = gh.find_comment(self.repo, record.pr_number, receipt.COMMENT_KEY)
+        if posted is None:
+            return  # merged by someone else, before loopbot posted a receipt
+        text = receipt.merged(posted.body, merge_sha)
+        if text is not None:
+            gh.upsert_comment(self.repo, record.pr_number, receipt.COMMENT_KEY, text, posted.id)
+
+    def _completed(self, gh: Installation, record: LoopRecord, merge_sha: str) -> str:
         # Record the merge first: everything after it is tidying up that a retry may redo.
         updated = self._set(
             status=Status.COMPLETED,
             reason=Reason.MERGED.value,
             phase="completed",
             detail=f"squash-merged pull request #{record.pr_number}",
+            **({"merge_sha": merge_sha} if merge_sha else {}),
         )
         self.store.event(self.key, "loop_finished", status="completed", reason="merged")
+        self._receipt_merged(gh, record, updated.merge_sha)
         gh.delete_branch(self.repo, record.branch)
         gh.upsert_comment(self.repo, self.issue, "status", messages.status_comment(updated))
         return "merged"

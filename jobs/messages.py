@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bot.defuse import code_block, code_span, safe_text
 from bot.loopstate import LoopRecord, Status
+from jobs import budget
 
 __all__ = ["code_block", "code_span", "safe_text"]
 
@@ -51,8 +52,11 @@ def status_line(r: LoopRecord) -> str:
 
 
 def _facts(r: LoopRecord) -> list[str]:
-    """The status line and what a reader needs next to it: branch, PR, last verify."""
+    """The status line and what a reader needs next to it: the issue's budget, branch,
+    PR, last verify."""
     lines = [status_line(r)]
+    if spent := budget.line(r):
+        lines.append(spent)
     if r.branch:
         lines.append(f"Branch: `{r.branch}`")
     if r.pr_url:

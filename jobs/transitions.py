@@ -6,6 +6,7 @@ The loop job (``jobs.loop``) does the I/O and asks these what to do.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bot.loopstate import Reason, Status
@@ -31,6 +32,22 @@ class Verified:
 @dataclass(frozen=True)
 class Continue:
     failure: str  # what the continuation prompt names
+
+
+@dataclass(frozen=True)
+class AskForTest(Continue):
+    """Verify passes on the head, but it passed on the base too and no test changed: one
+    more turn, asking for a test that captures the issue."""
+
+
+MAX_IDLE_TURNS = 2  # turns in a row that change nothing before the loop stops
+ASK_FOR_TEST = (
+    "verify passes with your change, but it also passed on the base commit, before any "
+    "change, and your change adds or changes no test. So nothing shows the issue is "
+    "fixed: the existing tests do not capture it. Add a test that captures the issue, "
+    "one that fails without your fix and passes with it (a test file under tests/ or "
+    "named like test_*.py, *_test.go, *.test.ts, *.spec.js, as this repository does)."
+)
 
 
 def before_turn(
@@ -78,6 +95,8 @@ def cut_short(end: str) -> Stop | None:
         return Stop(Status.STALLED, Reason.STALL_TIMEOUT, "the model stopped answering")
     if end == "resource_limit":
         return Stop(Status.FAILED, Reason.RESOURCE_LIMIT)
+    if end == "budget_exhausted":  # the agent's detail names the budget (jobs/budget.py)
+        return Stop(Status.FAILED, Reason.BUDGET)
     return None
 
 
@@ -89,19 +108,29 @@ def after_turn(
     cost: float,
     max_cost: float,
     verify_tail: str,
+    idle_turns: int = 0,
+    base_passed: bool | None = None,
+    tests_changed: Sequence[str] = (),
+    test_asked: bool = True,
 ) -> Verified | Continue | Stop:
-    """What follows a turn whose changes were committed and verified."""
+    """What follows a turn whose changes were committed and verified.
+
+    ``has_changes``: the branch's tree differs from the base's. ``idle_turns``: turns in
+    a row, this one included, that left it identical (0 when this one changed it).
+    ``base_passed``: what verify said on the base before any change (None: not known).
+    ``tests_changed``: the test files the branch adds or changes; ``test_asked``: the
+    loop already gave the agent its one turn to add a test.
+    """
     if (cut := cut_short(end)) is not None:
         return cut
     if end == "cost_cap" or cost >= max_cost:
         return Stop(Status.FAILED, Reason.BUDGET, f"${cost:.2f} spent of ${max_cost:.2f}")
-    if verify_passed and has_changes:
-        return Verified()
+    if not has_changes:
+        return _idle(idle_turns, verify_passed, verify_tail, base_passed)
     if verify_passed:
-        return Continue(
-            "verify passes, but the branch has no changes yet: the issue is "
-            "not addressed. Make the change the issue asks for."
-        )
+        if base_passed and not tests_changed and not test_asked:
+            return AskForTest(ASK_FOR_TEST)
+        return Verified()
     capped = {
         "step_cap": "You reached the step limit for one turn.",
         "tool_budget": "You used the whole tool-call budget for one turn.",
@@ -109,3 +138,32 @@ def after_turn(
     }
     lead = capped.get(end, "")
     return Continue((lead + " " if lead else "") + "verify failed:\n" + verify_tail)
+
+
+def _idle(
+    idle_turns: int, verify_passed: bool, verify_tail: str, base_passed: bool | None
+) -> Continue | Stop:
+    """A turn that left the tree identical to the base: not a success, whatever the agent
+    said and whatever verify says; twice in a row stops the loop."""
+    if idle_turns >= MAX_IDLE_TURNS:
+        already = " although verify already passed before any change" if base_passed else ""
+        return Stop(
+            Status.FAILED,
+            Reason.NO_CHANGES,
+            f"{idle_turns} turns in a row left the branch identical to the base branch: "
+            f"the agent changed nothing{already}, so nothing was fixed and no pull request "
+            "was opened. If the issue is already fixed, close it. Otherwise say on the "
+            "issue what is still wrong (a failing case, the expected behaviour), then "
+            "comment `/loop-restart`.",
+        )
+    note = (
+        "Your last turn left the branch identical to the base commit: nothing is "
+        "changed, so nothing is fixed, whatever you concluded. A claim without a change "
+        "is not a fix. Make the change the issue asks for in this turn"
+    )
+    if verify_passed:
+        note += " (verify passing on an unchanged tree proves nothing about the issue)"
+    note += f"; {MAX_IDLE_TURNS} turns in a row without a change stop the loop."
+    if not verify_passed:
+        note += "\n\nverify failed:\n" + verify_tail
+    return Continue(note)

@@ -483,8 +483,119 @@ class Worktrees:
             self._git(path, mirror, "reset", "-q", "--hard")
             self._git(path, mirror, "clean", "-q", "-ffdx")
 
+    def ignored_files(self, checkout: Checkout) -> dict[str, tuple[int, int, int]]:
+        """Every file git ignores in the worktree, with (mtime_ns, size, mode): what
+        verify sees but a commit never carries (dependencies, build output, caches)."""
+        path, mirror = checkout.path, checkout.mirror
+        with mirror_lock(mirror):
+            self._restore_gitfile(path, mirror)
+            out = self._git(
+                path,
+                mirror,
+                "ls-files",
+                "--others",
+                "--ignored",
+                "--exclude-standard",
+                "--directory",
+                "-z",
+            )
+        found: dict[str, tuple[int, int, int]] = {}
+        for rel in (p for p in out.split("\0") if p):
+            top = path / rel
+            for file in _walk_lstat(top):
+                st = file[1]
+                found[str(file[0].relative_to(path))] = (st.st_mtime_ns, st.st_size, st.st_mode)
+        return found
+
+    def purge_ignored(
+        self, checkout: Checkout, before: dict[str, tuple[int, int, int]]
+    ) -> list[str]:
+        """Remove the ignored files that are new or changed since ``before``: files the
+        agent left where git does not look. verify would see them and the commit would
+        not, so a verify that passes only because of them proves nothing about the
+        commit (a ``calc/`` package in an ignored directory shadowing ``calc.py``)."""
+        removed = []
+        for rel, state in self.ignored_files(checkout).items():
+            if before.get(rel) == state:
+                continue
+            target = checkout.path / rel
+            with contextlib.suppress(FileNotFoundError):
+                if target.is_dir() and not target.is_symlink():
+                    _remove(target)
+                else:
+                    target.unlink()
+            removed.append(rel)
+            # Directories the removal emptied go too (an empty package dir can matter).
+            parent = target.parent
+            while parent != checkout.path and checkout.path in parent.parents:
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+                parent = parent.parent
+        return sorted(removed)
+
     def changed_since_base(self, checkout: Checkout) -> bool:
         return self.head(checkout.path, checkout.mirror) != checkout.base_sha
+
+    def fork_point(self, checkout: Checkout) -> str:
+        """Where the branch's diff starts, as the pull request shows it: the merge base of
+        its head and the default branch (the default branch after a merge of it)."""
+        head = self.head(checkout.path, checkout.mirror)
+        out = git(checkout.mirror, "merge-base", checkout.base_sha, head, check=False).strip()
+        return out or checkout.base_sha
+
+    def tree_changed(self, checkout: Checkout) -> bool:
+        """Whether the committed tree differs from the base's: commits that add up to no
+        change (an edit and its revert) are no change. Called after ``commit_all``, so
+        the commit holds everything the agent left."""
+        head = self.head(checkout.path, checkout.mirror)
+        base = self.fork_point(checkout)
+        trees = git(checkout.mirror, "rev-parse", f"{head}^{{tree}}", f"{base}^{{tree}}")
+        ours, theirs = trees.split()
+        return ours != theirs
+
+    def changed_files(self, checkout: Checkout) -> list[str]:
+        """Files the branch adds or changes against its fork point (deletions left out)."""
+        out = git(
+            checkout.mirror,
+            "diff",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--no-renames",
+            "--name-only",
+            "--diff-filter=d",
+            "-z",
+            self.fork_point(checkout),
+            self.head(checkout.path, checkout.mirror),
+        )
+        return [p for p in out.split("\0") if p]
+
+    def is_clean(self, checkout: Checkout) -> bool:
+        """Nothing uncommitted in the worktree (ignored files aside)."""
+        path, mirror = checkout.path, checkout.mirror
+        with mirror_lock(mirror):
+            defuse_tree(path)
+            self._restore_gitfile(path, mirror)
+            status = self._git(
+                path,
+                mirror,
+                "status",
+                "--porcelain",
+                "--untracked-files=all",
+                "--ignore-submodules=all",
+            )
+        return not status.strip()
+
+    def restore_committed(self, checkout: Checkout) -> None:
+        """Back to the last commit, keeping ignored files (caches, installed packages):
+        undoes what a command run on a clean checkout wrote into tracked or new files."""
+        path, mirror = checkout.path, checkout.mirror
+        with mirror_lock(mirror):
+            self._restore_gitfile(path, mirror)
+            defuse_tree(path)
+            self._git(path, mirror, "reset", "-q", "--hard")
+            self._git(path, mirror, "clean", "-q", "-fd")
 
     def diff_stat(self, checkout: Checkout) -> str:
         return git(
@@ -540,3 +651,30 @@ class Worktrees:
                 except ValueError:
                     continue
         return out
+
+
+def _walk_lstat(top: Path) -> Iterator[tuple[Path, os.stat_result]]:
+    """``top`` and everything under it, without following links: (path, lstat)."""
+    try:
+        st = top.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        yield top, st
+        return
+    stack = [top]
+    while stack:
+        current = stack.pop()
+        try:
+            entries = list(os.scandir(current))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                est = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(est.st_mode):
+                stack.append(Path(entry.path))
+            else:
+                yield Path(entry.path), est

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from redis import Redis
 
@@ -96,3 +97,11 @@ def worker_settings(tmp_path: Path) -> Settings:
     }
     (tmp_path / "data").mkdir(exist_ok=True)
     return load_settings(env, role="worker")
+
+
+def content_text(message: dict[str, Any]) -> str:
+    """A request message's text, whether its content is a string or a list of blocks."""
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content if isinstance(b, dict))

@@ -46,6 +46,11 @@ FACTS = Facts(
     max_fix_turns=2,
     waited_seconds=0,
     max_wait_seconds=3600,
+    verify_sha="b" * 40,
+    verify_passed=True,
+    verdict="approve",
+    changed_lines=2,
+    changed_files=1,
 )
 
 

@@ -133,3 +133,17 @@ def test_required_checks_from_protection_and_rulesets(gh, github: GitHubServer) 
     # Older GitHub Enterprise Server has no rulesets endpoint: protection still counts.
     github.inject("GET", r"/rules/branches/", 404, times=5)
     assert gh.required_checks(REPO, "main") == {"ci/test"}
+
+
+def test_every_page_of_commit_statuses_is_read(gh, github: GitHubServer) -> None:  # type: ignore[no-untyped-def]
+    """Red team: only the first page (30) of the combined status was read, so a failing
+    status past it was never seen by the gate."""
+    from bot.testing import gitrepo
+
+    sha = gitrepo.resolve(github.repo(REPO).path, "main")
+    with github.as_user("acme") as u:
+        for i in range(130):
+            state = "failure" if i == 129 else "success"
+            u.post(f"/repos/{REPO}/statuses/{sha}", json={"state": state, "context": f"ci/{i}"})
+    statuses = gh.commit_statuses(REPO, sha)
+    assert len(statuses) == 130 and ("ci/129", "failure") in statuses

@@ -108,12 +108,19 @@ def test_verify_passes_on_turn_one_no_second_turn(
 def test_max_turns_reached(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:
-    model.responder = lambda body: m.text("I give up")
+    # The agent changes something every turn (a turn that changes nothing stops the loop
+    # sooner, for no_changes: tests/test_evidence.py), but never what fixes verify.
+    def flail(body: dict[str, Any]) -> m.Item:
+        if "tool_result" in json.dumps(body["messages"][-1]):
+            return m.text("I give up")
+        return m.write_file(f"attempt{len(model.requests)}.txt", "x\n")
+
+    model.responder = flail
     n = start(github, drain)
     record = Store(redis).get(f"{REPO}#{n}")
     assert record is not None
     assert (record.status, record.reason, record.turn) == (Status.FAILED, "max_turns_reached", 3)
-    assert len(model.requests) == 3
+    assert len(model.requests) == 6
     assert "max_turns_reached" in bot_comments(github)[0]["body"]
 
 

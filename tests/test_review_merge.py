@@ -15,7 +15,7 @@ from bot.testing import gitrepo
 from bot.testing.anthropic_server import AnthropicServer
 from bot.testing.github_server import GitHubServer
 from tests.conftest import Web
-from tests.helpers import REPO, comment, label, open_issue, sample_repo
+from tests.helpers import REPO, comment, content_text, label, open_issue, sample_repo
 
 YML = "verify: python3 -m unittest -q\nmax_turns: 3\n"
 FIX = m.replace("calc.py", "return a - b", "return a + b")
@@ -26,8 +26,15 @@ def report(
     verdict: str = "approve",
     findings: list[dict[str, Any]] | None = None,
     summary: str = "Looks right.",
+    earlier: list[dict[str, Any]] | None = None,
 ) -> m.Reply:
-    return m.structured({"verdict": verdict, "summary": summary, "findings": findings or []})
+    """A critic's answer; ``earlier``: its answers on open findings from earlier rounds."""
+    answer = {"verdict": verdict, "summary": summary, "findings": findings or []}
+    return m.structured(answer | ({"earlier_findings": earlier} if earlier else {}))
+
+
+def still(fid: str = "F1", status: str = "open") -> list[dict[str, Any]]:
+    return [{"id": fid, "status": status, "why": f"{fid} is {status}"}]
 
 
 def finding(
@@ -102,7 +109,7 @@ def test_clean_report_reviews_inline_and_squash_merges(
     assert r.reviewed_sha == repo.pulls[r.pr_number].closed_head_sha
     critic_req = next(b for b in model.requests if is_critic(b))
     assert critic_req["output_config"]["format"]["type"] == "json_schema"
-    assert "diff --git a/calc.py" in critic_req["messages"][0]["content"]
+    assert "diff --git a/calc.py" in content_text(critic_req["messages"][0])
     assert "sev3" in json.dumps(critic_req["output_config"])
 
 
@@ -157,7 +164,7 @@ def test_sev1_goes_back_to_coding_then_merges(
             "        self.assertEqual(add(-1, -1), -2)\n",
         ),
         m.text("Added a test for negatives."),
-        report(),
+        report(earlier=still("F1", "resolved")),
     )
     run(github, drain)
     r = record(redis)
@@ -182,10 +189,15 @@ def test_the_same_sev1_three_times_asks_a_human_and_restart_resets_the_rounds(
         ]
     )
     attempts: list[int] = []
+    rounds: list[int] = []
 
     def stuck(body: dict[str, Any]) -> m.Item:
         if is_critic(body):
-            return report("request_changes", [finding("sev1", "calc.py", 2, next(titles))])
+            rounds.append(1)
+            earlier = still() if len(rounds) > 1 else None  # F1, answered and raised again
+            return report(
+                "request_changes", [finding("sev1", "calc.py", 2, next(titles))], earlier=earlier
+            )
         last = body["messages"][-1]["content"]
         if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
             return m.text("Tried again.")
@@ -203,9 +215,14 @@ def test_the_same_sev1_three_times_asks_a_human_and_restart_resets_the_rounds(
     assert len(reviews) == 3 and "A person should take it from here" in reviews[-1]["body"]
     assert "will address them" in reviews[0]["body"]
     assert len(main_log(github)) == 1  # nothing merged
-    # A person restarts it: review rounds and the repeat count start again.
+    # A person restarts it: review rounds and the repeat count start again. The head
+    # keeps its verdict, so it takes a change for the critic to look again.
     model.responder = None
-    model.play(m.text("Handled division by zero."), report())
+    model.play(
+        m.write_file("zero.txt", "handled\n"),
+        m.text("Handled division by zero."),
+        report(earlier=still("F1", "resolved")),
+    )
     comment(github, "writer", 1, "/loop-restart")
     drain()
     r = record(redis)
@@ -297,13 +314,15 @@ def test_head_pushed_by_someone_else_is_reviewed_before_merge(
     model.responder = push_during_review
     run(github, drain)
     r = record(redis)
-    assert r.status == Status.COMPLETED, r
+    # Reviewed, but verify never ran on the pushed head: a person merges it, not loopbot.
+    assert (r.status, r.reason) == (Status.REFUSED, "needs_human"), r
+    assert "verify last ran on" in r.detail and len(main_log(github)) == 1
     reviews = github.repo(REPO).reviews[r.pr_number]
-    # Two reviews: the old head, then the new one; the merge pinned the reviewed new head.
+    # Two reviews: the old head, then the new one.
     assert len(reviews) == 2
     assert reviews[-1]["commit_id"] == pushed[0] == r.reviewed_sha
     events = [e["data"].get("decision") for e in Store(redis).events(KEY) if e["kind"] == "gate"]
-    assert events[0] == "Review" and events[-1] == "Merge"
+    assert events[0] == "Review" and events[-1] == "Refuse"
 
 
 def test_checks_pending_then_green_merges(

@@ -377,6 +377,7 @@ class GitHubServer:
         if issue.state == "open" and head and base:
             mergeable = gitrepo.merge_tree(repo.path, base, head) is not None
             state = "clean" if mergeable else "dirty"
+        files = gitrepo.changed_files(repo.path, pull.base, head) if head else []
         return {
             "id": pull.number + repo.id * 10000,
             "number": pull.number,
@@ -388,6 +389,9 @@ class GitHubServer:
             "merge_commit_sha": pull.merge_commit_sha,
             "mergeable": mergeable,
             "mergeable_state": state,
+            "additions": sum(int(str(f["additions"])) for f in files),
+            "deletions": sum(int(str(f["deletions"])) for f in files),
+            "changed_files": len(files),
             "html_url": f"{self.url}/{repo.full_name}/pull/{pull.number}",
             "head": {"ref": pull.head, "sha": head, "repo": self._repo_json(repo)},
             "base": {"ref": pull.base, "sha": base, "repo": self._repo_json(repo)},
@@ -837,6 +841,16 @@ class GitHubServer:
                 issue.state = "closed"
             return jsonify(srv._pull_json(repo, pull))
 
+        @app.get("/repos/<owner>/<name>/compare/<path:basehead>")
+        def compare(owner: str, name: str, basehead: str) -> Response:
+            repo = srv._repo(owner, name)
+            base, _, head = basehead.partition("...")
+            if not (gitrepo.resolve(repo.path, base) and gitrepo.resolve(repo.path, head)):
+                abort(_error(404, "Not Found"))
+            if "diff" not in request.headers.get("Accept", ""):
+                abort(_error(415, "only the diff media type is served here"))
+            return Response(gitrepo.diff(repo.path, base, head), mimetype="text/x-diff")
+
         @app.get("/repos/<owner>/<name>/pulls/<int:number>/files")
         def pull_files(owner: str, name: str, number: int) -> Response:
             repo = srv._repo(owner, name)
@@ -1018,7 +1032,7 @@ class GitHubServer:
                     "state": state,
                     "sha": sha,
                     "total_count": len(latest),
-                    "statuses": list(latest.values()),
+                    "statuses": _page(list(latest.values())),  # 30 a page, as GitHub
                 }
             )
 

@@ -1,0 +1,81 @@
+"""The check before each model call: the call's worst case against the issue's budget.
+
+A cheap bound first: the request's bytes (no token is shorter than a byte), or the
+previous call's tokens as the API counted them plus the bytes added since. Only when
+that bound does not fit does the API count the request's input exactly
+(``messages.count_tokens``): calls near the edge are neither refused for a loose bound
+nor let past the budget, and every other call costs no extra round trip.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+
+from bot.logs import get_logger
+from bot.loopstate import LoopRecord
+from bot.repo_config import Ceilings
+from bot.settings import Settings
+from jobs import budget
+from jobs.budget import Budget, Exhausted, Spent
+
+log = get_logger("loopbot.precall")
+
+
+class OverBudget(Exception):
+    """The call was not made: it could cross the issue's budget (the message says which)."""
+
+
+def guard(
+    client: anthropic.Anthropic,
+    request: dict[str, Any],
+    record: LoopRecord | None,
+    settings: Settings,
+) -> None:
+    """Raise ``OverBudget`` unless ``request`` fits the budget the loop stored on
+    ``record`` (read just before the call, so it counts every call made so far)."""
+    if record is None:
+        return
+    limits = Budget.stored(record, Ceilings.of(settings))
+    if limits is None:
+        return
+    out = check(client, request, limits, Spent.of(record))
+    if out is not None:
+        raise OverBudget(out.detail)
+
+
+def check(
+    client: anthropic.Anthropic,
+    request: dict[str, Any],
+    limits: Budget,
+    spent: Spent,
+    bound: int | None = None,
+) -> Exhausted | None:
+    """None when ``request`` may be sent: ``spent`` plus its worst case (``bound`` input
+    tokens, default the request's bytes, and ``max_tokens`` of output) fits ``limits``.
+    Otherwise which budget it would cross, and nothing is sent."""
+    model, max_tokens = str(request["model"]), int(request["max_tokens"])
+    if bound is None:
+        bound = budget.input_bound(request)
+    out = budget.before_call(limits, spent, budget.worst_call(model, bound, max_tokens))
+    if out is None:
+        return None
+    if budget.before_call(limits, spent, budget.worst_call(model, 0, max_tokens)) is not None:
+        return out  # not even an empty request fits: counting cannot help
+    counted = count_input(client, request)
+    if counted is None or counted >= bound:
+        return out  # no better number: the bound stands, and the call is not made
+    return budget.before_call(limits, spent, budget.worst_call(model, counted, max_tokens))
+
+
+def count_input(client: anthropic.Anthropic, request: dict[str, Any]) -> int | None:
+    """The request's input tokens as the API counts them; None when it cannot say."""
+    try:
+        counted = client.messages.count_tokens(
+            **{k: v for k, v in request.items() if k != "max_tokens"}
+        )
+    except anthropic.APIError as exc:
+        log.warning("precall.count_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+        return None
+    return int(counted.input_tokens)
