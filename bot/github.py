@@ -546,6 +546,16 @@ class Installation:
             )
         )
 
+    def compare_status(self, repo: str, base: str, head: str) -> tuple[str, str]:
+        """GitHub's compare of ``base...head``: (status, base sha). ``ahead`` or
+        ``identical`` means ``head`` contains ``base``; ``behind`` or ``diverged`` not."""
+        d = self._call(
+            lambda gh: gh.rest.repos.compare_commits(
+                *_split(repo), f"{base}...{head}", per_page=1
+            ).json()
+        )
+        return str(d.get("status") or ""), str((d.get("base_commit") or {}).get("sha") or "")
+
     def pull_files(self, repo: str, number: int) -> list[str]:
         """Every path the pull request touches, renamed-from paths included."""
         paths: list[str] = []

@@ -64,6 +64,11 @@ class Facts:
     # Writers who dismissed (``/loop-dismiss``) the sev1 findings raised on ``head_sha``:
     # the critic's verdict stays what it was, and the receipt says who overrode it.
     dismissed_by: str = ""
+    # Whether the head contains the default branch's current tip (GitHub's compare):
+    # verify ran on the head, so a base that moved since is a combination never
+    # verified. None: not established.
+    base_included: bool | None = None
+    base_sha: str = ""
     changed_lines: int | None = None  # additions + deletions against the base
     changed_files: int | None = None
     max_changed_lines: int = 1000
@@ -100,7 +105,10 @@ class FixChecks:
 
 @dataclass(frozen=True)
 class FixConflicts:
-    """The branch conflicts with the base: merge the base in and let the agent resolve."""
+    """The branch conflicts with the base, or is behind it: merge the base in, let the
+    agent resolve what conflicts, and verify again."""
+
+    why: str = "the pull request conflicts with the default branch"
 
 
 @dataclass(frozen=True)
@@ -172,6 +180,20 @@ def decide(f: Facts) -> Decision:
                     f"checks still pending after {f.waited_seconds / 60:.0f} minutes",
                 )
             return Wait("required checks are still running")
+    if f.base_included is None:
+        return Refuse(
+            Reason.NEEDS_HUMAN,
+            "loopbot cannot tell whether the head contains the default branch as it is now",
+        )
+    if f.base_included is False and f.mergeable is not False:
+        # The base moved after verify (another loop merged first): the squash would land
+        # a combination nobody ran verify on. Merge the base in and verify again.
+        if f.fix_turns_used < f.max_fix_turns:
+            return FixConflicts(f"the default branch moved to {f.base_sha[:10]} since verify")
+        return Refuse(
+            Reason.NOT_MERGEABLE,
+            "the default branch keeps moving ahead of the verified head; merge it by hand",
+        )
     if f.mergeable is False:
         # Usual when several loops drain one repository's backlog: another merged first.
         if f.fix_turns_used < f.max_fix_turns:

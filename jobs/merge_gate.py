@@ -11,6 +11,7 @@ while reading one goes to the retry path (``jobs.retries``) and ends in ``gate_e
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from bot import repo_config
 from bot.failures import Conflict
@@ -197,13 +198,18 @@ class Gate:
                 self._set(
                     status=Status.QUEUED,
                     phase="queued",
-                    resume_note=f"The pull request conflicts with `{pull.base_ref}`.",
+                    resume_note=(
+                        f"The pull request conflicts with `{pull.base_ref}`."
+                        if decision.why.startswith("the pull request conflicts")
+                        else f"`{pull.base_ref}` moved since verify: loopbot merged it in; "
+                        "check that the change still fits, then finish."
+                    ),
                     sync_base=True,
                     turn=0,
                     check_fixes=record.check_fixes + 1,
                     gate_since=0.0,
                 )
-                self.store.event(self.key, "conflicts", base=pull.base_ref)
+                self.store.event(self.key, "conflicts", base=pull.base_ref, why=decision.why)
                 enqueue_loop(self.rt, self.repo, self.issue)
                 return "resolving conflicts"
             assert isinstance(decision, Wait)
@@ -270,6 +276,7 @@ class Gate:
             # the critic writes both in one update.
             verdict=record.verdicts.get(head)
             or (record.verdict if record.reviewed_sha == head else ""),
+            **self._base(gh, pull.base_ref, head),
             dismissed_by=", ".join(
                 sorted(
                     {
@@ -295,6 +302,13 @@ class Gate:
                 for e in open_log
             ),
         )
+
+    def _base(self, gh: Installation, base_ref: str, head: str) -> dict[str, Any]:
+        """Whether ``head`` contains the default branch's tip now (an API error is raised:
+        the retry path, never a pass)."""
+        status, base_sha = gh.compare_status(self.repo, base_ref, head)
+        included = {"ahead": True, "identical": True, "behind": False, "diverged": False}
+        return {"base_included": included.get(status), "base_sha": base_sha}
 
     def _merge(self, gh: Installation, record: LoopRecord, sha: str, title: str) -> str:
         assert record.pr_number is not None

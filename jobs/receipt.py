@@ -67,6 +67,16 @@ def rows(f: Facts, *, ready_label: str) -> list[Row]:
             else "changed: " + ", ".join(code_span(p) for p in f.protected_changes[:5]),
         ),
         _scope_row(f),
+        Row(
+            "head contains the default branch",
+            head,
+            "unknown" if f.base_included is None else _ok(f.base_included),
+            f"it contains {code_span(_short(f.base_sha))}: verify's result holds for the merge"
+            if f.base_included
+            else f"the default branch moved to {code_span(_short(f.base_sha))} since verify"
+            if f.base_included is False
+            else "not established",
+        ),
         _mergeable_row(f),
     ]
     return out

@@ -7,6 +7,7 @@ real git, the local GitHub and Anthropic servers.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,6 +53,8 @@ FACTS = Facts(
     waited_seconds=0,
     max_wait_seconds=3600,
     verify_sha=HEAD,
+    base_included=True,
+    base_sha="d" * 40,
     verify_passed=True,
     verdict="approve",
     changed_lines=40,
@@ -155,6 +158,9 @@ def test_the_receipt_passes_exactly_when_the_gate_merges() -> None:
         replace(FACTS, checks="none", check_results=()),
         replace(FACTS, mergeable=None),
         replace(FACTS, mergeable=False, fix_turns_used=2),
+        replace(FACTS, base_included=None),
+        replace(FACTS, base_included=False),
+        replace(FACTS, base_included=False, fix_turns_used=2),
     ]
     for facts in variants:
         table = receipt.rows(facts, ready_label="loop:ready")
@@ -186,6 +192,7 @@ def test_the_receipt_renders_every_condition_and_adds_the_merge_commit_once() ->
         "check `lint`",
         "protected paths untouched",
         "within scope",
+        "head contains the default branch",
         "mergeable",
     ]
     assert all(r.sha == HEAD for r in table)
@@ -296,6 +303,8 @@ def test_merge_receipt_lists_every_condition_on_the_merged_head_then_the_merge_c
         ("mergeable", "no conflicts with the base"),
     ]:
         assert row(body, condition) == [condition, f"`{head}`", "✅ pass", detail]
+    contains = row(body, "head contains the default branch")
+    assert contains[:3] == ["head contains the default branch", f"`{head}`", "✅ pass"], contains
     assert row(body, "merge commit") == ["merge commit", f"`{merge}`", "✅ pass", "squash-merged"]
     assert body.rstrip().splitlines()[-3].endswith(f"Merged as `{merge}`.")
     assert r.merge_sha == merge and r.last_verify.get("sha", head) == head
@@ -405,3 +414,67 @@ def test_one_failed_read_of_the_checks_is_retried_and_then_merges(
     assert kinds.count("gate_error") == 1
     body = receipt_body(github, r.pr_number)
     assert body is not None and "merge commit" in body
+
+
+def test_a_default_branch_that_moved_since_verify_is_merged_in_and_verified_again() -> None:
+    """Red team: someone merged to main while the critic reviewed; the squash would have
+    landed a combination nobody verified."""
+    from jobs.gate import FixConflicts
+
+    decision = decide(replace(FACTS, base_included=False))
+    assert isinstance(decision, FixConflicts) and "moved" in decision.why
+    spent = decide(replace(FACTS, base_included=False, fix_turns_used=2))
+    assert isinstance(spent, Refuse) and spent.reason.value == "not_mergeable"
+    unknown = decide(replace(FACTS, base_included=None))
+    assert isinstance(unknown, Refuse) and "cannot tell" in unknown.why
+
+
+def test_a_default_branch_that_moves_during_review_is_never_merged_unverified(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """Red team: while the critic reviewed, someone pushed to main a test that the fix
+    breaks (no textual conflict). The gate used to squash-merge a combination nobody
+    had verified; now the loop merges main in and verifies again, and it fails."""
+    import subprocess
+    import tempfile
+
+    def push_main() -> None:
+        d = tempfile.mkdtemp()
+
+        def run(*a: str) -> None:
+            subprocess.run(a, cwd=d, check=True, capture_output=True)
+
+        run("git", "clone", "-q", str(github.repo(REPO).path), ".")
+        Path(d, "mathx.py").write_text(
+            "from calc import add\n\ndef double(x):\n    return add(x, x)\n"
+        )
+        Path(d, "test_double.py").write_text(
+            "import unittest\nfrom mathx import double\n\n"
+            "class D(unittest.TestCase):\n    def test_double(self):\n"
+            "        self.assertEqual(double(2), 0)\n"
+        )
+        run("git", "add", "-A")
+        run("git", "-c", "user.name=x", "-c", "user.email=x@x", "commit", "-qm", "elsewhere")
+        run("git", "push", "-q", "origin", "HEAD:main")
+
+    agent = [FIX, m.text("Fixed.")]
+    pushed: list[bool] = []
+
+    def play(body: dict[str, Any]) -> m.Item:
+        if is_critic(body):
+            if not pushed:
+                push_main()
+                pushed.append(True)
+            return m.structured({"verdict": "approve", "summary": "ok", "findings": []})
+        return agent.pop(0) if agent else m.text("Done.")
+
+    model.responder = play
+    sample_repo(github, loop_yml="verify: python3 -m unittest -q\nmax_turns: 3\n")
+    label(github, "writer", open_issue(github))
+    drain()
+    r = Store(redis).get(f"{REPO}#1")
+    assert r is not None and r.status != Status.COMPLETED, r
+    path = github.repo(REPO).path
+    assert "a - b" in gitrepo.git(path, "show", "main:calc.py")  # the fix never merged
+    moved = [e["data"] for e in Store(redis).events(r.key) if e["kind"] == "conflicts"]
+    assert moved and "moved" in moved[0]["why"], moved

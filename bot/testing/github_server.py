@@ -847,9 +847,29 @@ class GitHubServer:
             base, _, head = basehead.partition("...")
             if not (gitrepo.resolve(repo.path, base) and gitrepo.resolve(repo.path, head)):
                 abort(_error(404, "Not Found"))
-            if "diff" not in request.headers.get("Accept", ""):
-                abort(_error(415, "only the diff media type is served here"))
-            return Response(gitrepo.diff(repo.path, base, head), mimetype="text/x-diff")
+            if "diff" in request.headers.get("Accept", ""):
+                return Response(gitrepo.diff(repo.path, base, head), mimetype="text/x-diff")
+            base_sha = gitrepo.resolve(repo.path, base) or base
+            head_sha = gitrepo.resolve(repo.path, head) or head
+            ahead = int(gitrepo.git(repo.path, "rev-list", "--count", f"{base_sha}..{head_sha}"))
+            behind = int(gitrepo.git(repo.path, "rev-list", "--count", f"{head_sha}..{base_sha}"))
+            status = (
+                "identical"
+                if not ahead and not behind
+                else "ahead"
+                if not behind
+                else "behind"
+                if not ahead
+                else "diverged"
+            )
+            return jsonify(
+                {
+                    "status": status,
+                    "ahead_by": ahead,
+                    "behind_by": behind,
+                    "base_commit": {"sha": base_sha},
+                }
+            )
 
         @app.get("/repos/<owner>/<name>/pulls/<int:number>/files")
         def pull_files(owner: str, name: str, number: int) -> Response:
