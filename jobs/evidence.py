@@ -109,10 +109,13 @@ def needs_test(base: dict[str, Any]) -> bool:
     return bool(base.get("passed"))
 
 
-def cache_key(repo: str, sha: str, verify: str, setup: str | None) -> str:
-    """Per repository, base commit and the commands that produce the result (setup shapes
-    what verify sees, so it is part of the key)."""
-    commands = hashlib.sha256(json.dumps([verify, setup or ""]).encode()).hexdigest()[:16]
+def cache_key(repo: str, sha: str, verify: str, setup: str | None, environment: Any = None) -> str:
+    """Per repository, base commit and what produces the result: the commands (setup
+    shapes what verify sees) and the sandbox's ``environment`` (network, timeout), so a
+    ``loop.yml`` that changes either never reuses an old answer."""
+    commands = hashlib.sha256(
+        json.dumps([verify, setup or "", environment], default=str).encode()
+    ).hexdigest()[:16]
     return f"{CACHE_PREFIX}{repo}:{sha}:{commands}"
 
 

@@ -381,7 +381,7 @@ class LoopRunner:
             }
             changed = self.worktrees.tree_changed(self.checkout)
             tests = (
-                evidence.tests_changed(self.worktrees.changed_files(self.checkout))
+                evidence.tests_changed(self.worktrees.files_with_added_lines(self.checkout))
                 if changed
                 else []
             )
@@ -452,7 +452,13 @@ class LoopRunner:
             return
         self._set(phase="verifying_base")
         cache = evidence.BaseVerifyCache(self.rt.redis)
-        key = evidence.cache_key(self.repo, head, self.config.verify, self.config.setup)
+        key = evidence.cache_key(
+            self.repo,
+            head,
+            self.config.verify,
+            self.config.setup,
+            [self.config.sandbox.network, self.config.sandbox.timeout_seconds],
+        )
         found = cache.get(key)
         if found is not None:
             result = {**found, "sha": head, "cached": True}

@@ -571,6 +571,30 @@ class Worktrees:
         )
         return [p for p in out.split("\0") if p]
 
+    def files_with_added_lines(self, checkout: Checkout) -> list[str]:
+        """Files where the branch adds at least one non-blank line against its fork point:
+        an empty or whitespace-only test file captures nothing."""
+        out = git(
+            checkout.mirror,
+            "diff",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--no-renames",
+            "--numstat",
+            "--ignore-blank-lines",
+            "--ignore-all-space",
+            "-z",
+            self.fork_point(checkout),
+            self.head(checkout.path, checkout.mirror),
+        )
+        found = []
+        for item in (p for p in out.split("\0") if p):
+            added, _, rest = item.partition("\t")
+            _, _, path = rest.partition("\t")
+            if added.isdigit() and int(added) > 0 and path:
+                found.append(path)
+        return found
+
     def is_clean(self, checkout: Checkout) -> bool:
         """Nothing uncommitted in the worktree (ignored files aside)."""
         path, mirror = checkout.path, checkout.mirror

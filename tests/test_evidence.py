@@ -247,7 +247,7 @@ def test_base_verify_is_cached_per_base_commit(
     # than the one-second verify.
     ready = events(redis, n2, "worktree_ready")[-1]["at"]
     assert second[0]["at"] - ready < 0.9
-    key = evidence.cache_key(REPO, base, "sleep 1; python3 -m unittest -q", None)
+    key = evidence.cache_key(REPO, base, "sleep 1; python3 -m unittest -q", None, [False, 600])
     assert 0 < int(redis.ttl(key)) <= evidence.CACHE_TTL
 
     # A new base commit is a new result.
@@ -411,6 +411,10 @@ def test_cache_key_names_the_commands() -> None:
     assert a != evidence.cache_key(REPO, "s" * 40, "make check", None)
     assert a != evidence.cache_key(REPO, "s" * 40, "make test", "make deps")
     assert a != evidence.cache_key(REPO, "t" * 40, "make test", None)
+    # The sandbox it ran in too: network on or off, the timeout (red team).
+    assert evidence.cache_key(REPO, "s" * 40, "make test", None, [False, 600]) != (
+        evidence.cache_key(REPO, "s" * 40, "make test", None, [True, 600])
+    )
     assert not evidence.cacheable({"passed": False, "timed_out": True})
 
 
@@ -449,3 +453,23 @@ def test_files_hidden_in_ignored_paths_never_make_verify_pass(
     path = github.repo(REPO).path
     assert "a + b" in gitrepo.git(path, "show", "main:calc.py")  # merged only the real fix
     assert len(main_log(github)) == 2
+
+
+def test_an_empty_test_file_is_not_a_test(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """Red team: a file named like a test but empty (or blank lines) counted as a changed
+    test, so loopbot never asked for a real one."""
+    n = passing_base(github, config())
+    model.play(
+        FIX_MUL,
+        m.write_file("test_mul.py", "\n\n"),
+        m.text("Fixed mul and added a test."),  # turn 1: the fix and an empty "test"
+        m.write_file("test_mul.py", TEST_MUL),
+        m.text("Added a real test for mul."),  # turn 2, asked for a test
+    )
+    label(github, "writer", n)
+    drain()
+    r = record(redis, n)
+    assert [e["data"]["turn"] for e in events(redis, n, "test_requested")] == [1]
+    assert (r.status, r.tests_changed) == (Status.COMPLETED, ["test_mul.py"]), r
