@@ -90,7 +90,10 @@ def ceilings_check(settings: Settings) -> Check:
         f"{settings.max_tool_budget} tool calls a turn (LOOPBOT_MAX_TOOL_BUDGET), "
         f"{settings.max_wall_hours:g} h (LOOPBOT_MAX_WALL_HOURS), "
         f"{settings.max_wait_checks_minutes} min waiting for checks "
-        "(LOOPBOT_MAX_WAIT_CHECKS_MINUTES); more is lowered to these",
+        "(LOOPBOT_MAX_WAIT_CHECKS_MINUTES), "
+        f"{settings.max_tokens:,} tokens (LOOPBOT_MAX_TOKENS) and "
+        f"{settings.max_total_turns} turns over an issue's life (LOOPBOT_MAX_TOTAL_TURNS); "
+        "more is lowered to these",
     )
 
 

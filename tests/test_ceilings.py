@@ -208,3 +208,5 @@ def test_doctor_names_the_ceilings(env: dict[str, str]) -> None:
     line = ceilings_check(Settings.model_validate({**env, "LOOPBOT_MAX_TURNS": "9"})).line()
     assert line.startswith("[ok  ] ceilings:") and "9 turns (LOOPBOT_MAX_TURNS)" in line
     assert "$25 (LOOPBOT_MAX_COST_USD)" in line
+    assert "100,000,000 tokens (LOOPBOT_MAX_TOKENS)" in line
+    assert "200 turns over an issue's life (LOOPBOT_MAX_TOTAL_TURNS)" in line
