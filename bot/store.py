@@ -23,7 +23,7 @@ from typing import Any
 from redis import Redis
 from redis.exceptions import WatchError
 
-from bot.loopstate import ACTIVE, LoopRecord, summarize
+from bot.loopstate import ACTIVE, LoopRecord, Status, summarize
 
 P = "loopbot:"
 GLOBAL_EVENTS_MAXLEN = 50_000
@@ -96,12 +96,15 @@ class Store:
                     if raw is None:
                         raise KeyError(key)
                     record = LoopRecord.model_validate_json(raw)
-                    was_active, last = record.status in ACTIVE, record.updated_at
+                    # Queued is waiting for a worker, not working: a backlog must not
+                    # spend a loop's hours.
+                    was_active = record.status in ACTIVE and record.status != Status.QUEUED
+                    last = record.updated_at
                     fn(record)
                     now = time.time()
                     if was_active:
-                        # The wall-clock budget (jobs/budget.py): the time between
-                        # two writes of an active loop was spent; time it sat failed is not.
+                        # The hours budget (jobs/budget.py): the time between two
+                        # writes of a working loop was spent; time it sat failed is not.
                         record.active_seconds += max(0.0, now - last)
                     record.updated_at = now
                     pipe.multi()

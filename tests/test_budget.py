@@ -189,6 +189,10 @@ def test_store_banks_active_time_only(redis: Redis) -> None:
     store.set_fields(key, status=Status.QUEUED)  # a restart: the failed stretch is not spent
     assert store.get(key).active_seconds == banked  # type: ignore[union-attr]
     time.sleep(0.2)
+    # Waiting in the queue for a worker is not spent either; running again is.
+    store.set_fields(key, status=Status.RUNNING)
+    assert store.get(key).active_seconds == banked  # type: ignore[union-attr]
+    time.sleep(0.2)
     assert store.set_fields(key, phase="x").active_seconds >= banked + 0.2
 
 
