@@ -8,10 +8,10 @@ from pathlib import Path
 
 from redis import Redis
 
-from bot.settings import load_settings
-from bot.testing.anthropic_server import AnthropicServer
-from bot.testing.github_server import GitHubServer
-from bot.testing.redis_server import RedisServer
+from bot.core.settings import load_settings
+from bot.standins.anthropic import AnthropicServer
+from bot.standins.github import GitHubServer
+from bot.standins.redis_server import RedisServer
 from jobs.runtime import Runtime, install
 
 

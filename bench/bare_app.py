@@ -15,7 +15,7 @@ from functools import cache
 from flask import Flask, request
 from redis import Redis
 
-from bot.redis_conn import connect
+from bot.io.redis import connect
 
 app = Flask("bare")
 durable = Flask("durable")

@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from werkzeug.serving import make_server
 
 from bench import _env
-from bot.logs import configure
-from bot.loopstate import TERMINAL
-from bot.testing import anthropic_server as m
-from bot.webapp import create_app
+from bot.core.record import TERMINAL
+from bot.io.logs import configure
+from bot.standins import anthropic as m
+from bot.web.app import create_app
 
 REPO = "bench/latency"
 YML = "verify: exit 0\nmax_turns: 1\ncritic:\n  enabled: false\nmerge:\n  enabled: false\n"
@@ -57,7 +57,7 @@ def main() -> None:
         b.model.responder = lambda body: m.text("nothing to do")
         log = open(b.root / "worker.log", "wb")  # noqa: SIM115
         worker = subprocess.Popen(
-            [sys.executable, "-m", "bot.cli", "worker"],
+            [sys.executable, "-m", "bot.ops.cli", "worker"],
             env={**os.environ, **b.env},
             stdout=log,
             stderr=log,

@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rq import Worker
 
 from bench import _env
-from bot import repo_config
-from bot.logs import configure
-from bot.queues import ALL_QUEUES, make_worker
-from bot.testing import anthropic_server as m
+from bot.core import repo_config
+from bot.io.logs import configure
+from bot.io.queues import ALL_QUEUES, make_worker
+from bot.standins import anthropic as m
 from jobs.dispatch import start_loop
 
 REPO = "bench/overhead"

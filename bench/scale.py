@@ -16,11 +16,11 @@ import statistics
 import time
 from collections.abc import Callable
 
-from bot.loopstate import LoopRecord, Status, Usage
-from bot.metrics import render
-from bot.redis_conn import connect
-from bot.store import Store
-from bot.testing.redis_server import RedisServer
+from bot.core.record import LoopRecord, Status, Usage
+from bot.io.metrics import render
+from bot.io.redis import connect
+from bot.io.store import Store
+from bot.standins.redis_server import RedisServer
 
 
 def record(i: int) -> LoopRecord:
@@ -35,7 +35,7 @@ def record(i: int) -> LoopRecord:
     }
     return LoopRecord(
         repo=f"acme/repo{i % 50}",
-        issue=i,
+        issue=i + 1,
         installation_id=1,
         status=statuses[i % len(statuses)],
         findings=[finding] * 4,

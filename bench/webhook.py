@@ -38,8 +38,8 @@ from pathlib import Path
 
 import httpx
 
-from bot.signature import sign, verify
-from bot.testing.redis_server import RedisServer, free_port
+from bot.core.signature import sign, verify
+from bot.standins.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "bench-secret"
@@ -226,11 +226,11 @@ def in_process(redis_url: str, n: int = 2000) -> dict[str, float]:
     import bare_app  # type: ignore[import-not-found]  # bench/ is on sys.path as a script
     import structlog
 
-    from bot.queues import CommandEnqueuer, control_queue
-    from bot.redis_conn import connect
-    from bot.routing import Enqueue, route
-    from bot.settings import load_settings
-    from bot.webapp import create_app
+    from bot.core.rules.routing import Enqueue, route
+    from bot.core.settings import load_settings
+    from bot.io.queues import CommandEnqueuer, control_queue
+    from bot.io.redis import connect
+    from bot.web.app import create_app
 
     env = {
         "REDIS_URL": redis_url,
@@ -314,7 +314,7 @@ def main() -> None:
         for name, app in [
             ("bare flask", "bench.bare_app:app"),
             ("one write", "bench.bare_app:durable"),
-            ("loopbot", "bot.wsgi:app_from_env()"),
+            ("loopbot", "bot.web.wsgi:app_from_env()"),
         ]:
             port = free_port()
             proc = gunicorn(app, port, env, args.workers, args.worker_class)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bot.testing.github_server import GitHubServer
+from bot.standins.github import GitHubServer
 from jobs.worktree import Worktrees, git
 
 REPO = "bench/large"

@@ -19,10 +19,11 @@ from typing import Any, Literal
 
 import anthropic
 
-from bot.loopstate import Usage
-from jobs import budget, precall
-from jobs.budget import Budget, Spent
-from jobs.pricing import usage_from
+from bot.core.pricing import usage_from
+from bot.core.record import Usage
+from bot.core.rules import budget
+from bot.core.rules.budget import Budget, Spent
+from jobs import precall
 from jobs.tools import TOOLS, ToolBox
 
 End = Literal[

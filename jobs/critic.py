@@ -15,28 +15,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bot import repo_config
-from bot.diffmap import changed_line_count
-from bot.failures import GitHubError
-from bot.github import Installation
-from bot.logs import get_logger
-from bot.loopstate import LoopRecord, Reason, Status, Usage
-from bot.queues import enqueue_gate
-from bot.store import Store
-from jobs import findings as flog
-from jobs import intake, messages, precall
-from jobs.critic_tools import (
-    ReviewCheckout,
-    ReviewLimits,
-    review_checkout,
-    review_with_tools,
-    tools_note,
-)
-from jobs.dispatch import enqueue_loop
-from jobs.pricing import usage_from
-from jobs.prompts import FENCE, fence_safe
-from jobs.retries import with_retries
-from jobs.review import (
+from bot.core import repo_config
+from bot.core.diffmap import changed_line_count
+from bot.core.ids import LoopId
+from bot.core.pricing import usage_from
+from bot.core.record import LoopRecord, Reason, Status, Usage
+from bot.core.rules import findings as flog
+from bot.core.rules import intake
+from bot.core.rules.review import (
     NO_TEST,
     NO_TEST_FINGERPRINT,
     CodeAgain,
@@ -57,6 +43,23 @@ from jobs.review import (
     review_body,
     tally,
 )
+from bot.core.text import messages
+from bot.core.text.prompts import FENCE, fence_safe
+from bot.io.github.client import Installation
+from bot.io.github.failures import GitHubError
+from bot.io.logs import get_logger
+from bot.io.queues import enqueue_gate
+from bot.io.store import Store
+from jobs import precall
+from jobs.critic_tools import (
+    ReviewCheckout,
+    ReviewLimits,
+    review_checkout,
+    review_with_tools,
+    tools_note,
+)
+from jobs.dispatch import enqueue_loop
+from jobs.retries import with_retries
 from jobs.runtime import Runtime, current, instrumented
 from jobs.worktree import Worktrees
 
@@ -89,7 +92,7 @@ def run_critic(repo: str, issue: int) -> str:
 class Critic:
     def __init__(self, rt: Runtime, repo: str, issue: int) -> None:
         self.rt, self.repo, self.issue = rt, repo, issue
-        self.key = f"{repo}#{issue}"
+        self.key = LoopId(repo, issue).key
         self.store: Store = rt.store
 
     def run(self) -> str:

@@ -3,7 +3,7 @@
 The critic gets four tools on a throwaway worktree of the reviewed sha, so it can check
 the agent's claims against the code instead of guessing from the diff:
 
-- ``read_file`` and ``list_files`` read in the worker through :mod:`jobs.safefs`
+- ``read_file`` and ``list_files`` read in the worker through :mod:`jobs.sandbox.safefs`
   (confined to the checkout, no symlink out of it or into ``.git``, bounded reads);
 - ``search`` runs ``grep`` in the sandbox: the checkout is hostile input and so is a
   pattern the model may have been talked into, and there grep sees nothing else and
@@ -39,13 +39,14 @@ from typing import Any, Literal
 
 import anthropic
 
-from bot.logs import get_logger
-from bot.loopstate import Usage
-from bot.settings import Settings
-from jobs import budget, safefs
+from bot.core.pricing import usage_from
+from bot.core.record import Usage
+from bot.core.rules import budget
+from bot.core.settings import Settings
+from bot.io.logs import get_logger
 from jobs.agent import add_user_text, with_cache_points
-from jobs.pricing import usage_from
-from jobs.sandbox import Network, Sandbox
+from jobs.sandbox import safefs
+from jobs.sandbox.bwrap import Network, Sandbox
 from jobs.worktree import Checkout, GitError, Worktrees, _remove, git, mirror_lock
 
 log = get_logger("loopbot.critic_tools")
@@ -96,7 +97,7 @@ def worst_next(
     model: str, request: dict[str, Any], last: Usage | None, added: list[dict[str, Any]]
 ) -> float:
     """The most the next call could cost, by the issue budget's own bounds
-    (:mod:`jobs.budget`): no token shorter than a byte, every input token a cache write,
+    (:mod:`bot.core.rules.budget`): no token shorter than a byte, every input token a cache write,
     a full ``max_tokens`` written. After a call, its tokens as the API counted them plus
     the ``added`` messages; before the first, the whole ``request``."""
     if last is None:

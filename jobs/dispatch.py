@@ -16,8 +16,8 @@ from rq.command import send_stop_job_command
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import JobStatus
 
-from bot import repo_config
-from bot.commands import (
+from bot.core import repo_config
+from bot.core.commands import (
     ChecksCompleted,
     ControlCommand,
     DismissFinding,
@@ -25,15 +25,10 @@ from bot.commands import (
     IssueInactive,
     LabelAdded,
     PullFeedback,
-    branch_for,
-    issue_from_branch,
-    loop_job_id,
-    loop_key,
     parse_command,
 )
-from bot.github import Installation, IssueInfo
-from bot.logs import get_logger
-from bot.loopstate import (
+from bot.core.ids import LoopId, issue_from_branch
+from bot.core.record import (
     ACTIVE,
     LoopRecord,
     Reason,
@@ -43,13 +38,16 @@ from bot.loopstate import (
     intake_hash,
     should_start,
 )
-from bot.queues import LOOP_JOB, enqueue_gate, fetch_job, loop_queue
-from bot.store import Store
-from jobs import budget, intake, messages
-from jobs import findings as flog
+from bot.core.rules import budget, intake
+from bot.core.rules import findings as flog
+from bot.core.rules.review import gate_after_dismissal
+from bot.core.text import messages
+from bot.core.text.messages import code_span
+from bot.io.github.client import Installation, IssueInfo
+from bot.io.logs import get_logger
+from bot.io.queues import LOOP_JOB, enqueue_gate, fetch_job, loop_queue
+from bot.io.store import Store
 from jobs.agent import MAX_TOKENS
-from jobs.messages import code_span
-from jobs.review import gate_after_dismissal
 from jobs.runtime import Runtime, current, instrumented
 
 log = get_logger("loopbot.dispatch")
@@ -60,7 +58,7 @@ PENDING = (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SC
 
 @instrumented("dispatch")
 def handle_command(raw: str) -> str:
-    """RQ entry point: one command, as JSON (see ``bot.commands``)."""
+    """RQ entry point: one command, as JSON (see ``bot.core.commands``)."""
     rt = current()
     cmd = parse_command(raw)
     bound = log.bind(
@@ -101,7 +99,7 @@ def _label_added(rt: Runtime, gh: Installation, cmd: LabelAdded) -> str:
         gh.upsert_comment(
             cmd.repo, cmd.issue, "config-error", messages.config_error(exc.problems, cmd.actor)
         )
-        rt.store.event(f"{cmd.repo}#{cmd.issue}", "config_invalid", problems=exc.problems)
+        rt.store.event(cmd.loop, "config_invalid", problems=exc.problems)
         return "bad config: " + str(exc)
     issue = gh.issue(cmd.repo, cmd.issue)  # the text this writer approves
     return start_loop(
@@ -128,7 +126,7 @@ def start_loop(
     keeps the text approved before.
     """
     store = rt.store
-    key = f"{repo}#{issue}"
+    key = LoopId(repo, issue).key
     with store.lock(key):
         record = store.get(key)
         if restart and record is not None:
@@ -140,14 +138,14 @@ def start_loop(
             return why  # a restart never refills the issue's budget: say which one is out
         if not ok:
             return why
-        if _job_pending(rt, loop_job_id(repo, issue)):
+        if _job_pending(rt, LoopId(repo, issue).job_id):
             return "a loop job is already queued"
         if record is None:
             record = LoopRecord(
                 repo=repo,
                 issue=issue,
                 installation_id=installation_id,
-                branch=branch_for(issue),
+                branch=LoopId(repo, issue).branch,
                 started_by=actor,
                 max_turns=config.max_turns,
             )
@@ -194,7 +192,7 @@ def _out_of_budget(rt: Runtime, record: LoopRecord, config: repo_config.RepoConf
 
 def enqueue_loop(rt: Runtime, repo: str, issue: int, *, replace: bool = False) -> None:
     """Enqueue the loop's one job. ``replace``: the old job's worker is known dead."""
-    job_id = loop_job_id(repo, issue)
+    job_id = LoopId(repo, issue).job_id
     if not replace and _job_pending(rt, job_id):
         return
     _delete_finished(rt, job_id)
@@ -236,7 +234,7 @@ def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
     if not gh.can_write(cmd.repo, cmd.actor):
         return f"{cmd.actor} cannot write to {cmd.repo}: ignored"
     gh.react(cmd.repo, cmd.comment_id, "eyes")
-    key = cmd.loop_key
+    key = cmd.loop.key
     record = rt.store.get(key)
     reply_key = f"reply:{cmd.comment_id}"
     if cmd.action == "status":
@@ -296,7 +294,7 @@ def cancel_loop(redis: Redis, key: str, reason: Reason, actor: str) -> str:
 
     store.update(key, mark)
     store.event(key, "loop_cancelled", reason=reason.value, actor=actor)
-    job_id = loop_job_id(record.repo, record.issue)
+    job_id = record.id.job_id
     try:
         job = fetch_job(job_id, redis)
         status = job.get_status(refresh=True)
@@ -317,7 +315,7 @@ def _inactive(rt: Runtime, gh: Installation, cmd: IssueInactive) -> str:
         text = gh.file(cmd.repo, repo_config.CONFIG_PATH)
         if cmd.label != repo_config.ready_label(text):
             return "not the ready label"
-    record = rt.store.get(cmd.loop_key)
+    record = rt.store.get(cmd.loop.key)
     if record is None or not record.active:
         return "no active loop"
     if cmd.reason == "closed" and record.pr_number is not None:
@@ -325,13 +323,13 @@ def _inactive(rt: Runtime, gh: Installation, cmd: IssueInactive) -> str:
         # the close came from our own squash merge ("Closes #N").
         from jobs.merge_gate import refuse_closed
 
-        return refuse_closed(rt, gh, cmd.loop_key, cmd.actor)
-    return cancel_loop(rt.redis, cmd.loop_key, Reason.ISSUE_INACTIVE, cmd.actor)
+        return refuse_closed(rt, gh, cmd.loop.key, cmd.actor)
+    return cancel_loop(rt.redis, cmd.loop.key, Reason.ISSUE_INACTIVE, cmd.actor)
 
 
 def _edited(rt: Runtime, gh: Installation, cmd: IssueEdited) -> str:
     """Frozen intake: a writer's edit is the new approved text; anyone else's stops the loop."""
-    key = cmd.loop_key
+    key = cmd.loop.key
     record = rt.store.get(key)
     if record is None or record.status == Status.COMPLETED:
         return "no loop"
@@ -384,7 +382,7 @@ def _feedback(rt: Runtime, gh: Installation, cmd: PullFeedback) -> str:
         return f"{cmd.actor} cannot write to {cmd.repo}: ignored"
     if cmd.comment_id:
         gh.react(cmd.repo, cmd.comment_id, "eyes")
-    key = f"{cmd.repo}#{issue}"
+    key = LoopId(cmd.repo, issue).key
     record = rt.store.get(key)
     if record is None or record.status == Status.COMPLETED:
         return "no loop to continue"
@@ -424,7 +422,7 @@ def _dismiss(rt: Runtime, gh: Installation, cmd: DismissFinding) -> str:
     if not gh.can_write(cmd.repo, cmd.actor):
         return f"{cmd.actor} cannot write to {cmd.repo}: ignored"
     gh.react(cmd.repo, cmd.comment_id, "eyes")
-    key = loop_key(cmd.repo, issue)
+    key = LoopId(cmd.repo, issue).key
     fid = cmd.finding.upper()
 
     def reply(text: str) -> None:
@@ -505,7 +503,7 @@ def _to_gate(r: LoopRecord, head: str) -> None:
 
 
 def _checks(rt: Runtime, cmd: ChecksCompleted) -> str:
-    record = rt.store.get(cmd.loop_key)
+    record = rt.store.get(cmd.loop.key)
     if record is None or record.status != Status.MERGING:
         return "no loop waiting for checks"
     if record.head_sha and record.head_sha != cmd.head_sha:

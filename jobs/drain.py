@@ -24,8 +24,8 @@ from typing import Any
 
 from rq import Worker
 
-from bot.logs import get_logger
-from bot.queues import SERIALIZER, LoopbotJob
+from bot.io.logs import get_logger
+from bot.io.queues import SERIALIZER, LoopbotJob
 
 log = get_logger("loopbot.drain")
 
@@ -54,7 +54,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 class DrainingWorker(Worker):
     """RQ's forking worker, passing a warm shutdown on to the job it is running.
 
-    Always JSON and ``LoopbotJob`` (see ``bot.queues``), however it is constructed: a
+    Always JSON and ``LoopbotJob`` (see ``bot.io.queues``), however it is constructed: a
     job planted in Redis is never unpickled and never runs a function of its choosing.
     """
 

@@ -18,7 +18,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from jobs.sandbox import Result
+from jobs.sandbox.bwrap import Result
 
 TAIL_CHARS = 2000  # of the base verify output kept in the record and the first prompt
 CACHE_TTL = 3 * 24 * 3600  # a base commit's result outlives a burst of issues, not a week

@@ -18,18 +18,22 @@ from typing import Any
 
 import anthropic
 
-from bot import repo_config
-from bot.failures import GitHubError, new_error_id, public_error
-from bot.github import IssueInfo
-from bot.logs import get_logger
-from bot.loopstate import ACTIVE, LoopRecord, Reason, Status
-from bot.queues import enqueue_critic, enqueue_gate
-from bot.store import FencedStore, LeaseLost, Store
-from jobs import budget, evidence, intake, messages, prompts, transitions
+from bot.core import repo_config
+from bot.core.ids import LoopId
+from bot.core.record import ACTIVE, LoopRecord, Reason, Status
+from bot.core.rules import budget, intake
+from bot.core.rules import turns as transitions
+from bot.core.text import messages, prompts
+from bot.io.github.client import IssueInfo
+from bot.io.github.failures import GitHubError, new_error_id, public_error
+from bot.io.logs import get_logger
+from bot.io.queues import enqueue_critic, enqueue_gate
+from bot.io.store import FencedStore, LeaseLost, Store
+from jobs import evidence
 from jobs.agent import MAX_TOKENS, Agent, Limits, Outcome
 from jobs.drain import DRAIN, HANDOFF_PHASE
 from jobs.runtime import Runtime, current, instrumented
-from jobs.sandbox import Sandbox, SandboxUnavailable
+from jobs.sandbox.bwrap import Sandbox, SandboxUnavailable
 from jobs.tools import ToolBox
 from jobs.worktree import Checkout, GitError, Worktrees
 
@@ -130,7 +134,7 @@ class LoopRunner:
         self.rt = rt
         self.repo = repo
         self.issue_number = issue
-        self.key = f"{repo}#{issue}"
+        self.key = LoopId(repo, issue).key
         self.store = rt.store
         self.log = log.bind(repo=repo, issue=issue, loop=self.key)
         self.worktrees = Worktrees(rt.settings.data_dir)
@@ -215,7 +219,7 @@ class LoopRunner:
                 repo_config.clamped_comment(clamped),
             )
             self.store.event(self.key, "config_clamped", notes=clamped)
-        # One budget over the issue's life (jobs/budget.py); the record keeps the limits
+        # One budget over the issue's life (bot/core/rules/budget.py); the record keeps the limits
         # for the status comment and the dashboard.
         self.budget = budget.Budget.of(config, ceilings)
         self._set(

@@ -1,9 +1,9 @@
-"""The merge gate job: re-read the issue and PR now, decide (``jobs.gate``), act.
+"""The merge gate job: re-read the issue and PR now, decide (``bot.core.rules.merge``), act.
 
 Woken by the critic, by ``check_suite``/``check_run`` webhooks, and by its own timer
 while checks are pending. The squash merge pins the reviewed sha, so GitHub itself
 refuses (409) if the head moved between our read and the merge. Before merging (or when
-refusing) it posts the receipt (``jobs.receipt``): every condition on the exact sha; after
+refusing) it posts the receipt (``bot.core.text.receipt``): every condition on the exact sha; after
 the merge it adds the merge commit. A condition it cannot establish refuses; a GitHub error
 while reading one goes to the retry path (``jobs.retries``) and ends in ``gate_error``.
 """
@@ -13,15 +13,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from bot import repo_config
-from bot.failures import Conflict
-from bot.github import Installation, IssueInfo, PullInfo
-from bot.logs import get_logger
-from bot.loopstate import LoopRecord, Reason, Status
-from bot.queues import enqueue_critic, enqueue_gate
-from jobs import messages, receipt
-from jobs.dispatch import enqueue_loop
-from jobs.gate import (
+from bot.core import repo_config
+from bot.core.ids import LoopId
+from bot.core.record import LoopRecord, Reason, Status
+from bot.core.rules.merge import (
     AlreadyMerged,
     CheckResult,
     Facts,
@@ -36,6 +31,12 @@ from jobs.gate import (
     fold_checks,
     protected_changes,
 )
+from bot.core.text import messages, receipt
+from bot.io.github.client import Installation, IssueInfo, PullInfo
+from bot.io.github.failures import Conflict
+from bot.io.logs import get_logger
+from bot.io.queues import enqueue_critic, enqueue_gate
+from jobs.dispatch import enqueue_loop
 from jobs.retries import with_retries
 from jobs.runtime import Runtime, current, instrumented
 
@@ -76,7 +77,7 @@ def refuse_closed(rt: Runtime, gh: Installation, key: str, actor: str) -> str:
 class Gate:
     def __init__(self, rt: Runtime, repo: str, issue: int) -> None:
         self.rt, self.repo, self.issue = rt, repo, issue
-        self.key = f"{repo}#{issue}"
+        self.key = LoopId(repo, issue).key
         self.store = rt.store
 
     def run(self) -> str:

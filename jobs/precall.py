@@ -13,12 +13,12 @@ from typing import Any
 
 import anthropic
 
-from bot.logs import get_logger
-from bot.loopstate import LoopRecord
-from bot.repo_config import Ceilings
-from bot.settings import Settings
-from jobs import budget
-from jobs.budget import Budget, Exhausted, Spent
+from bot.core.record import LoopRecord
+from bot.core.repo_config import Ceilings
+from bot.core.rules import budget
+from bot.core.rules.budget import Budget, Exhausted, Spent
+from bot.core.settings import Settings
+from bot.io.logs import get_logger
 
 log = get_logger("loopbot.precall")
 

@@ -27,12 +27,13 @@ import time
 from rq.job import JobStatus
 from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
-from bot import repo_config
-from bot.commands import loop_job_id
-from bot.failures import GitHubError
-from bot.logs import get_logger
-from bot.loopstate import LoopRecord, Reason, Status
-from bot.queues import (
+from bot.core import repo_config
+from bot.core.ids import LoopId
+from bot.core.record import LoopRecord, Reason, Status
+from bot.core.text import messages
+from bot.io.github.failures import GitHubError
+from bot.io.logs import get_logger
+from bot.io.queues import (
     CRITIC_JOB,
     GATE_JOB,
     LOOP_QUEUE,
@@ -41,7 +42,6 @@ from bot.queues import (
     fetch_job,
     loop_queue,
 )
-from jobs import messages
 from jobs.dispatch import enqueue_loop, start_loop
 from jobs.drain import HANDOFF_PHASE
 from jobs.runtime import Runtime
@@ -56,7 +56,7 @@ STRANDED_GRACE_SECONDS = 300
 
 def _job_state(rt: Runtime, record: LoopRecord) -> JobStatus | None:
     try:
-        job = fetch_job(loop_job_id(record.repo, record.issue), rt.redis)
+        job = fetch_job(record.id.job_id, rt.redis)
         return job.get_status(refresh=True)
     except Exception:  # noqa: BLE001 - a missing or unreadable job is a lost job
         return None
@@ -232,7 +232,7 @@ def sweep(rt: Runtime) -> list[str]:
                     continue
                 label = repo_config.ready_label(text)
                 for issue in gh.open_issues_with_label(repo, label):
-                    key = f"{repo}#{issue.number}"
+                    key = LoopId(repo, issue.number).key
                     if rt.store.get(key) is not None:
                         continue
                     actor = gh.last_labeler(repo, issue.number, label)
@@ -252,7 +252,7 @@ def reap(rt: Runtime) -> list[str]:
     wt = Worktrees(rt.settings.data_dir)
     removed = []
     for repo, issue, path in wt.owned_worktrees():
-        record = rt.store.get(f"{repo}#{issue}")
+        record = rt.store.get(LoopId(repo, issue))
         if record is None or record.status == Status.COMPLETED:
             wt.release(repo, issue)
             removed.append(str(path))

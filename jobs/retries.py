@@ -6,10 +6,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from bot.failures import new_error_id, public_error
-from bot.logs import get_logger
-from bot.store import Store
-from jobs.gate import transient
+import anthropic
+
+from bot.io.github.failures import GitHubError, Unavailable, new_error_id, public_error
+from bot.io.logs import get_logger
+from bot.io.store import Store
 
 log = get_logger("loopbot.retries")
 
@@ -57,3 +58,13 @@ def with_retries(
                 return give_up(public_error(exc, error_id), attempt + 1)
             time.sleep(backoff[min(attempt, len(backoff) - 1)])
     raise AssertionError("unreachable")
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether trying again later may succeed: GitHub or the model down, slow or rate
+    limiting (after the client's own retries). Anything else fails the same way again."""
+    if isinstance(exc, GitHubError):
+        return isinstance(exc, Unavailable) or exc.status == 0 or exc.status >= 500
+    if isinstance(exc, anthropic.APIStatusError):
+        return exc.status_code >= 500 or exc.status_code in (408, 429)
+    return isinstance(exc, anthropic.APIConnectionError)

@@ -19,10 +19,10 @@ import structlog
 from redis import Redis
 from rq import get_current_job
 
-from bot.github import GitHubApp
-from bot.metrics import observe_job
-from bot.settings import Settings
-from bot.store import Store
+from bot.core.settings import Settings
+from bot.io.github.client import GitHubApp
+from bot.io.metrics import observe_job
+from bot.io.store import Store
 from jobs.drain import sigterm_drains
 
 

@@ -1,6 +1,6 @@
 """The agent's client tools, executed by the harness: Anthropic's ``bash`` and text
 editor tool types. Commands run in the sandbox. File edits run here, in the worker, on
-files the agent controls, so they go through :mod:`jobs.safefs`: confined to the
+files the agent controls, so they go through :mod:`jobs.sandbox.safefs`: confined to the
 worktree (symlinks followed only inside it, never for the file written), regular files
 only, bounded reads and writes. Anything bigger or stranger is left to bash.
 """
@@ -12,8 +12,8 @@ import stat
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from jobs import safefs
-from jobs.sandbox import Sandbox
+from jobs.sandbox import safefs
+from jobs.sandbox.bwrap import Sandbox
 
 BASH_TOOL = {"type": "bash_20250124", "name": "bash"}
 EDITOR_TOOL = {

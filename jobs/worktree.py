@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bot.logs import get_logger
+from bot.io.logs import get_logger
 
 log = get_logger("loopbot.worktree")
 

@@ -24,13 +24,13 @@ from redis import Redis
 from rq import SimpleWorker, Worker
 from werkzeug.serving import make_server
 
-from bot.logs import configure
-from bot.queues import ALL_QUEUES, CONTROL_QUEUE, make_worker
-from bot.settings import Settings, load_settings
-from bot.testing.anthropic_server import AnthropicServer
-from bot.testing.github_server import GitHubServer
-from bot.testing.redis_server import RedisServer
-from bot.webapp import create_app
+from bot.core.settings import Settings, load_settings
+from bot.io.logs import configure
+from bot.io.queues import ALL_QUEUES, CONTROL_QUEUE, make_worker
+from bot.standins.anthropic import AnthropicServer
+from bot.standins.github import GitHubServer
+from bot.standins.redis_server import RedisServer
+from bot.web.app import create_app
 from jobs import runtime as runtime_mod
 from jobs.runtime import Runtime
 

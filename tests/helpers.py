@@ -7,9 +7,9 @@ from typing import Any
 
 from redis import Redis
 
-from bot.queues import CONTROL_QUEUE, LOOP_QUEUE
-from bot.settings import Settings, load_settings
-from bot.testing.github_server import GitHubServer
+from bot.core.settings import Settings, load_settings
+from bot.io.queues import CONTROL_QUEUE, LOOP_QUEUE
+from bot.standins.github import GitHubServer
 
 REPO = "acme/widgets"
 

@@ -1,0 +1,237 @@
+"""The loop record and its statuses: plain data and pure rules, no I/O."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bot.core.ids import LoopId
+
+
+class Status(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    REVIEWING = "reviewing"
+    MERGING = "merging"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    STALLED = "stalled"
+    REFUSED = "refused"
+
+
+ACTIVE = frozenset({Status.QUEUED, Status.RUNNING, Status.REVIEWING, Status.MERGING})
+RESTARTABLE = frozenset({Status.FAILED, Status.CANCELLED, Status.STALLED, Status.REFUSED})
+TERMINAL = RESTARTABLE | {Status.COMPLETED}
+
+
+class Reason(StrEnum):
+    MAX_TURNS = "max_turns_reached"
+    ISSUE_INACTIVE = "issue_inactive"
+    CANCELLED = "cancelled"
+    STALL_TIMEOUT = "stall_timeout"
+    BUDGET = "budget_exhausted"
+    ERRORS = "error_max_retries"
+    CRITIC_ROUNDS = "critic_rounds_exhausted"
+    CRITIC_ERROR = "critic_error"
+    GATE_ERROR = "gate_error"
+    CHECKS_FAILED = "checks_failed"
+    CHECKS_TIMEOUT = "checks_timeout"
+    NOT_MERGEABLE = "not_mergeable"
+    ISSUE_CLOSED = "issue_closed"
+    PULL_CLOSED = "pull_closed"
+    BAD_CONFIG = "bad_config"
+    NEEDS_HUMAN = "needs_human"
+    MERGED = "merged"
+    PR_OPENED = "pr_opened"
+    NO_CHANGES = "no_changes"
+    PUSH_REJECTED = "push_rejected"
+    RESOURCE_LIMIT = "resource_limit"
+    ISSUE_EDITED = "issue_edited"  # title or body changed after a writer approved it
+
+
+class Usage(BaseModel):
+    """Tokens and cost for one (model, role) pair."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    messages: int = 0
+    cost_usd: float = 0.0
+
+    def add(self, other: Usage) -> None:
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cache_read_tokens += other.cache_read_tokens
+        self.cache_write_tokens += other.cache_write_tokens
+        self.messages += other.messages
+        self.cost_usd += other.cost_usd
+
+
+class LoopRecord(BaseModel):
+    model_config = ConfigDict(extra="ignore", validate_assignment=True)
+
+    repo: str
+    issue: int
+    installation_id: int
+    status: Status = Status.QUEUED
+    phase: str = "queued"
+    turn: int = 0
+    max_turns: int = 20
+    branch: str = ""
+    pr_number: int | None = None
+    pr_url: str = ""
+    head_sha: str = ""
+    reviewed_sha: str = ""
+    critic_round: int = 0
+    sev1_rounds: dict[str, int] = Field(default_factory=dict)  # finding fingerprint -> rounds
+    verdict: str = ""
+    findings: list[dict[str, Any]] = Field(default_factory=list)
+    last_verify: dict[str, Any] = Field(default_factory=dict)
+    usage: dict[str, Usage] = Field(default_factory=dict)  # "model/role" -> usage
+    cost_usd: float = 0.0
+    reason: str = ""
+    detail: str = ""
+    started_by: str = ""
+    status_comment_id: int | None = None
+    job_id: str = ""
+    error_count: int = 0
+    auto_resumes: int = 0
+    restarts: int = 0
+    check_fixes: int = 0  # continuation turns spent on failing checks and conflicts
+    sync_base: bool = False  # merge the default branch in before the next turn
+    gate_since: float = 0.0  # when the merge gate first waited for checks
+    merge_sha: str = ""
+    resume_note: str = ""  # why the loop continues: critic findings, a human review, checks
+    verify_command: str = ""
+    # Frozen intake: the issue text a writer approved (by the ready label, /loop-restart
+    # or their own edit). The agent and the critic read this, never the live issue.
+    approved_title: str = ""
+    approved_body: str = ""
+    approved_sha256: str = ""  # intake_hash(approved_title, approved_body); "" = none yet
+    approved_by: str = ""
+    # Evidence from the base: verify on the base commit before any change (sha, passed,
+    # exit_code, tail, seconds, cached); turns in a row that changed nothing; the test
+    # files the pull request adds or changes.
+    base_sha: str = ""
+    base_verify: dict[str, Any] = Field(default_factory=dict)
+    idle_turns: int = 0
+    tests_changed: list[str] = Field(default_factory=list)
+    # Findings that persist across review rounds (bot/core/rules/findings.py), and the verdict on
+    # each reviewed head: a sha in ``verdicts`` is never reviewed again.
+    finding_log: list[dict[str, Any]] = Field(default_factory=list)
+    next_finding: int = 1
+    verdicts: dict[str, str] = Field(default_factory=dict)
+    # One budget over the issue's whole life (bot/core/rules/budget.py): never reset by a restart.
+    total_turns: int = 0
+    active_seconds: float = 0.0  # banked by the store at each write of an active record
+    budget_limits: dict[str, float] = Field(default_factory=dict)  # name -> limit in force
+    receipt_comment_id: int | None = None  # the merge gate's receipt on the pull request
+    created_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(default_factory=time.time)
+
+    @property
+    def id(self) -> LoopId:
+        return LoopId(self.repo, self.issue)
+
+    @property
+    def key(self) -> str:
+        return self.id.key
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE
+
+    def record_usage(self, model: str, role: str, usage: Usage) -> None:
+        slot = self.usage.setdefault(f"{model}/{role}", Usage())
+        slot.add(usage)
+        self.cost_usd = round(sum(u.cost_usd for u in self.usage.values()), 6)
+        self.usage = dict(self.usage)  # re-validate on assignment
+
+
+def intake_hash(title: str, body: str | None) -> str:
+    """The hash of an issue's title and body, as approved or as read now."""
+    data = json.dumps([title, body or ""], ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(data.encode()).hexdigest()
+
+
+def approve(record: LoopRecord, title: str, body: str | None, actor: str) -> None:
+    """Take ``title`` and ``body`` as the text a writer (``actor``) approved."""
+    record.approved_title = title
+    record.approved_body = body or ""
+    record.approved_sha256 = intake_hash(title, body)
+    record.approved_by = actor
+
+
+def can_restart(
+    record: LoopRecord, lease_alive: bool, max_cost_usd: float | None = None
+) -> tuple[bool, str]:
+    """Whether ``/loop-restart`` may resume ``record``, and why not."""
+    if record.status == Status.COMPLETED:
+        return False, "this loop completed; it is history and cannot be restarted"
+    if record.status not in RESTARTABLE and lease_alive:
+        return False, f"this loop is {record.status.value} and its worker is alive"
+    # Active with nobody holding the lease is a dead worker: restartable too.
+    return _budget_left(record, max_cost_usd)
+
+
+def _budget_left(record: LoopRecord, max_cost_usd: float | None) -> tuple[bool, str]:
+    # The cost budget is not reset by a restart (turns and errors are): money spent is
+    # spent. A loop out of it would stop again at its first step, so say so instead.
+    if max_cost_usd is not None and record.cost_usd >= max_cost_usd:
+        return False, (
+            f"this loop has spent ${record.cost_usd:.2f} of its ${max_cost_usd:.2f} budget; "
+            "raise `max_cost_usd` in `.github/loop.yml` to give it more, then restart it"
+        )
+    return True, ""
+
+
+def should_start(record: LoopRecord | None, max_cost_usd: float | None = None) -> tuple[bool, str]:
+    """Whether the ready label may start a loop, given what the store holds."""
+    if record is None:
+        return True, ""
+    if record.active:
+        return False, f"a loop is already {record.status.value} for this issue"
+    if record.status == Status.COMPLETED:
+        return False, "this issue's loop already completed"
+    ok, why = _budget_left(record, max_cost_usd)
+    return (True, "restarting") if ok else (False, why)  # re-adding the label resumes it
+
+
+# The fields a list of loops shows (dashboard, `loopbot status`, metrics): a few hundred
+# bytes, where a whole record carries findings and verify output and runs to kilobytes.
+SUMMARY_FIELDS = (
+    "repo",
+    "issue",
+    "status",
+    "phase",
+    "turn",
+    "max_turns",
+    "cost_usd",
+    "pr_number",
+    "pr_url",
+    "reason",
+    "updated_at",
+    "branch",
+    "critic_round",
+    "verdict",
+)
+
+
+def summarize(record: LoopRecord) -> dict[str, Any]:
+    """The record's list view, with token totals per ``model/role`` for the metrics."""
+    data = record.model_dump(mode="json", include=set(SUMMARY_FIELDS))
+    data["key"] = record.key
+    data["tokens"] = {
+        slot: [u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens]
+        for slot, u in record.usage.items()
+    }
+    return data

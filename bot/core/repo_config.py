@@ -1,0 +1,266 @@
+"""``.github/loop.yml``: the repository's contract with loopbot, validated strictly.
+
+Unknown keys are errors, not silently ignored: a typo such as ``max_turn`` would
+otherwise run a loop with a limit the maintainer did not choose.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+if TYPE_CHECKING:
+    from bot.core.settings import Settings
+
+CONFIG_PATH = ".github/loop.yml"
+STEP_CAP = 200  # the harness's own ceiling, whatever a repository asks for
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CriticConfig(_Strict):
+    enabled: bool = True
+    # Read-only tools on the PR head (read, search, run verify) in the sandbox, so the
+    # critic checks claims against the code (jobs/critic_tools.py).
+    tools: bool = True
+    max_rounds: int = Field(3, ge=1, le=20)
+    large_diff_lines: int = Field(400, ge=1)
+
+
+class MergeConfig(_Strict):
+    enabled: bool = True
+    method: Literal["squash"] = "squash"
+    require_checks: bool = True
+    wait_checks_minutes: int = Field(60, ge=1)
+    max_fix_turns: int = Field(2, ge=0, le=10)
+    # Paths loopbot never merges changes to on its own: the agent could otherwise rewrite
+    # the CI that judges it. ``dir/**`` is everything under dir; other patterns are globs.
+    protected_paths: tuple[str, ...] = (".github/**",)
+
+
+class LabelsConfig(_Strict):
+    ready: str = Field("loop:ready", min_length=1)
+    needs_human: str = Field("loop:needs-human", min_length=1)
+
+
+_HOST = re.compile(
+    r"^\.?(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+)
+
+
+class SandboxConfig(_Strict):
+    # false: no network; true: any public host; a list: only these hosts (``.example.org``
+    # also allows its subdomains). Always through loopbot's egress proxy, never loopback,
+    # private, link-local or metadata addresses.
+    network: bool | tuple[str, ...] = False
+    timeout_seconds: int = Field(600, ge=1, le=3600)
+
+    @field_validator("network")
+    @classmethod
+    def _hosts(cls, v: bool | tuple[str, ...]) -> bool | tuple[str, ...]:
+        if isinstance(v, bool):
+            return v
+        if not v:
+            raise ValueError("a list of host names must name at least one host")
+        hosts = tuple(h.strip().lower() for h in v)
+        bad = [h for h in hosts if not _HOST.match(h)]
+        if bad:
+            raise ValueError(f"not host names: {', '.join(bad)} (no schemes, ports or paths)")
+        return hosts
+
+
+class LimitsConfig(_Strict):
+    # Wall-clock hours a loop may be active (queued, running, reviewing, merging), summed
+    # over its whole life, restarts included; unset means the operator's ceiling
+    # (LOOPBOT_MAX_WALL_HOURS).
+    max_hours: float | None = Field(None, gt=0)
+    # A change larger than these is not merged on its own: a person looks at it.
+    max_changed_lines: int = Field(1000, ge=1)
+    max_changed_files: int = Field(100, ge=1)
+    # The issue's whole-life budget for tokens and turns (bot/core/rules/budget.py); unset means
+    # the operator's ceiling.
+    max_tokens: int | None = Field(None, ge=1)
+    max_total_turns: int | None = Field(None, ge=1)
+
+
+class RepoConfig(_Strict):
+    verify: str = Field(min_length=1)
+    setup: str | None = None
+    max_turns: int = Field(20, ge=1, le=100)
+    max_steps: int = Field(200, ge=0)
+    tool_budget: int = Field(400, ge=1)
+    max_cost_usd: float = Field(10.0, gt=0)
+    critic: CriticConfig = CriticConfig()
+    merge: MergeConfig = MergeConfig()
+    labels: LabelsConfig = LabelsConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    limits: LimitsConfig = LimitsConfig()
+
+    @property
+    def step_cap(self) -> int:
+        return min(self.max_steps, STEP_CAP)
+
+
+class ConfigError(Exception):
+    """The file is missing, not YAML, or breaks the schema; ``problems`` name the keys."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+DEFAULT_LABELS = LabelsConfig()
+
+# -- operator ceilings ---------------------------------------------------------------------------
+
+ALWAYS_PROTECTED = ".github/**"
+CLAMPED_COMMENT_KEY = "config-clamped"
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The most any ``loop.yml`` may ask for; the operator sets them (``LOOPBOT_MAX_*``)."""
+
+    max_cost_usd: float = 25.0
+    max_turns: int = 50
+    tool_budget: int = 1000
+    wait_checks_minutes: int = 240
+    max_hours: float = 12.0
+    max_tokens: int = 100_000_000
+    max_total_turns: int = 200
+
+    @classmethod
+    def of(cls, settings: Settings) -> Ceilings:
+        return cls(
+            max_cost_usd=settings.max_cost_usd,
+            max_turns=settings.max_turns,
+            tool_budget=settings.max_tool_budget,
+            wait_checks_minutes=settings.max_wait_checks_minutes,
+            max_hours=settings.max_wall_hours,
+            max_tokens=settings.max_tokens,
+            max_total_turns=settings.max_total_turns,
+        )
+
+
+DEFAULT_CEILINGS = Ceilings()
+
+# (key in loop.yml, ceiling attribute, the operator's variable)
+_CAPS: tuple[tuple[str, str, str], ...] = (
+    ("max_cost_usd", "max_cost_usd", "LOOPBOT_MAX_COST_USD"),
+    ("max_turns", "max_turns", "LOOPBOT_MAX_TURNS"),
+    ("tool_budget", "tool_budget", "LOOPBOT_MAX_TOOL_BUDGET"),
+    ("merge.wait_checks_minutes", "wait_checks_minutes", "LOOPBOT_MAX_WAIT_CHECKS_MINUTES"),
+    ("limits.max_hours", "max_hours", "LOOPBOT_MAX_WALL_HOURS"),
+    ("limits.max_tokens", "max_tokens", "LOOPBOT_MAX_TOKENS"),
+    ("limits.max_total_turns", "max_total_turns", "LOOPBOT_MAX_TOTAL_TURNS"),
+)
+
+
+def _num(v: float) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def clamp(config: RepoConfig, ceilings: Ceilings) -> tuple[RepoConfig, list[str]]:
+    """``config`` within ``ceilings``, and one sentence per key that was changed.
+
+    A value above its ceiling is lowered to it; ``merge.protected_paths`` always holds
+    ``.github/**``, whatever the file says. Values within the ceilings are untouched.
+    """
+    data = config.model_dump()
+    notes: list[str] = []
+    for key, attr, env in _CAPS:
+        *parents, leaf = key.split(".")
+        node = data
+        for p in parents:
+            node = node[p]
+        asked = node[leaf]
+        cap = getattr(ceilings, attr)
+        if asked is None or asked <= cap:
+            continue
+        node[leaf] = cap
+        notes.append(
+            f"`{key}`: {_num(asked)} asked, lowered to {_num(cap)} "
+            f"(the operator's ceiling, `{env}`)"
+        )
+    protected = tuple(data["merge"]["protected_paths"])
+    if ALWAYS_PROTECTED not in protected:
+        data["merge"]["protected_paths"] = (ALWAYS_PROTECTED, *protected)
+        notes.append(
+            f"`merge.protected_paths`: `{ALWAYS_PROTECTED}` added; loopbot never merges "
+            "changes to `.github/` on its own, whatever the file says"
+        )
+    if not notes:
+        return config, []
+    return RepoConfig.model_validate(data), notes
+
+
+def wall_hours(config: RepoConfig, ceilings: Ceilings) -> float:
+    """The wall-clock hours a loop may run: ``limits.max_hours`` within the ceiling."""
+    asked = config.limits.max_hours
+    return min(asked if asked is not None else math.inf, ceilings.max_hours)
+
+
+def clamped_comment(notes: list[str]) -> str:
+    """The issue comment naming what the operator's ceilings changed."""
+    lines = "\n".join(f"- {n}" for n in notes)
+    return (
+        f"`{CONFIG_PATH}` asks for more than this loopbot installation allows, so "
+        f"the loop runs with these values instead:\n\n{lines}\n\n"
+        "The operator who runs loopbot sets these ceilings; a repository can ask for "
+        "less, not more."
+    )
+
+
+def parse(text: str | None, ceilings: Ceilings | None = None) -> RepoConfig:
+    """The validated file, clamped to ``ceilings`` (default: the default ceilings).
+
+    Every reader gets clamped values: a caller without the operator's settings still
+    never sees more than the defaults allow.
+    """
+    return load(text, ceilings or DEFAULT_CEILINGS)[0]
+
+
+def load(text: str | None, ceilings: Ceilings) -> tuple[RepoConfig, list[str]]:
+    """The validated file within ``ceilings``, and a sentence per key that was lowered."""
+    return clamp(_validate(text), ceilings)
+
+
+def _validate(text: str | None) -> RepoConfig:
+    if text is None:
+        raise ConfigError([f"{CONFIG_PATH} is missing; it needs at least a `verify` command"])
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{CONFIG_PATH} is not valid YAML: {exc}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"{CONFIG_PATH} must be a mapping of keys to values"])
+    try:
+        return RepoConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            if err["type"] == "extra_forbidden":
+                problems.append(f"`{key}`: unknown key")
+            elif err["type"] == "missing":
+                problems.append(f"`{key}`: required")
+            else:
+                problems.append(f"`{key}`: {err['msg']} (got {err.get('input')!r})")
+        raise ConfigError(problems) from None
+
+
+def ready_label(text: str | None) -> str:
+    """The ready label even from a broken file, so a bad config can still be reported."""
+    try:
+        data = yaml.safe_load(text or "")
+        label = data.get("labels", {}).get("ready") if isinstance(data, dict) else None
+        return label if isinstance(label, str) and label else DEFAULT_LABELS.ready
+    except (yaml.YAMLError, AttributeError):
+        return DEFAULT_LABELS.ready

@@ -1,0 +1,44 @@
+"""Frozen intake: the issue text a writer approved is the only issue text a prompt sees.
+
+The ready label (or ``/loop-restart``) by a writer records the title and body it approved
+(``LoopRecord.approved_*``). An edit by anyone else stops the loop; a writer's edit is the
+new approved text. The decisions are here and in ``bot.core.rules.turns``; the I/O is in
+``jobs.dispatch`` (the ``issues.edited`` webhook) and ``jobs.loop`` (the check before a turn).
+"""
+
+from __future__ import annotations
+
+from bot.core.record import LoopRecord, intake_hash
+
+COMMENT_KEY = "issue-edited"
+
+
+def approved_text(record: LoopRecord, title: str, body: str | None) -> tuple[str, str]:
+    """The approved title and body; a record from before frozen intake has none, and
+    falls back to the text given (the issue as read now)."""
+    if record.approved_sha256:
+        return record.approved_title, record.approved_body
+    return title, body or ""
+
+
+def edited(record: LoopRecord, title: str, body: str | None) -> bool:
+    """Whether the issue's text differs from what a writer approved."""
+    return bool(record.approved_sha256) and intake_hash(title, body) != record.approved_sha256
+
+
+def stopped_comment(actor: str, label: str) -> str:
+    who = f"@{actor}" if actor else "someone without write access"
+    return (
+        f"**loopbot stopped:** the issue's title or body was edited by {who} after a "
+        "maintainer approved it, and only text approved by someone with write access goes "
+        "to the agent and the reviewer.\n\n"
+        f"A maintainer who has read the new text can approve it by removing and re-adding "
+        f"the `{label}` label, or by commenting `/loop-restart`."
+    )
+
+
+def reapproved_comment(actor: str) -> str:
+    return (
+        f"@{actor} (write access) edited the issue: loopbot took the edited title and body "
+        "as the approved text and continues from it."
+    )

@@ -1,0 +1,322 @@
+"""The merge decision: a pure function of what the gate read at the moment of merging."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Literal
+
+from bot.core.record import Reason
+from bot.core.text.messages import code_span
+
+OWN_CHECKS = frozenset({"loopbot", "loopbot/critic"})
+
+ChecksState = Literal["none", "pending", "success", "failure", "unknown"]
+Outcome = Literal["pass", "fail", "pending", "unknown"]
+
+# Every state the gate understands, as an allowlist: anything else GitHub reports (``stale``,
+# ``startup_failure``, a value added next year, a missing field) is ``unknown``, and an
+# unknown required check refuses the merge rather than counting as green.
+RUN_PENDING = frozenset({"queued", "in_progress", "waiting", "requested", "pending"})
+RUN_PASS = frozenset({"success", "neutral", "skipped"})
+RUN_FAIL = frozenset({"failure", "timed_out", "cancelled", "action_required"})
+STATUS_PASS = frozenset({"success"})
+STATUS_FAIL = frozenset({"failure", "error"})
+STATUS_PENDING = frozenset({"pending"})
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check the gate counted, as GitHub reported it on the head."""
+
+    name: str
+    kind: Literal["check run", "commit status", "expected"]
+    state: str  # what GitHub said: ``completed/success``, ``pending``, ``not reported``
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class Facts:
+    issue_open: bool
+    pr_open: bool
+    pr_merged: bool
+    head_sha: str
+    reviewed_sha: str
+    open_sev1: int
+    checks: ChecksState
+    failing_checks: tuple[str, ...]
+    mergeable: bool | None
+    require_checks: bool
+    fix_turns_used: int
+    max_fix_turns: int
+    waited_seconds: float
+    max_wait_seconds: float
+    protected_changes: tuple[str, ...] = ()
+    ready_label: bool = True  # the issue still carries the ready label
+    # Evidence on the head, each "not established" by default so that a caller that
+    # forgets one gets a refusal, never a merge.
+    verify_sha: str = ""  # the commit the last verify ran on
+    verify_passed: bool = False
+    verdict: str = ""  # the critic's verdict on ``head_sha``
+    # Writers who dismissed (``/loop-dismiss``) the sev1 findings raised on ``head_sha``:
+    # the critic's verdict stays what it was, and the receipt says who overrode it.
+    dismissed_by: str = ""
+    # Whether the head contains the default branch's current tip (GitHub's compare):
+    # verify ran on the head, so a base that moved since is a combination never
+    # verified. None: not established.
+    base_included: bool | None = None
+    base_sha: str = ""
+    changed_lines: int | None = None  # additions + deletions against the base
+    changed_files: int | None = None
+    max_changed_lines: int = 1000
+    max_changed_files: int = 100
+    # For the receipt only: what the checks were, and the findings still open.
+    check_results: tuple[CheckResult, ...] = ()
+    open_findings: tuple[tuple[str, str, str], ...] = ()  # (id, severity, title)
+
+
+@dataclass(frozen=True)
+class Merge:
+    sha: str
+
+
+@dataclass(frozen=True)
+class AlreadyMerged:
+    pass
+
+
+@dataclass(frozen=True)
+class Wait:
+    why: str
+
+
+@dataclass(frozen=True)
+class Review:
+    why: str
+
+
+@dataclass(frozen=True)
+class FixChecks:
+    failing: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FixConflicts:
+    """The branch conflicts with the base, or is behind it: merge the base in, let the
+    agent resolve what conflicts, and verify again."""
+
+    why: str = "the pull request conflicts with the default branch"
+
+
+@dataclass(frozen=True)
+class Refuse:
+    reason: Reason
+    why: str
+
+
+Decision = Merge | AlreadyMerged | Wait | Review | FixChecks | FixConflicts | Refuse
+
+
+def decide(f: Facts) -> Decision:
+    """Merge only reviewed code, for an open issue, with no blocking finding and green checks."""
+    if f.pr_merged:
+        return AlreadyMerged()
+    if not f.issue_open:
+        return Refuse(Reason.ISSUE_CLOSED, "the issue was closed while the loop ran")
+    if not f.ready_label:
+        # Re-read now: the unlabeled webhook may have been lost, and it is the label that
+        # allows loopbot to act on the issue at all.
+        return Refuse(
+            Reason.ISSUE_INACTIVE, "the ready label was removed from the issue while the loop ran"
+        )
+    if not f.pr_open:
+        return Refuse(Reason.PULL_CLOSED, "the pull request was closed")
+    if f.open_sev1:
+        return Refuse(Reason.CRITIC_ROUNDS, f"{f.open_sev1} sev1 finding(s) stand")
+    if not f.reviewed_sha or f.head_sha != f.reviewed_sha:
+        return Review(
+            f"the head moved to {f.head_sha[:10]} after the review of "
+            f"{f.reviewed_sha[:10] or 'nothing'}"
+        )
+    if f.verdict != "approve" and not (f.dismissed_by and f.verdict not in ("", "error")):
+        return Refuse(
+            Reason.NEEDS_HUMAN,
+            f"the critic's verdict on {f.head_sha[:10]} is "
+            + (f"`{f.verdict}`, not approve" if f.verdict else "not recorded"),
+        )
+    if f.verify_sha != f.head_sha or not f.verify_passed:
+        return Refuse(Reason.NEEDS_HUMAN, verify_problem(f))
+    if f.protected_changes:
+        shown = ", ".join(code_span(p) for p in f.protected_changes[:5])
+        more = len(f.protected_changes) - 5
+        return Refuse(
+            Reason.NEEDS_HUMAN,
+            f"the pull request changes protected paths ({shown}"
+            + (f" and {more} more" if more > 0 else "")
+            + "), which loopbot never merges on its own",
+        )
+    if (scope := scope_problem(f)) is not None:
+        return Refuse(Reason.NEEDS_HUMAN, scope)
+    if f.require_checks:
+        if f.checks == "unknown":
+            return Refuse(
+                Reason.NEEDS_HUMAN,
+                "loopbot cannot tell whether these required checks passed: "
+                + ", ".join(f.failing_checks),
+            )
+        if f.checks == "failure":
+            if f.fix_turns_used < f.max_fix_turns:
+                return FixChecks(f.failing_checks)
+            return Refuse(
+                Reason.CHECKS_FAILED, "required checks fail: " + ", ".join(f.failing_checks)
+            )
+        if f.checks == "pending":
+            if f.waited_seconds >= f.max_wait_seconds:
+                return Refuse(
+                    Reason.CHECKS_TIMEOUT,
+                    f"checks still pending after {f.waited_seconds / 60:.0f} minutes",
+                )
+            return Wait("required checks are still running")
+    if f.base_included is None:
+        return Refuse(
+            Reason.NEEDS_HUMAN,
+            "loopbot cannot tell whether the head contains the default branch as it is now",
+        )
+    if f.base_included is False and f.mergeable is not False:
+        # The base moved after verify (another loop merged first): the squash would land
+        # a combination nobody ran verify on. Merge the base in and verify again.
+        if f.fix_turns_used < f.max_fix_turns:
+            return FixConflicts(f"the default branch moved to {f.base_sha[:10]} since verify")
+        return Refuse(
+            Reason.NOT_MERGEABLE,
+            "the default branch keeps moving ahead of the verified head; merge it by hand",
+        )
+    if f.mergeable is False:
+        # Usual when several loops drain one repository's backlog: another merged first.
+        if f.fix_turns_used < f.max_fix_turns:
+            return FixConflicts()
+        return Refuse(Reason.NOT_MERGEABLE, "the pull request conflicts with the default branch")
+    if f.mergeable is None:
+        return Wait("GitHub is still computing whether the pull request can merge")
+    return Merge(f.reviewed_sha)
+
+
+def verify_problem(f: Facts) -> str:
+    """Why the verify evidence does not cover the head (only called when it does not)."""
+    if not f.verify_sha:
+        return f"no verify run is recorded on the head {f.head_sha[:10]}"
+    if f.verify_sha != f.head_sha:
+        return f"verify last ran on {f.verify_sha[:10]}, not on the head {f.head_sha[:10]}"
+    return f"verify failed on the head {f.head_sha[:10]}"
+
+
+def scope_problem(f: Facts) -> str | None:
+    """Why the change is too large to merge without a person, or None when it is not."""
+    if f.changed_lines is None or f.changed_files is None:
+        return "the size of the change could not be established"
+    over = []
+    if f.changed_lines > f.max_changed_lines:
+        over.append(f"{f.changed_lines} changed lines (limit {f.max_changed_lines})")
+    if f.changed_files > f.max_changed_files:
+        over.append(f"{f.changed_files} changed files (limit {f.max_changed_files})")
+    if not over:
+        return None
+    return (
+        "the change is larger than this repository lets loopbot merge on its own: "
+        + " and ".join(over)
+        + "; a person should review it, or split the issue into smaller ones"
+    )
+
+
+def classify_checks(
+    runs: list[tuple[str, str, str | None]],
+    statuses: list[tuple[str, str]],
+    required: frozenset[str] | None = None,
+) -> tuple[CheckResult, ...]:
+    """The checks that count, each with its outcome (see ``summarize_checks``)."""
+    wanted = None if required is None else required - OWN_CHECKS
+    results: list[CheckResult] = []
+    for name, status, conclusion in runs:
+        if name in OWN_CHECKS or (wanted is not None and name not in wanted):
+            continue
+        outcome: Outcome
+        if status == "completed":
+            state = f"completed/{conclusion}"
+            if conclusion in RUN_PASS:
+                outcome = "pass"
+            elif conclusion in RUN_FAIL:
+                outcome = "fail"
+            else:
+                outcome = "unknown"
+        else:
+            state = str(status)
+            outcome = "pending" if status in RUN_PENDING else "unknown"
+        results.append(CheckResult(name, "check run", state, outcome))
+    for context, state in statuses:
+        if wanted is not None and context not in wanted:
+            continue
+        if state in STATUS_PASS:
+            outcome = "pass"
+        elif state in STATUS_FAIL:
+            outcome = "fail"
+        elif state in STATUS_PENDING:
+            outcome = "pending"
+        else:
+            outcome = "unknown"
+        results.append(CheckResult(context, "commit status", str(state), outcome))
+    reported = {r.name for r in results}
+    for name in sorted((wanted or frozenset()) - reported):
+        results.append(CheckResult(name, "expected", "not reported", "pending"))
+    return tuple(results)
+
+
+def fold_checks(results: tuple[CheckResult, ...]) -> tuple[ChecksState, tuple[str, ...]]:
+    """One state for all ``results``, and the checks behind a failure or an unknown state.
+
+    Unknown wins over everything: a check the gate cannot read may be the one that failed.
+    """
+    unknown = [
+        f"{code_span(r.name)} ({r.kind} state {code_span(r.state)})"
+        for r in results
+        if r.outcome == "unknown"
+    ]
+    if unknown:
+        return "unknown", tuple(unknown)
+    failing = [r.name for r in results if r.outcome == "fail"]
+    if failing:
+        return "failure", tuple(failing)
+    if any(r.outcome == "pending" for r in results):
+        return "pending", ()
+    return ("success" if results else "none"), ()
+
+
+def summarize_checks(
+    runs: list[tuple[str, str, str | None]],
+    statuses: list[tuple[str, str]],
+    required: frozenset[str] | None = None,
+) -> tuple[ChecksState, tuple[str, ...]]:
+    """Fold check runs (name, status, conclusion) and commit statuses (context, state).
+
+    ``required`` is the set of check names the base branch requires (branch protection
+    or rulesets). Then only those count, and one that has not reported yet is pending,
+    as GitHub shows it ("Expected — waiting for status"): CI that has not started is
+    not a green light. ``None`` (the branch requires nothing) counts every check.
+    loopbot's own runs are left out: the gate is what decides on them. A state outside
+    the gate's allowlist is ``unknown``, never success.
+    """
+    return fold_checks(classify_checks(runs, statuses, required))
+
+
+def protected_changes(paths: list[str], patterns: tuple[str, ...]) -> tuple[str, ...]:
+    """The paths that match a protected pattern: ``dir/**`` or a glob (``*`` spans ``/``)."""
+    hits = []
+    for path in paths:
+        for pattern in patterns:
+            if pattern.endswith("/**"):
+                matched = path.startswith(pattern[:-2])
+            else:
+                matched = fnmatchcase(path, pattern)
+            if matched:
+                hits.append(path)
+                break
+    return tuple(sorted(set(hits)))

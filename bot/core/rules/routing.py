@@ -1,0 +1,340 @@
+"""Which webhook means what: a pure function from (event, payload) to a command.
+
+Payloads are parsed into small models holding only the fields used (the kodiak way);
+everything else GitHub sends is ignored. No I/O here: permission checks happen in the
+job, because the request must answer within milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from bot.core.commands import (
+    ChecksCompleted,
+    Command,
+    ControlCommand,
+    DismissFinding,
+    IssueEdited,
+    IssueInactive,
+    LabelAdded,
+    PullFeedback,
+)
+from bot.core.ids import issue_from_branch
+
+CONTROL_WORDS: dict[str, Literal["cancel", "restart", "status"]] = {
+    "/loop-cancel": "cancel",
+    "/loop-restart": "restart",
+    "/loop-status": "status",
+}
+FEEDBACK_WORD = "/loop"
+DISMISS_WORD = "/loop-dismiss"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class _User(_Model):
+    login: str
+    type: str = "User"
+
+
+class _Installation(_Model):
+    id: int
+
+
+class _Repo(_Model):
+    full_name: str
+
+
+class _Label(_Model):
+    name: str
+
+
+class _Issue(_Model):
+    number: int
+    pull_request: dict[str, Any] | None = None
+    title: str = ""
+    body: str | None = ""
+
+
+class _Comment(_Model):
+    id: int
+    body: str | None = ""
+
+
+class _Ref(_Model):
+    ref: str
+    sha: str
+
+
+class _Pull(_Model):
+    number: int
+    head: _Ref
+
+
+class _Review(_Model):
+    id: int
+    state: str
+    body: str | None = ""
+
+
+class _App(_Model):
+    id: int
+
+
+class _Suite(_Model):
+    head_branch: str | None = None
+    head_sha: str
+    conclusion: str | None = None
+    app: _App | None = None
+
+
+class _Envelope(_Model):
+    action: str | None = None
+    sender: _User
+    installation: _Installation
+    repository: _Repo
+
+
+class _IssuesEvent(_Envelope):
+    issue: _Issue
+    label: _Label | None = None
+    changes: dict[str, Any] | None = None
+
+
+class _CommentEvent(_Envelope):
+    issue: _Issue
+    comment: _Comment
+
+
+class _ReviewEvent(_Envelope):
+    pull_request: _Pull
+    review: _Review
+
+
+class _SuiteEvent(_Envelope):
+    check_suite: _Suite
+
+
+class _CheckRun(_Model):
+    check_suite: _Suite
+    app: _App | None = None
+    conclusion: str | None = None
+
+
+class _RunEvent(_Envelope):
+    check_run: _CheckRun
+
+
+@dataclass(frozen=True)
+class Enqueue:
+    command: Command
+
+
+@dataclass(frozen=True)
+class Ignore:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """The event is one we act on, but its payload lacks what we need."""
+
+    reason: str
+
+
+Route = Enqueue | Ignore | Malformed
+
+
+def route(event: str, payload: Any, *, app_id: int, delivery: str = "") -> Route:
+    """Decide what a webhook delivery means for loopbot."""
+    handler = _HANDLERS.get(event)
+    if handler is None:
+        return Ignore(f"event {event!r} is not used")
+    if not isinstance(payload, dict):
+        return Malformed("payload is not a JSON object")
+    try:
+        return handler(payload, app_id, delivery)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return Malformed(f"{event} payload: {where}: {first['msg']}")
+
+
+def _is_bot(sender: _User) -> bool:
+    # Bots (loopbot itself included) never trigger or command loops: "nothing happens
+    # unless someone with write access asked", and a bot asking is nobody asking.
+    return sender.type != "User"
+
+
+def _issues(payload: dict[str, Any], app_id: int, delivery: str) -> Route:
+    action = payload.get("action")
+    if action not in ("labeled", "unlabeled", "closed", "edited"):
+        return Ignore(f"issues.{action} is not used")
+    ev = _IssuesEvent.model_validate(payload)
+    if ev.issue.pull_request is not None:
+        return Ignore(f"issues.{action} on a pull request")
+    common = {
+        "installation_id": ev.installation.id,
+        "repo": ev.repository.full_name,
+        "issue": ev.issue.number,
+        "actor": ev.sender.login,
+        "delivery": delivery,
+    }
+    if action == "edited":
+        # Frozen intake: the job decides whether the editor may change what was approved.
+        # Bots are routed too: an edit nobody with write access made must stop the loop.
+        if not {"title", "body"} & set(ev.changes or {}):
+            return Ignore("issues.edited changed neither title nor body")
+        return Enqueue(
+            IssueEdited(
+                title=ev.issue.title,
+                body=ev.issue.body or "",
+                by_bot=_is_bot(ev.sender),
+                **common,
+            )
+        )
+    if action == "closed":
+        # Closing stops a loop whoever closes it, bots included: stopping is always safe.
+        return Enqueue(IssueInactive(reason="closed", **common))
+    if ev.label is None:
+        return Malformed(f"issues.{action} payload: label: missing")
+    if action == "unlabeled":
+        return Enqueue(IssueInactive(reason="unlabeled", label=ev.label.name, **common))
+    if _is_bot(ev.sender):
+        return Ignore(f"label added by {ev.sender.type} {ev.sender.login}")
+    return Enqueue(LabelAdded(label=ev.label.name, **common))
+
+
+def _first_word(body: str | None) -> str:
+    words = (body or "").strip().split(maxsplit=1)
+    return words[0] if words else ""
+
+
+def _issue_comment(payload: dict[str, Any], app_id: int, delivery: str) -> Route:
+    if payload.get("action") != "created":
+        return Ignore(f"issue_comment.{payload.get('action')} is not used")
+    ev = _CommentEvent.model_validate(payload)
+    word = _first_word(ev.comment.body)
+    if word not in CONTROL_WORDS and word not in (FEEDBACK_WORD, DISMISS_WORD):
+        return Ignore("comment is not a loopbot command")
+    if _is_bot(ev.sender):
+        return Ignore(f"command from {ev.sender.type} {ev.sender.login}")
+    common = {
+        "installation_id": ev.installation.id,
+        "repo": ev.repository.full_name,
+        "actor": ev.sender.login,
+        "delivery": delivery,
+    }
+    on_pull = ev.issue.pull_request is not None
+    if word == DISMISS_WORD:
+        return Enqueue(_dismiss(ev, on_pull, common))
+    if word == FEEDBACK_WORD:
+        if not on_pull:
+            return Ignore("/loop is a pull request command")
+        return Enqueue(
+            PullFeedback(
+                issue=0,
+                pull=ev.issue.number,
+                body=ev.comment.body or "",
+                comment_id=ev.comment.id,
+                **common,
+            )
+        )
+    if on_pull:
+        return Ignore(f"{word} belongs on the issue, not the pull request")
+    return Enqueue(
+        ControlCommand(
+            action=CONTROL_WORDS[word],
+            comment_id=ev.comment.id,
+            issue=ev.issue.number,
+            **common,
+        )
+    )
+
+
+def _dismiss(ev: _CommentEvent, on_pull: bool, common: dict[str, Any]) -> DismissFinding:
+    # "/loop-dismiss F3 the overflow cannot happen: n <= 10" -> ("F3", "the overflow ...").
+    # Checked in the job, which answers a malformed command; here only cut to size.
+    words = (ev.comment.body or "").strip().split(maxsplit=2)
+    return DismissFinding(
+        issue=0 if on_pull else ev.issue.number,
+        pull=ev.issue.number if on_pull else 0,
+        finding=(words[1] if len(words) > 1 else "")[:100],
+        reason=(words[2].strip() if len(words) > 2 else "")[:2000],
+        comment_id=ev.comment.id,
+        **common,
+    )
+
+
+def _review(payload: dict[str, Any], app_id: int, delivery: str) -> Route:
+    if payload.get("action") != "submitted":
+        return Ignore(f"pull_request_review.{payload.get('action')} is not used")
+    ev = _ReviewEvent.model_validate(payload)
+    if ev.review.state.lower() != "changes_requested":
+        return Ignore(f"review state {ev.review.state} asks for nothing")
+    if _is_bot(ev.sender):
+        return Ignore(f"review by {ev.sender.type} {ev.sender.login}")
+    issue = issue_from_branch(ev.pull_request.head.ref)
+    if issue is None:
+        return Ignore("not a loopbot pull request")
+    return Enqueue(
+        PullFeedback(
+            installation_id=ev.installation.id,
+            repo=ev.repository.full_name,
+            issue=issue,
+            actor=ev.sender.login,
+            delivery=delivery,
+            pull=ev.pull_request.number,
+            body=ev.review.body or "",
+            review_id=ev.review.id,
+        )
+    )
+
+
+def _checks(
+    suite: _Suite, env: _Envelope, app_id: int, delivery: str, owner_app: _App | None
+) -> Route:
+    if owner_app is not None and owner_app.id == app_id:
+        return Ignore("loopbot's own check")
+    issue = issue_from_branch(suite.head_branch or "")
+    if issue is None:
+        return Ignore("not a loopbot branch")
+    return Enqueue(
+        ChecksCompleted(
+            installation_id=env.installation.id,
+            repo=env.repository.full_name,
+            issue=issue,
+            actor=env.sender.login,
+            delivery=delivery,
+            head_sha=suite.head_sha,
+            conclusion=suite.conclusion,
+        )
+    )
+
+
+def _check_suite(payload: dict[str, Any], app_id: int, delivery: str) -> Route:
+    if payload.get("action") != "completed":
+        return Ignore(f"check_suite.{payload.get('action')} is not used")
+    ev = _SuiteEvent.model_validate(payload)
+    return _checks(ev.check_suite, ev, app_id, delivery, ev.check_suite.app)
+
+
+def _check_run(payload: dict[str, Any], app_id: int, delivery: str) -> Route:
+    if payload.get("action") != "completed":
+        return Ignore(f"check_run.{payload.get('action')} is not used")
+    ev = _RunEvent.model_validate(payload)
+    return _checks(ev.check_run.check_suite, ev, app_id, delivery, ev.check_run.app)
+
+
+_HANDLERS = {
+    "issues": _issues,
+    "issue_comment": _issue_comment,
+    "pull_request_review": _review,
+    "check_suite": _check_suite,
+    "check_run": _check_run,
+}

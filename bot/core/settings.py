@@ -1,0 +1,159 @@
+"""The one typed settings object, built from the environment at start-up.
+
+Nothing reads ``os.environ`` at import time: ``load_settings()`` is called by the
+process entry points (``loopbot web``, ``loopbot worker``, the CLI) and the object is
+passed down. A missing or malformed variable stops start-up with a message that names
+the variable, never a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from bot.core.redis_url import check_url
+
+Role = Literal["web", "worker", "cli"]
+
+
+class SettingsError(Exception):
+    """Start-up configuration is missing or malformed; the message names each variable."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    # May carry a password: kept out of repr(), shown only through bot.core.redis_url.mask_url.
+    redis_url: str = Field("redis://localhost:6379/0", alias="REDIS_URL", repr=False)
+    github_app_id: int = Field(alias="GITHUB_APP_ID", gt=0)
+    github_private_key: SecretStr | None = Field(None, alias="GITHUB_PRIVATE_KEY")
+    github_private_key_path: Path | None = Field(None, alias="GITHUB_PRIVATE_KEY_PATH")
+    github_webhook_secret: SecretStr = Field(alias="GITHUB_WEBHOOK_SECRET", min_length=1)
+    github_api_url: AnyHttpUrl = Field(AnyHttpUrl("https://api.github.com"), alias="GITHUB_API_URL")
+    # githubkit's default is no timeout at all; a hung socket would hold a job forever.
+    github_timeout: float = Field(10.0, alias="LOOPBOT_GITHUB_TIMEOUT", gt=0)
+    # Longest single wait loopbot accepts from a Retry-After before giving up on a call.
+    github_max_retry_wait: float = Field(120.0, alias="LOOPBOT_GITHUB_MAX_RETRY_WAIT", ge=0)
+    anthropic_api_key: SecretStr | None = Field(None, alias="ANTHROPIC_API_KEY")
+    anthropic_base_url: AnyHttpUrl | None = Field(None, alias="ANTHROPIC_BASE_URL")
+    model: str = Field("claude-sonnet-4-6", alias="LOOPBOT_MODEL", min_length=1)
+    critic_model: str = Field("claude-sonnet-4-6", alias="LOOPBOT_CRITIC_MODEL", min_length=1)
+    # No answer from the model within this many seconds counts as a stall.
+    stall_timeout: float = Field(300.0, alias="LOOPBOT_STALL_TIMEOUT", gt=0)
+    # SDK-level retries of 429, 529, 5xx and timeouts before a call counts as failed.
+    model_retries: int = Field(4, alias="LOOPBOT_MODEL_RETRIES", ge=0, le=10)
+    fallback_model: str | None = Field(None, alias="LOOPBOT_FALLBACK_MODEL")
+    # A loop's lease lapses this long after its worker stops renewing it.
+    lease_ttl: float = Field(30.0, alias="LOOPBOT_LEASE_TTL", ge=2)
+    reconcile_interval: float = Field(10.0, alias="LOOPBOT_RECONCILE_INTERVAL", gt=0)
+    sweep_interval: float = Field(600.0, alias="LOOPBOT_SWEEP_INTERVAL", gt=0)
+    max_auto_resumes: int = Field(3, alias="LOOPBOT_MAX_AUTO_RESUMES", ge=0)
+    data_dir: Path = Field(Path.home() / ".loopbot", alias="LOOPBOT_DATA_DIR")
+    dashboard_token: SecretStr | None = Field(None, alias="LOOPBOT_DASHBOARD_TOKEN")
+    # A dashboard sign-in lasts this many seconds (a random session id in Redis).
+    dashboard_session_ttl: int = Field(12 * 3600, alias="LOOPBOT_DASHBOARD_SESSION_TTL", ge=1)
+    # Behind a TLS-terminating proxy: true (one proxy) or how many proxies to trust for
+    # X-Forwarded-Proto/-For. Off by default: a client could claim "https" itself.
+    trusted_proxy: bool | int = Field(False, alias="LOOPBOT_TRUSTED_PROXY")
+    # Running agent commands without bubblewrap is an explicit operator decision.
+    allow_unsandboxed: bool = Field(False, alias="LOOPBOT_ALLOW_UNSANDBOXED")
+    log_format: Literal["json", "console"] = Field("json", alias="LOOPBOT_LOG_FORMAT")
+    # The sandbox (jobs.sandbox.bwrap). A root worker runs sandboxed commands as this host uid,
+    # so that nothing inside holds root's identity even outside its user namespace.
+    sandbox_uid: int = Field(65534, alias="LOOPBOT_SANDBOX_UID", gt=0)
+    sandbox_gid: int = Field(65534, alias="LOOPBOT_SANDBOX_GID", gt=0)
+    # Toolchains outside /usr (e.g. /opt/go:/root/.pyenv), shown read-only; colon-separated.
+    sandbox_read_only_paths: str = Field("", alias="LOOPBOT_SANDBOX_READ_ONLY_PATHS")
+    sandbox_max_processes: int = Field(512, alias="LOOPBOT_SANDBOX_MAX_PROCESSES", ge=16)
+    sandbox_max_memory_mb: int = Field(8192, alias="LOOPBOT_SANDBOX_MAX_MEMORY_MB", ge=0)
+    sandbox_max_file_mb: int = Field(1024, alias="LOOPBOT_SANDBOX_MAX_FILE_MB", ge=1)
+    sandbox_tmp_mb: int = Field(1024, alias="LOOPBOT_SANDBOX_TMP_MB", ge=16)
+    sandbox_max_worktree_mb: int = Field(4096, alias="LOOPBOT_SANDBOX_MAX_WORKTREE_MB", ge=16)
+    sandbox_max_output_kb: int = Field(64, alias="LOOPBOT_SANDBOX_MAX_OUTPUT_KB", ge=4)
+    # Private or loopback networks the egress proxy may reach anyway (an internal package
+    # mirror); comma-separated CIDRs. Empty: only public addresses.
+    egress_allowed_networks: str = Field("", alias="LOOPBOT_EGRESS_ALLOWED_NETWORKS")
+    # Operator ceilings: the most any repository's loop.yml may ask for; a value above
+    # is lowered to the ceiling and the issue is told so (bot.core.repo_config.clamp).
+    max_cost_usd: float = Field(25.0, alias="LOOPBOT_MAX_COST_USD", gt=0)
+    max_turns: int = Field(50, alias="LOOPBOT_MAX_TURNS", ge=1)
+    max_tool_budget: int = Field(1000, alias="LOOPBOT_MAX_TOOL_BUDGET", ge=1)
+    max_wall_hours: float = Field(12.0, alias="LOOPBOT_MAX_WALL_HOURS", gt=0)
+    max_wait_checks_minutes: int = Field(240, alias="LOOPBOT_MAX_WAIT_CHECKS_MINUTES", ge=1)
+    # The whole-life budget of one issue (bot/core/rules/budget.py): tokens of every kind (input,
+    # output, cache reads and writes) and turns, summed over every run and restart.
+    max_tokens: int = Field(100_000_000, alias="LOOPBOT_MAX_TOKENS", ge=1)
+    max_total_turns: int = Field(200, alias="LOOPBOT_MAX_TOTAL_TURNS", ge=1)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_usable(cls, v: str) -> str:
+        check_url(v)  # its message never contains the password
+        return v
+
+    @field_validator("github_private_key_path")
+    @classmethod
+    def _key_file_readable(cls, v: Path | None) -> Path | None:
+        if v is not None and not v.is_file():
+            raise ValueError(f"no such file: {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _exactly_one_key(self) -> Settings:
+        if self.github_private_key is None and self.github_private_key_path is None:
+            raise ValueError("set GITHUB_PRIVATE_KEY or GITHUB_PRIVATE_KEY_PATH")
+        if self.github_private_key is not None and self.github_private_key_path is not None:
+            raise ValueError("set only one of GITHUB_PRIVATE_KEY and GITHUB_PRIVATE_KEY_PATH")
+        if "BEGIN" not in self.private_key_pem():
+            raise ValueError("GitHub private key is not a PEM key (expected '-----BEGIN ...')")
+        return self
+
+    def private_key_pem(self) -> str:
+        if self.github_private_key is not None:
+            # Operators often paste the key with literal "\n" into one-line env files.
+            return self.github_private_key.get_secret_value().replace("\\n", "\n")
+        assert self.github_private_key_path is not None
+        return self.github_private_key_path.read_text()
+
+    @property
+    def api_url(self) -> str:
+        return str(self.github_api_url).rstrip("/")
+
+    def require(self, role: Role) -> Settings:
+        """Check what only some processes need; workers call the model, the web does not."""
+        if role == "worker" and self.anthropic_api_key is None:
+            raise SettingsError(
+                ["ANTHROPIC_API_KEY: required by the worker (the agent and critic)"]
+            )
+        return self
+
+
+def _alias_of(field: str) -> str:
+    info = Settings.model_fields.get(field)
+    return info.alias if info is not None and info.alias else field.upper()
+
+
+def load_settings(env: Mapping[str, str] | None = None, role: Role = "cli") -> Settings:
+    """Build settings from ``env`` (default: the process environment)."""
+    try:
+        # With env=None, pydantic-settings fills the fields from os.environ.
+        settings = Settings() if env is None else Settings.model_validate(dict(env))
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = [str(p) for p in err["loc"] if p != "__root__"]
+            name = ", ".join(_alias_of(p) for p in loc) if loc else "configuration"
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "missing":
+                msg = "is required but not set"
+            problems.append(f"{name}: {msg}")
+        raise SettingsError(problems) from None
+    return settings.require(role)

@@ -1,0 +1,810 @@
+"""loopbot's GitHub client: githubkit with App auth, timeouts, retries, idempotent writes.
+
+``GitHubApp`` holds the App identity and mints installation tokens (cached until five
+minutes before they expire, minted again on a 401). ``Installation`` is the interface
+jobs use; it returns small models with only the fields loopbot reads, and every call
+goes through ``_call`` which applies ``bot.io.github.failures.classify``.
+
+Writes a retry could repeat (comments, reviews, pull requests, check runs) look for
+what an earlier attempt may have written before writing again: a hidden marker in the
+body, the branch of a pull request, the name and head of a check run.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any, TypeVar, cast
+
+from githubkit import AppAuthStrategy, GitHub, TokenAuthStrategy
+from githubkit.cache import MemCacheStrategy
+from githubkit.exception import GitHubException
+from httpx import TransportError
+from pydantic import BaseModel, ConfigDict
+
+from bot.core.settings import Settings
+from bot.core.text.defuse import one_line, safe_text
+from bot.io.github.failures import (
+    Fatal,
+    Forbidden,
+    GitHubError,
+    NotFound,
+    Reauthenticate,
+    RetryAfter,
+    Unprocessable,
+    classify,
+)
+from bot.io.logs import get_logger
+
+T = TypeVar("T")
+log = get_logger("loopbot.github")
+
+WRITE_PERMISSIONS = frozenset({"admin", "write", "maintain"})
+TOKEN_MARGIN_SECONDS = 300
+
+
+def marker(key: str) -> str:
+    """A hidden tag that lets loopbot find what it wrote before."""
+    return f"<!-- loopbot:{key} -->"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class RepoInfo(_Model):
+    full_name: str
+    default_branch: str
+    clone_url: str
+    private: bool = False
+    html_url: str = ""
+
+
+class IssueInfo(_Model):
+    number: int
+    state: str
+    title: str
+    body: str | None = None
+    labels: tuple[str, ...] = ()
+    author: str = ""
+    html_url: str = ""
+    is_pull: bool = False
+
+    @property
+    def open(self) -> bool:
+        return self.state == "open"
+
+
+class CommentInfo(_Model):
+    id: int
+    body: str = ""
+    author: str = ""
+    author_type: str = "User"
+    html_url: str = ""
+
+
+class PullInfo(_Model):
+    number: int
+    state: str
+    merged: bool = False
+    head_ref: str
+    head_sha: str
+    base_ref: str
+    mergeable: bool | None = None
+    mergeable_state: str = "unknown"
+    html_url: str = ""
+    title: str = ""
+    body: str | None = None
+    # The size of the change (None when GitHub did not say), and the merge commit.
+    additions: int | None = None
+    deletions: int | None = None
+    changed_files: int | None = None
+    merge_commit_sha: str | None = None
+
+
+class ReviewInfo(_Model):
+    id: int
+    state: str
+    body: str | None = ""
+    commit_id: str | None = None
+    author: str = ""
+    author_type: str = "User"
+
+
+class CheckRunInfo(_Model):
+    id: int
+    name: str
+    head_sha: str
+    status: str
+    conclusion: str | None = None
+    app_id: int | None = None
+
+
+class MergeResult(_Model):
+    sha: str
+    merged: bool
+
+
+def _issue(d: Any) -> IssueInfo:
+    return IssueInfo(
+        number=d["number"],
+        state=d["state"],
+        title=d.get("title") or "",
+        body=d.get("body"),
+        labels=tuple(lb["name"] for lb in d.get("labels") or [] if isinstance(lb, dict)),
+        author=(d.get("user") or {}).get("login", ""),
+        html_url=d.get("html_url") or "",
+        is_pull="pull_request" in d,
+    )
+
+
+def _comment(d: Any) -> CommentInfo:
+    user = d.get("user") or {}
+    return CommentInfo(
+        id=d["id"],
+        body=d.get("body") or "",
+        author=user.get("login", ""),
+        author_type=user.get("type", "User"),
+        html_url=d.get("html_url") or "",
+    )
+
+
+def _pull(d: Any) -> PullInfo:
+    return PullInfo(
+        number=d["number"],
+        state=d["state"],
+        merged=bool(d.get("merged")),
+        head_ref=d["head"]["ref"],
+        head_sha=d["head"]["sha"],
+        base_ref=d["base"]["ref"],
+        mergeable=d.get("mergeable"),
+        mergeable_state=d.get("mergeable_state") or "unknown",
+        html_url=d.get("html_url") or "",
+        title=d.get("title") or "",
+        body=d.get("body"),
+        additions=d.get("additions"),
+        deletions=d.get("deletions"),
+        changed_files=d.get("changed_files"),
+        merge_commit_sha=d.get("merge_commit_sha"),
+    )
+
+
+def _review(d: Any) -> ReviewInfo:
+    user = d.get("user") or {}
+    return ReviewInfo(
+        id=d["id"],
+        state=d["state"],
+        body=d.get("body"),
+        commit_id=d.get("commit_id"),
+        author=user.get("login", ""),
+        author_type=user.get("type", "User"),
+    )
+
+
+def _check_run(d: Any) -> CheckRunInfo:
+    return CheckRunInfo(
+        id=d["id"],
+        name=d["name"],
+        head_sha=d["head_sha"],
+        status=d["status"],
+        conclusion=d.get("conclusion"),
+        app_id=(d.get("app") or {}).get("id"),
+    )
+
+
+def _split(repo: str) -> tuple[str, str]:
+    owner, _, name = repo.partition("/")
+    return owner, name
+
+
+class GitHubApp:
+    """The App identity: a JWT-authenticated client and the installation token cache."""
+
+    def __init__(self, settings: Settings, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.settings = settings
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._tokens: dict[int, tuple[str, float]] = {}
+        self.client = GitHub(
+            AppAuthStrategy(settings.github_app_id, settings.private_key_pem()),
+            base_url=settings.api_url + "/",
+            timeout=settings.github_timeout,
+            auto_retry=False,  # retries are decided in bot.io.github.failures, once for all calls
+            http_cache=False,
+            user_agent="loopbot",
+            # githubkit's default cache is one per process, keyed by App id only: a JWT
+            # signed with a rotated (or another test's) key would be reused. Own cache.
+            cache_strategy=MemCacheStrategy(),
+        )
+
+    def installation_token(self, installation_id: int, *, refresh: bool = False) -> str:
+        """A token for ``installation_id``; reused until five minutes before it expires."""
+        with self._lock:
+            cached = self._tokens.get(installation_id)
+            if cached and not refresh and cached[1] - time.time() > TOKEN_MARGIN_SECONDS:
+                return cached[0]
+        data = _with_retries(
+            lambda: self.client.rest.apps.create_installation_access_token(installation_id).json(),
+            self.settings.github_max_retry_wait,
+            self._sleep,
+        )
+        expires = datetime.strptime(data["expires_at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        with self._lock:
+            self._tokens[installation_id] = (data["token"], expires.timestamp())
+        return str(data["token"])
+
+    def installation(self, installation_id: int) -> Installation:
+        return Installation(self, installation_id)
+
+    def app_info(self) -> dict[str, Any]:
+        """``GET /app``: the App's own record (used by ``loopbot doctor``)."""
+        return cast(
+            dict[str, Any],
+            _with_retries(
+                lambda: self.client.rest.apps.get_authenticated().json(),
+                self.settings.github_max_retry_wait,
+                self._sleep,
+            ),
+        )
+
+    def installation_ids(self) -> list[int]:
+        def page(n: int) -> Any:
+            return self.client.rest.apps.list_installations(per_page=100, page=n).json()
+
+        return [inst["id"] for inst in _pages(page, self.settings.github_max_retry_wait)]
+
+
+def _with_retries(
+    fn: Callable[[], Any],
+    max_wait: float,
+    sleep: Callable[[float], None],
+    on_reauth: Callable[[], None] | None = None,
+) -> Any:
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except (GitHubException, TransportError) as exc:
+            decision = classify(exc, attempt, max_wait=max_wait)
+        if isinstance(decision, Fatal):
+            raise decision.error
+        if isinstance(decision, Reauthenticate):
+            if on_reauth is None:
+                raise GitHubError("401 from GitHub with App credentials", 401)
+            on_reauth()
+        elif isinstance(decision, RetryAfter):
+            log.warning("github.retry", why=decision.why, after=decision.seconds, attempt=attempt)
+            sleep(decision.seconds)
+        attempt += 1
+
+
+def _pages(fetch: Callable[[int], Any], max_wait: float) -> Iterator[dict[str, Any]]:
+    n = 1
+    while True:
+        data = _with_retries(partial(fetch, n), max_wait, time.sleep)
+        if isinstance(data, dict):  # e.g. {"total_count": .., "repositories": [..]}
+            data = next((v for v in data.values() if isinstance(v, list)), [])
+        yield from data
+        if len(data) < 100:
+            return
+        n += 1
+
+
+class Installation:
+    """GitHub as one installation of the App sees it; what the jobs talk to."""
+
+    def __init__(self, app: GitHubApp, installation_id: int) -> None:
+        self.app = app
+        self.installation_id = installation_id
+        self._clients: dict[int, tuple[str, GitHub[Any]]] = {}
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def token(self) -> str:
+        return self.app.installation_token(self.installation_id)
+
+    def _gh(self) -> GitHub[Any]:
+        """A githubkit client for the current token, kept open for connection reuse.
+
+        githubkit opens (and closes) a new HTTP client per request unless it is used as
+        a context manager; that costs ~25 ms a call. The open client lives in a
+        ContextVar, i.e. per thread, so clients are kept per thread.
+        """
+        token = self.token()
+        key = threading.get_ident()
+        held = self._clients.get(key)
+        if held is not None and held[0] == token:
+            return held[1]
+        if held is not None:
+            with contextlib.suppress(Exception):
+                held[1].__exit__(None, None, None)
+        s = self.app.settings
+        client: GitHub[Any] = GitHub(
+            TokenAuthStrategy(token),
+            base_url=s.api_url + "/",
+            timeout=s.github_timeout,
+            auto_retry=False,
+            http_cache=False,
+            user_agent="loopbot",
+        )
+        client.__enter__()  # type: ignore[no-untyped-call]
+        self._clients[key] = (token, client)
+        return client
+
+    def _reauth(self) -> None:
+        self.app.installation_token(self.installation_id, refresh=True)
+
+    def _call(self, fn: Callable[[GitHub[Any]], Any]) -> Any:
+        """Run a read or an idempotent write (GET, PUT, PATCH, DELETE) with retries."""
+        return _with_retries(
+            lambda: fn(self._gh()),
+            self.app.settings.github_max_retry_wait,
+            self.app._sleep,
+            self._reauth,
+        )
+
+    def _create(self, create: Callable[[GitHub[Any]], T], find: Callable[[], T | None]) -> T:
+        """A POST that must happen once: after a failed attempt, look before trying again.
+
+        A 5xx or a timeout does not say whether GitHub applied the write, so before
+        each retry ``find`` looks for what the earlier attempt may have created.
+        """
+        first = True
+
+        def attempt(gh: GitHub[Any]) -> T:
+            nonlocal first
+            if not first and (existing := find()) is not None:
+                return existing
+            first = False
+            return create(gh)
+
+        return cast(T, self._call(attempt))
+
+    def _list(self, fetch: Callable[[GitHub[Any], int], Any]) -> Iterator[dict[str, Any]]:
+        return _pages(lambda n: fetch(self._gh(), n), self.app.settings.github_max_retry_wait)
+
+    # -- repositories and permissions ----------------------------------------------
+
+    def repo(self, repo: str) -> RepoInfo:
+        d = self._call(lambda gh: gh.rest.repos.get(*_split(repo)).json())
+        return RepoInfo.model_validate(d)
+
+    def permission(self, repo: str, user: str) -> str:
+        """``admin``, ``maintain``, ``write``, ``triage``, ``read`` or ``none``."""
+        try:
+            d = self._call(
+                lambda gh: gh.rest.repos.get_collaborator_permission_level(
+                    *_split(repo), user
+                ).json()
+            )
+        except NotFound:
+            return "none"  # not a collaborator at all
+        role = d.get("role_name") or ""
+        return str(role if role in ("maintain", "triage") else d.get("permission", "none"))
+
+    def can_write(self, repo: str, user: str) -> bool:
+        return self.permission(repo, user) in WRITE_PERMISSIONS
+
+    def repositories(self) -> list[str]:
+        return [
+            r["full_name"]
+            for r in self._list(
+                lambda gh, n: gh.rest.apps.list_repos_accessible_to_installation(
+                    per_page=100, page=n
+                ).json()
+            )
+        ]
+
+    def file(self, repo: str, path: str, ref: str | None = None) -> str | None:
+        """A file's text at ``ref`` (default branch when None); None when absent."""
+        owner, name = _split(repo)
+        try:
+            d = self._call(
+                lambda gh: (
+                    gh.rest.repos.get_content(owner, name, path, ref=ref)
+                    if ref
+                    else gh.rest.repos.get_content(owner, name, path)
+                ).json()
+            )
+        except NotFound:
+            return None
+        if not isinstance(d, dict) or d.get("type") != "file":
+            return None
+        return base64.b64decode(str(d.get("content") or "")).decode("utf-8", "replace")
+
+    # -- issues and comments --------------------------------------------------------
+
+    def issue(self, repo: str, number: int) -> IssueInfo:
+        return _issue(self._call(lambda gh: gh.rest.issues.get(*_split(repo), number).json()))
+
+    def open_issues_with_label(self, repo: str, label: str) -> list[IssueInfo]:
+        items = self._list(
+            lambda gh, n: gh.rest.issues.list_for_repo(
+                *_split(repo), state="open", labels=label, per_page=100, page=n
+            ).json()
+        )
+        return [i for i in map(_issue, items) if not i.is_pull]
+
+    def last_labeler(self, repo: str, number: int, label: str) -> str | None:
+        """Who last added ``label`` to the issue (from its event timeline)."""
+        who = None
+        for ev in self._list(
+            lambda gh, n: gh.rest.issues.list_events(
+                *_split(repo), number, per_page=100, page=n
+            ).json()
+        ):
+            if ev.get("event") == "labeled" and (ev.get("label") or {}).get("name") == label:
+                who = (ev.get("actor") or {}).get("login")
+        return who
+
+    def add_labels(self, repo: str, number: int, labels: list[str]) -> None:
+        self._call(lambda gh: gh.rest.issues.add_labels(*_split(repo), number, labels=labels))
+
+    def remove_label(self, repo: str, number: int, label: str) -> None:
+        with contextlib.suppress(NotFound):  # already gone: the wanted end state
+            self._call(lambda gh: gh.rest.issues.remove_label(*_split(repo), number, label))
+
+    def comments(self, repo: str, number: int) -> list[CommentInfo]:
+        items = self._list(
+            lambda gh, n: gh.rest.issues.list_comments(
+                *_split(repo), number, per_page=100, page=n
+            ).json()
+        )
+        return [_comment(c) for c in items]
+
+    def find_comment(self, repo: str, number: int, key: str) -> CommentInfo | None:
+        tag = marker(key)
+        for c in self.comments(repo, number):
+            if c.author_type == "Bot" and tag in c.body:
+                return c
+        return None
+
+    def upsert_comment(
+        self, repo: str, number: int, key: str, body: str, known_id: int | None = None
+    ) -> CommentInfo:
+        """The comment tagged ``key`` on the issue, created once and edited after.
+
+        ``known_id`` (the id from an earlier upsert) skips the search; if that comment
+        is gone, the search runs as usual.
+        """
+        text = f"{safe_text(body)}\n\n{marker(key)}"
+        if known_id is not None:
+            with contextlib.suppress(NotFound):
+                return _comment(
+                    self._call(
+                        lambda gh: gh.rest.issues.update_comment(
+                            *_split(repo), known_id, body=text
+                        ).json()
+                    )
+                )
+        existing = self.find_comment(repo, number, key)
+        if existing is not None:
+            if existing.body != text:
+                d = self._call(
+                    lambda gh: gh.rest.issues.update_comment(
+                        *_split(repo), existing.id, body=text
+                    ).json()
+                )
+                return _comment(d)
+            return existing
+        return self._create(
+            lambda gh: _comment(
+                gh.rest.issues.create_comment(*_split(repo), number, body=text).json()
+            ),
+            lambda: self.find_comment(repo, number, key),
+        )
+
+    def react(self, repo: str, comment_id: int, content: str) -> None:
+        # GitHub answers 200 for a reaction that already exists: naturally idempotent.
+        self._call(
+            lambda gh: gh.rest.reactions.create_for_issue_comment(
+                *_split(repo), comment_id, content=cast(Any, content)
+            )
+        )
+
+    # -- pull requests ----------------------------------------------------------------
+
+    def find_pull(self, repo: str, branch: str, state: str = "open") -> PullInfo | None:
+        owner, _ = _split(repo)
+        items = self._call(
+            lambda gh: gh.rest.pulls.list(
+                *_split(repo), head=f"{owner}:{branch}", state=cast(Any, state), per_page=10
+            ).json()
+        )
+        return _pull(items[0]) if items else None
+
+    def pull(self, repo: str, number: int) -> PullInfo:
+        return _pull(self._call(lambda gh: gh.rest.pulls.get(*_split(repo), number).json()))
+
+    def pull_diff(self, repo: str, number: int) -> str:
+        return str(
+            self._call(
+                lambda gh: (
+                    gh.rest.pulls.get(
+                        *_split(repo), number, headers={"Accept": "application/vnd.github.diff"}
+                    ).text
+                )
+            )
+        )
+
+    def compare_diff(self, repo: str, base: str, head: str) -> str:
+        """The diff from ``base`` to ``head`` (GitHub's three-dot compare)."""
+        return str(
+            self._call(
+                lambda gh: (
+                    gh.rest.repos.compare_commits(
+                        *_split(repo),
+                        f"{base}...{head}",
+                        headers={"Accept": "application/vnd.github.diff"},
+                    ).text
+                )
+            )
+        )
+
+    def compare_status(self, repo: str, base: str, head: str) -> tuple[str, str]:
+        """GitHub's compare of ``base...head``: (status, base sha). ``ahead`` or
+        ``identical`` means ``head`` contains ``base``; ``behind`` or ``diverged`` not."""
+        d = self._call(
+            lambda gh: gh.rest.repos.compare_commits(
+                *_split(repo), f"{base}...{head}", per_page=1
+            ).json()
+        )
+        return str(d.get("status") or ""), str((d.get("base_commit") or {}).get("sha") or "")
+
+    def pull_files(self, repo: str, number: int) -> list[str]:
+        """Every path the pull request touches, renamed-from paths included."""
+        paths: list[str] = []
+        for f in self._list(
+            lambda gh, n: gh.rest.pulls.list_files(
+                *_split(repo), number, per_page=100, page=n
+            ).json()
+        ):
+            paths.append(str(f.get("filename")))
+            if f.get("previous_filename"):
+                paths.append(str(f["previous_filename"]))
+        return paths
+
+    def open_pull(
+        self, repo: str, branch: str, base: str, title: str, body: str, *, closes: int
+    ) -> PullInfo:
+        """The open PR for ``branch``: found, or created once; its title and body updated.
+
+        The body starts with ``Closes #closes`` (the loop's own issue); the rest is defused,
+        so it names no other issue to close and pings no one.
+        """
+        title = one_line(title)
+        body = f"Closes #{closes}\n\n{safe_text(body)}"
+        existing = self.find_pull(repo, branch)
+        if existing is not None:
+            if existing.body != body or existing.title != title:
+                d = self._call(
+                    lambda gh: gh.rest.pulls.update(
+                        *_split(repo), existing.number, title=title, body=body
+                    ).json()
+                )
+                return _pull(d)
+            return existing
+        try:
+            return self._create(
+                lambda gh: _pull(
+                    gh.rest.pulls.create(
+                        *_split(repo), title=title, head=branch, base=base, body=body
+                    ).json()
+                ),
+                lambda: self.find_pull(repo, branch),
+            )
+        except Unprocessable:
+            # "A pull request already exists": another worker won the race.
+            found = self.find_pull(repo, branch)
+            if found is None:
+                raise
+            return found
+
+    def reviews(self, repo: str, number: int) -> list[ReviewInfo]:
+        items = self._list(
+            lambda gh, n: gh.rest.pulls.list_reviews(
+                *_split(repo), number, per_page=100, page=n
+            ).json()
+        )
+        return [_review(r) for r in items]
+
+    def find_review(self, repo: str, number: int, key: str) -> ReviewInfo | None:
+        tag = marker(key)
+        for r in self.reviews(repo, number):
+            if r.author_type == "Bot" and tag in (r.body or ""):
+                return r
+        return None
+
+    def post_review(
+        self,
+        repo: str,
+        number: int,
+        key: str,
+        commit_id: str,
+        body: str,
+        comments: list[dict[str, Any]],
+    ) -> ReviewInfo:
+        """One COMMENT review tagged ``key``: never posted twice, even across retries."""
+        text = f"{safe_text(body)}\n\n{marker(key)}"
+        comments = [{**c, "body": safe_text(str(c.get("body", "")))} for c in comments]
+        existing = self.find_review(repo, number, key)
+        if existing is not None:
+            return existing
+        return self._create(
+            lambda gh: _review(
+                gh.rest.pulls.create_review(
+                    *_split(repo),
+                    number,
+                    commit_id=commit_id,
+                    body=text,
+                    event="COMMENT",
+                    comments=cast(Any, comments),
+                ).json()
+            ),
+            lambda: self.find_review(repo, number, key),
+        )
+
+    def merge_pull(
+        self,
+        repo: str,
+        number: int,
+        sha: str,
+        method: str,
+        title: str,
+        message: str,
+        *,
+        closes: int,
+    ) -> MergeResult:
+        """Merge with ``sha`` pinned. ``message`` is given, never GitHub's default, which
+        may copy the PR body or the branch's commit messages onto the default branch.
+        It starts with ``Closes #closes``; the title and the rest are defused, and the
+        title ends with `` (#number)``, GitHub's own convention for a squash commit."""
+        title = f"{one_line(title)} (#{number})"
+        message = f"Closes #{closes}.\n\n{safe_text(message)}"
+        d = self._call(
+            lambda gh: gh.rest.pulls.merge(
+                *_split(repo),
+                number,
+                sha=sha,
+                merge_method=cast(Any, method),
+                commit_title=title,
+                commit_message=message,
+            ).json()
+        )
+        return MergeResult(sha=d.get("sha") or "", merged=bool(d.get("merged")))
+
+    def delete_branch(self, repo: str, branch: str) -> None:
+        with contextlib.suppress(NotFound, Unprocessable):  # already deleted
+            self._call(lambda gh: gh.rest.git.delete_ref(*_split(repo), f"heads/{branch}"))
+
+    # -- checks -------------------------------------------------------------------------
+
+    def check_runs(self, repo: str, ref: str) -> list[CheckRunInfo]:
+        items = self._list(
+            lambda gh, n: gh.rest.checks.list_for_ref(
+                *_split(repo), ref, per_page=100, page=n
+            ).json()
+        )
+        return [_check_run(c) for c in items]
+
+    def commit_statuses(self, repo: str, ref: str) -> list[tuple[str, str]]:
+        """The legacy commit statuses on ``ref``, latest per context: (context, state).
+
+        The combined status is paginated (``total_count``): every page is read, and if
+        they cannot all be read, an entry with the state ``unknown`` is added, which the
+        gate refuses, so a failing status on a page not read can never pass."""
+        found: list[tuple[str, str]] = []
+
+        def fetch(page: int) -> Callable[[GitHub[Any]], Any]:
+            return lambda gh: gh.rest.repos.get_combined_status_for_ref(
+                *_split(repo), ref, per_page=100, page=page
+            ).json()
+
+        for page in range(1, 11):
+            d = self._call(fetch(page))
+            batch = d.get("statuses") or []
+            found += [(str(st.get("context")), str(st.get("state"))) for st in batch]
+            total = d.get("total_count")
+            if not isinstance(total, int) or len(found) >= total or not batch:
+                return found
+        return [*found, ("(statuses beyond 1,000 not read)", "unknown")]
+
+    def required_checks(self, repo: str, branch: str) -> frozenset[str] | None:
+        """The check names ``branch`` requires, from rulesets and branch protection.
+
+        ``None`` when neither requires any (or neither can be read: rulesets are missing
+        on older GitHub Enterprise Server, and protection may be hidden), which the gate
+        reads as "every check on the head counts".
+        """
+        owner, name = _split(repo)
+        names: set[str] = set()
+        with contextlib.suppress(NotFound, Forbidden):
+            for rule in self._list(
+                lambda gh, n: gh.rest.repos.get_branch_rules(
+                    owner, name, branch, per_page=100, page=n
+                ).json()
+            ):
+                if rule.get("type") == "required_status_checks":
+                    params = rule.get("parameters") or {}
+                    for check in params.get("required_status_checks") or []:
+                        names.add(str(check.get("context")))
+        with contextlib.suppress(NotFound, Forbidden):
+            d = self._call(lambda gh: gh.rest.repos.get_branch(owner, name, branch).json())
+            protection = d.get("protection") or {}
+            checks = protection.get("required_status_checks") or {}
+            if protection.get("enabled", True) and checks.get("enforcement_level") != "off":
+                names.update(str(c) for c in checks.get("contexts") or [])
+                names.update(str(c.get("context")) for c in checks.get("checks") or [])
+        return frozenset(names) or None
+
+    def upsert_check_run(
+        self,
+        repo: str,
+        name: str,
+        head_sha: str,
+        *,
+        status: str,
+        conclusion: str | None = None,
+        title: str = "",
+        summary: str = "",
+        text: str | None = None,
+        annotations: list[dict[str, Any]] | None = None,
+        details_url: str | None = None,
+        known_id: int | None = None,
+        new_head: bool = False,
+    ) -> CheckRunInfo:
+        """The check run ``name`` on ``head_sha``: created once, then updated."""
+        title, summary = one_line(title or name), safe_text(summary or title or name)
+        output: dict[str, Any] = {"title": title, "summary": summary}
+        if text:
+            output["text"] = safe_text(text)
+        if annotations:
+            output["annotations"] = [  # 50: GitHub's limit per request
+                {
+                    **a,
+                    **{f: safe_text(str(a[f])) for f in ("message", "title") if a.get(f)},
+                }
+                for a in annotations[:50]
+            ]
+        fields: dict[str, Any] = {"status": status, "output": output}
+        if conclusion:
+            fields["conclusion"] = conclusion
+        if details_url:
+            fields["details_url"] = details_url
+
+        def find() -> CheckRunInfo | None:
+            mine = [
+                c
+                for c in self.check_runs(repo, head_sha)
+                if c.name == name
+                and c.head_sha == head_sha
+                and (c.app_id is None or c.app_id == self.app.settings.github_app_id)
+            ]
+            return mine[0] if mine else None
+
+        if known_id is not None:
+            with contextlib.suppress(NotFound):
+                return _check_run(
+                    self._call(
+                        lambda gh: gh.rest.checks.update(*_split(repo), known_id, **fields).json()
+                    )
+                )
+        # A head loopbot has just pushed can have no check run of ours yet: skip the search.
+        existing = None if new_head else find()
+        if existing is not None:
+            return _check_run(
+                self._call(
+                    lambda gh: gh.rest.checks.update(*_split(repo), existing.id, **fields).json()
+                )
+            )
+        return self._create(
+            lambda gh: _check_run(
+                gh.rest.checks.create(*_split(repo), name=name, head_sha=head_sha, **fields).json()
+            ),
+            find,
+        )

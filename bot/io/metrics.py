@@ -1,0 +1,125 @@
+"""Prometheus metrics.
+
+Loop state lives in Redis, shared by every process on every machine, so the loop
+metrics are read from Redis at scrape time by a collector: any web process answers for
+the whole deployment. Job durations are recorded by the jobs into a Redis-backed
+histogram for the same reason. Webhook latency is measured in the web process itself
+(set ``PROMETHEUS_MULTIPROC_DIR`` under gunicorn to aggregate its workers).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from bot.core.record import Status
+from bot.io.queues import ALL_QUEUES
+from bot.io.store import Store
+
+JOB_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, float("inf"))
+_JOB_KEY = "loopbot:metrics:job:"
+_JOB_KINDS = "loopbot:metrics:job-kinds"  # which histograms exist: no keyspace SCAN per scrape
+
+WEBHOOK_SECONDS = Histogram(
+    "loopbot_webhook_seconds",
+    "Time to verify, route and enqueue one webhook delivery",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+)
+
+
+def observe_job(redis: Any, kind: str, seconds: float) -> None:
+    """Record one job's duration (loop, critic, gate, dispatch)."""
+    key = _JOB_KEY + kind
+    pipe = redis.pipeline()
+    for bound in JOB_BUCKETS:
+        if seconds <= bound:
+            pipe.hincrby(key, str(bound), 1)
+    pipe.hincrbyfloat(key, "sum", seconds)
+    pipe.sadd(_JOB_KINDS, kind)
+    pipe.execute()
+
+
+# The order of the token counts in a summary (see bot.core.record.summarize).
+TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
+
+
+class RedisCollector(Collector):
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+
+    def collect(self) -> Iterator[Any]:
+        # Summaries, not whole records: a scrape stays cheap with thousands of loops.
+        store = Store(self.redis)
+        summaries = store.summaries()
+        loops = GaugeMetricFamily("loopbot_loops", "Loops by status", labels=["status"])
+        counts = {s.value: 0 for s in Status}
+        for row in summaries:
+            counts[row["status"]] = counts.get(row["status"], 0) + 1
+        for status, n in counts.items():
+            loops.add_metric([status], n)
+        yield loops
+        yield CounterMetricFamily(
+            "loopbot_turns",
+            "Agent turns started by all loops",
+            value=store.counter("turns"),
+        )
+        yield CounterMetricFamily(
+            "loopbot_cost_usd",
+            "Model cost of all loops in USD",
+            value=sum(row["cost_usd"] for row in summaries),
+        )
+        tokens = CounterMetricFamily(
+            "loopbot_tokens", "Model tokens", labels=["model", "role", "kind"]
+        )
+        totals: dict[tuple[str, str, str], int] = {}
+        for row in summaries:
+            for slot, counts_by_kind in row["tokens"].items():
+                model, _, role = slot.rpartition("/")
+                for kind, n in zip(TOKEN_KINDS, counts_by_kind, strict=True):
+                    totals[(model, role, kind)] = totals.get((model, role, kind), 0) + n
+        for labels, n in sorted(totals.items()):
+            tokens.add_metric(list(labels), n)
+        yield tokens
+        depth = GaugeMetricFamily("loopbot_queue_depth", "Jobs waiting", labels=["queue"])
+        for q in ALL_QUEUES:
+            depth.add_metric([q], int(self.redis.llen(f"rq:queue:{q}")))
+        yield depth
+        hist = HistogramMetricFamily(
+            "loopbot_job_duration_seconds", "Job durations", labels=["job"]
+        )
+        kinds = sorted(k.decode() for k in self.redis.smembers(_JOB_KINDS))
+        pipe = self.redis.pipeline(transaction=False)
+        for kind in kinds:
+            pipe.hgetall(_JOB_KEY + kind)
+        for kind, raw in zip(kinds, pipe.execute(), strict=True):
+            data = {k.decode(): float(v) for k, v in raw.items()}
+            buckets = [
+                (("+Inf" if b == float("inf") else str(b)), data.get(str(b), 0.0))
+                for b in JOB_BUCKETS
+            ]
+            hist.add_metric([kind], buckets, data.get("sum", 0.0))
+        yield hist
+
+
+def render(redis: Any) -> bytes:
+    registry = CollectorRegistry()
+    registry.register(RedisCollector(redis))
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    else:
+        registry.register(_Local())
+    return generate_latest(registry)
+
+
+class _Local(Collector):
+    """This process's own metrics (the webhook latency histogram)."""
+
+    def collect(self) -> Iterator[Any]:
+        yield from WEBHOOK_SECONDS.collect()

@@ -1,0 +1,359 @@
+"""Queue names, the job entry points, and the one way to build queues, jobs and workers.
+
+Two queues so that a long loop never delays a ``/loop-cancel``: a worker takes control
+commands first, and ``loopbot worker`` keeps one worker process on the control queue.
+
+A write to Redis must never become code execution in a worker. So every queue, job and
+worker is built here, and they:
+
+- serialize job data, results and meta as JSON (RQ's ``JSONSerializer``), never pickle:
+  a pickle planted in Redis is undecodable data, not code;
+- run only loopbot's own entry points (``JOB_FUNCTIONS``): RQ would import and call any
+  ``func_name`` it finds in a job, such as ``os.system``. ``LoopbotJob`` refuses any
+  other name, an instance method, callbacks and webhooks before anything is imported,
+  and the job fails like any failed job (failed registry, logged).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import zlib
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from redis import Redis
+from rq import Queue, Retry, Worker
+from rq.exceptions import DeserializationError
+from rq.job import Job
+from rq.scripts import _build_hset_args
+from rq.serializers import JSONSerializer
+from rq.utils import now as rq_now
+from rq.utils import utcformat
+
+from bot.core.commands import ChecksCompleted, Command
+from bot.io.logs import get_logger
+
+log = get_logger("loopbot.queues")
+
+CONTROL_QUEUE = "loopbot-control"
+LOOP_QUEUE = "loopbot-loops"
+ALL_QUEUES = (CONTROL_QUEUE, LOOP_QUEUE)
+
+# Every function a loopbot job may run. Nothing else is ever imported from a job.
+DISPATCH = "jobs.dispatch.handle_command"
+LOOP_JOB = "jobs.loop.run_loop"
+CRITIC_JOB = "jobs.critic.run_critic"
+GATE_JOB = "jobs.merge_gate.run_gate"
+JOB_FUNCTIONS = frozenset({DISPATCH, LOOP_JOB, CRITIC_JOB, GATE_JOB})
+
+SERIALIZER = JSONSerializer
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+# A command job is kept this long after it ran: its id (the delivery id) is the dedupe
+# record, and GitHub lets people redeliver a delivery for 3 days.
+COMMAND_KEEP_SECONDS = 4 * 24 * 3600
+
+
+class RefusedJob(Exception):
+    """A job that loopbot did not write: its function is never imported or called."""
+
+
+class UndecodableJob(RefusedJob, DeserializationError):
+    """Job data that is not JSON (a pickle, say): it stays bytes, it is never loaded."""
+
+
+UNDECODABLE = "its data is not loopbot's JSON job format"
+
+
+class LoopbotJob(Job):
+    """An RQ job that is always JSON and runs only one of ``JOB_FUNCTIONS``."""
+
+    def __init__(
+        self, id: str | None = None, connection: Redis | None = None, serializer: Any = None
+    ):
+        # Whatever the caller passes: loopbot's jobs are JSON, in both directions.
+        super().__init__(id, connection=connection, serializer=SERIALIZER)
+
+    @classmethod
+    def create(cls, *args: Any, **kwargs: Any) -> LoopbotJob:
+        """Enqueueing something a worker would refuse is a bug: fail at the enqueue."""
+        job = super().create(*args, **kwargs)
+        assert isinstance(job, LoopbotJob)
+        refusal = job.refusal()
+        if refusal:
+            raise RefusedJob(refusal)
+        return job
+
+    def refusal(self) -> str | None:
+        """Why a worker must not run this job, or None. Imports nothing."""
+        try:
+            name, instance = self.func_name, self.instance
+        except DeserializationError:
+            return UNDECODABLE
+        if instance is not None:
+            return "it calls a method on an object"
+        if name not in JOB_FUNCTIONS:
+            return f"{str(name)[:200]!r} is not one of loopbot's job functions"
+        if (
+            self._success_callback_name
+            or self._failure_callback_name
+            or self._stopped_callback_name
+        ):
+            return "it has callbacks (loopbot's jobs have none)"
+        if self.webhooks:
+            return "it has webhooks (loopbot's jobs have none)"
+        return None
+
+    def _deserialize_data(self) -> None:
+        # RQ decodes the data on first use of func_name, args or kwargs; the worker reads
+        # func_name before it calls func, so refuse here too, with the same words.
+        try:
+            super()._deserialize_data()  # type: ignore[no-untyped-call]
+        except DeserializationError as exc:
+            self.retries_left = 0
+            log.error("job.refused", job=self.id, queue=self.origin, reason=UNDECODABLE)
+            raise UndecodableJob(f"job {self.id} refused: {UNDECODABLE}") from exc.__cause__
+
+    @property
+    def func(self) -> Any:
+        refusal = self.refusal()
+        if refusal is not None:
+            # Fail at once: a retry would only refuse it again.
+            self.retries_left = 0
+            log.error("job.refused", job=self.id, queue=self.origin, reason=refusal)
+            raise RefusedJob(f"job {self.id} refused: {refusal}")
+        return super().func
+
+    # Callbacks and webhooks would be imported or sent by RQ even for a refused job
+    # (failure callbacks run on the failure path): loopbot uses none, so there are none.
+    @property
+    def success_callback(self) -> None:
+        return None
+
+    @property
+    def failure_callback(self) -> None:
+        return None
+
+    @property
+    def stopped_callback(self) -> None:
+        return None
+
+    def send_webhooks(self, status: Any, *, exc_string: str | None = None) -> None:
+        return None
+
+
+W = TypeVar("W", bound=Worker)
+
+
+def make_queue(name: str, redis: Redis) -> Queue:
+    """A queue of loopbot's jobs (JSON, ``LoopbotJob``)."""
+    return Queue(name, connection=redis, job_class=LoopbotJob, serializer=SERIALIZER)
+
+
+def control_queue(redis: Redis) -> Queue:
+    return make_queue(CONTROL_QUEUE, redis)
+
+
+def loop_queue(redis: Redis) -> Queue:
+    return make_queue(LOOP_QUEUE, redis)
+
+
+def fetch_job(job_id: str, redis: Redis) -> LoopbotJob:
+    """``Job.fetch`` for loopbot's jobs; raises ``NoSuchJobError``. Never runs anything."""
+    job = LoopbotJob.fetch(job_id, connection=redis, serializer=SERIALIZER)
+    assert isinstance(job, LoopbotJob)
+    return job
+
+
+def make_worker(queues: Sequence[str], redis: Redis, cls: type[W]) -> W:
+    """An RQ worker of class ``cls`` that decodes JSON and runs only ``LoopbotJob``s."""
+    return cls(
+        [make_queue(name, redis) for name in queues],
+        connection=redis,
+        job_class=LoopbotJob,
+        queue_class=Queue,
+        serializer=SERIALIZER,
+    )
+
+
+class Duplicate(Exception):
+    """This delivery, or the same body under another delivery id, was enqueued before."""
+
+
+class Replay(Duplicate):
+    """The same signed body as an earlier delivery, under a new delivery id."""
+
+
+def command_job_id(delivery: str) -> str:
+    """The delivery id as an RQ job id (which allows only ``[A-Za-z0-9_-]``)."""
+    if _SAFE_ID.match(delivery):
+        return f"cmd-{delivery}"
+    return "cmd-h" + hashlib.sha256(delivery.encode()).hexdigest()[:40]
+
+
+def body_key(body_sha256: str) -> str:
+    """Which delivery (as its job id) first carried a body with this SHA-256."""
+    return f"loopbot:webhook:body:{body_sha256}"
+
+
+# How a delivery becomes a dispatch job: one Lua script, so one Redis round trip, that
+# 1. refuses a body an earlier delivery carried under another delivery id (-1), and
+#    records the body's hash (KEYS[3]) for as long as the delivery id is deduped;
+# 2. refuses a job id (the delivery id) that exists (0): RQ's unique enqueue;
+# 3. writes the job hash exactly as RQ's ``Queue.enqueue`` would, pushes the id onto the
+#    queue and registers the queue in RQ's set of queues (KEYS[4]).
+# Building an RQ ``Job`` per request (uuid, datetimes, to_dict, ~50 arguments to pack)
+# cost three times the Redis round trip. So RQ builds one template job when the
+# enqueuer is made; the fields a delivery changes (data, description, timestamps) are
+# the script's arguments and the rest are constants written into the script's source.
+# tests/io/test_webhook.py compares the hash with the one RQ writes for the same job.
+_PER_JOB_FIELDS = ("data", "description", "created_at", "enqueued_at")
+_ENQUEUE_SCRIPT = """
+    if ARGV[6] ~= "" then
+        local first = redis.call("GET", KEYS[3])
+        if first and first ~= ARGV[1] then
+            return -1
+        end
+    end
+    if redis.call("EXISTS", KEYS[1]) == 1 then
+        return 0
+    end
+    if ARGV[6] ~= "" then
+        redis.call("SET", KEYS[3], ARGV[1], "EX", %(keep)d)
+    end
+    redis.call("HSET", KEYS[1], "data", ARGV[2], "description", ARGV[3],
+        "created_at", ARGV[4], "enqueued_at", ARGV[5]%(constants)s)
+    redis.call("RPUSH", KEYS[2], ARGV[1])
+    redis.call("SADD", KEYS[4], KEYS[2])
+    return 1
+"""
+
+
+def _lua_string(value: str | bytes) -> str:
+    """``value`` as a Lua string literal: every byte but a few plain ones as ``\\ddd``."""
+    raw = value.encode() if isinstance(value, str) else value
+    plain = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.:, []"
+    return '"' + "".join(chr(b) if b in plain else f"\\{b:03d}" for b in raw) + '"'
+
+
+def _job_options(delivery: str, description: str) -> dict[str, Any]:
+    return {
+        "job_id": command_job_id(delivery),
+        "result_ttl": COMMAND_KEEP_SECONDS,
+        "failure_ttl": 7 * 24 * 3600,
+        # A dispatch job only reads GitHub and enqueues; retrying it is safe, and a
+        # GitHub outage should not drop a maintainer's request.
+        "retry": Retry(max=3, interval=[10, 60, 300]),
+        "description": description,
+        "timeout": 300,
+    }
+
+
+def _description(command: Command) -> str:
+    return f"{command.kind} {command.repo}#{command.issue} by {command.actor}"
+
+
+def _job_data(command: Command) -> bytes:
+    """What RQ stores as ``data`` for ``DISPATCH(command_json)``: zlib of the JSON call."""
+    return zlib.compress(json.dumps((DISPATCH, None, (command.model_dump_json(),), {})).encode())
+
+
+def rq_job_fields(queue: Queue, command: Command) -> dict[str, bytes]:
+    """The job hash RQ itself writes when it enqueues ``command``: the reference."""
+    job = queue.create_job(
+        DISPATCH,
+        args=(command.model_dump_json(),),
+        **_job_options(command.delivery, _description(command)),
+    )
+    queue._prepare_for_queue(job)
+    args = _build_hset_args(job)  # type: ignore[no-untyped-call]
+    return {
+        str(k): v if isinstance(v, bytes) else str.encode(v)
+        for k, v in zip(args[::2], args[1::2], strict=True)
+    }
+
+
+class CommandEnqueuer:
+    """Enqueue dispatch jobs for one queue, each in one Redis round trip (see above)."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.script: Any = None  # built on first use: RQ asks Redis its version
+
+    def _script(self) -> Any:
+        if self.script is None:
+            template = rq_job_fields(self.queue, _TEMPLATE_COMMAND)
+            if "ttl" in template or template["status"] != b"queued":
+                raise RuntimeError("RQ's job format changed: re-check CommandEnqueuer")
+            constants = "".join(
+                f", {_lua_string(k)}, {_lua_string(v)}"
+                for k, v in template.items()
+                if k not in _PER_JOB_FIELDS
+            )
+            source = _ENQUEUE_SCRIPT % {"keep": COMMAND_KEEP_SECONDS, "constants": constants}
+            self.script = self.queue.connection.register_script(source)
+        return self.script
+
+    def enqueue(self, command: Command, body_sha256: str | None = None) -> str:
+        """Enqueue ``command``; raises ``Duplicate`` (or ``Replay``) and writes nothing.
+
+        The job id is the delivery id (``command_job_id``), so GitHub's redelivery of a
+        delivery is ``Duplicate``. With ``body_sha256`` (the raw webhook body's hash) the
+        same body under another delivery id is a ``Replay``: GitHub's own redeliveries
+        keep the id, and two real events never have byte-identical bodies.
+        """
+        job_id = command_job_id(command.delivery)
+        stamp = utcformat(rq_now())
+        result = self._script()(
+            keys=[
+                Job.key_for(job_id),
+                self.queue.key,
+                body_key(body_sha256) if body_sha256 else "",
+                self.queue.redis_queues_keys,
+            ],
+            args=[
+                job_id,
+                _job_data(command),
+                _description(command),
+                stamp,
+                stamp,
+                body_sha256 or "",
+            ],
+        )
+        if result == -1:
+            raise Replay(command.delivery)
+        if result == 0:
+            raise Duplicate(command.delivery)
+        return job_id
+
+
+_TEMPLATE_COMMAND = ChecksCompleted(
+    installation_id=1, repo="o/r", issue=1, actor="a", delivery="template", head_sha="0" * 40
+)
+
+
+def enqueue_command(queue: Queue, command: Command, body_sha256: str | None = None) -> str:
+    """``CommandEnqueuer(queue).enqueue``, for callers that enqueue once."""
+    return CommandEnqueuer(queue).enqueue(command, body_sha256)
+
+
+def enqueue_critic(redis: Redis, repo: str, issue: int) -> None:
+    loop_queue(redis).enqueue(
+        CRITIC_JOB,
+        repo,
+        issue,
+        job_timeout=1800,
+        retry=Retry(max=2, interval=30),
+        description=f"critic {repo}#{issue}",
+    )
+
+
+def enqueue_gate(redis: Redis, repo: str, issue: int, *, after: float = 0.0) -> None:
+    """Wake the merge gate now, or ``after`` seconds from now (needs RQ's scheduler)."""
+    kwargs: dict[str, object] = {"job_timeout": 600, "description": f"merge gate {repo}#{issue}"}
+    if after:
+        loop_queue(redis).enqueue_in(timedelta(seconds=after), GATE_JOB, repo, issue, **kwargs)
+    else:
+        loop_queue(redis).enqueue(GATE_JOB, repo, issue, **kwargs)

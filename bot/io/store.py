@@ -1,0 +1,345 @@
+"""Loop state in Redis: one record per loop, an event stream per loop and one global.
+
+Keys (all under ``loopbot:``):
+  loop:{repo}#{n}       JSON LoopRecord
+  loops                 set of loop keys
+  summaries             hash: loop key -> JSON summary (the list view; see summarize)
+  recent                sorted set: loop key scored by updated_at (newest first paging)
+  conv:{repo}#{n}       JSON conversation (the agent's messages), large, kept apart
+  events:{repo}#{n}     Redis Stream of this loop's events
+  events                Redis Stream of all events (capped)
+  lease:{repo}#{n}      the worker holding the loop, with a TTL
+  cancel:{repo}#{n}     set when a cancel was asked; the running loop polls it
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from redis import Redis
+from redis.exceptions import WatchError
+
+from bot.core.ids import LoopId
+from bot.core.record import ACTIVE, LoopRecord, Status, summarize
+
+P = "loopbot:"
+GLOBAL_EVENTS_MAXLEN = 50_000
+LOOP_EVENTS_MAXLEN = 5_000
+SUMMARIES = P + "summaries"
+RECENT = P + "recent"
+
+
+# Store methods take a LoopId or its key (``owner/name#12``); both name the same loop.
+LoopKey = LoopId | str
+
+
+def _k(kind: str, key: LoopKey) -> str:
+    return f"{P}{kind}:{key}"
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _index(pipe: Any, record: LoopRecord) -> None:
+    """Keep the list view in step with the record, in the same transaction."""
+    pipe.hset(SUMMARIES, record.key, json.dumps(summarize(record)))
+    pipe.zadd(RECENT, {record.key: record.updated_at})
+
+
+class LeaseLost(Exception):
+    """This worker no longer holds the loop's lease: it must stop writing at once."""
+
+
+class Store:
+    def __init__(self, redis: Redis) -> None:
+        # redis-py's return types are unions of bytes, str and awaitables; the client here
+        # is synchronous with bytes responses, so it is used untyped and decoded below.
+        self.redis: Any = redis
+
+    # -- records ---------------------------------------------------------------------------
+
+    def get(self, key: LoopKey) -> LoopRecord | None:
+        raw = self.redis.get(_k("loop", key))
+        return None if raw is None else LoopRecord.model_validate_json(raw)
+
+    def put(self, record: LoopRecord, *, touch: bool = True) -> LoopRecord:
+        """Write ``record`` whole; ``touch=False`` keeps its ``updated_at`` (restores, tests)."""
+        if touch:
+            record.updated_at = time.time()
+        pipe = self.redis.pipeline()
+        pipe.set(_k("loop", record.key), record.model_dump_json())
+        pipe.sadd(P + "loops", record.key)
+        _index(pipe, record)
+        pipe.execute()
+        return record
+
+    def update(self, key: LoopKey, fn: Callable[[LoopRecord], None]) -> LoopRecord:
+        """Read-modify-write under WATCH, so two processes never lose each other's changes."""
+        return self._update(key, fn, None)
+
+    def _update(
+        self, key: LoopKey, fn: Callable[[LoopRecord], None], owner: str | None
+    ) -> LoopRecord:
+        """``update``; with ``owner``, also fenced: the write lands only while ``owner``
+        holds the loop's lease (the lease key is WATCHed in the same transaction)."""
+        rkey = _k("loop", key)
+        lkey = _k("lease", key)
+        while True:
+            with self.redis.pipeline() as pipe:
+                try:
+                    if owner is None:
+                        pipe.watch(rkey)
+                    else:
+                        pipe.watch(rkey, lkey)
+                        holder = pipe.get(lkey)
+                        if holder is None or _s(holder) != owner:
+                            raise LeaseLost(f"{key}: the lease is held by {holder!r}")
+                    raw = pipe.get(rkey)
+                    if raw is None:
+                        raise KeyError(key)
+                    record = LoopRecord.model_validate_json(raw)
+                    # Queued is waiting for a worker, not working: a backlog must not
+                    # spend a loop's hours.
+                    was_active = record.status in ACTIVE and record.status != Status.QUEUED
+                    last = record.updated_at
+                    fn(record)
+                    now = time.time()
+                    if was_active:
+                        # The issue's hours budget (bot/core/rules/budget.py): the time between two
+                        # writes of a working loop was spent; time it sat failed is not.
+                        record.active_seconds += max(0.0, now - last)
+                    record.updated_at = now
+                    pipe.multi()
+                    pipe.set(rkey, record.model_dump_json())
+                    _index(pipe, record)
+                    pipe.execute()
+                    return record
+                except WatchError:
+                    continue
+
+    def set_fields(self, key: LoopKey, **fields: Any) -> LoopRecord:
+        """Set fields of the record (validated on assignment), atomically."""
+
+        def apply(r: LoopRecord) -> None:
+            for name, value in fields.items():
+                setattr(r, name, value)
+
+        return self.update(key, apply)
+
+    def summaries(self) -> list[dict[str, Any]]:
+        """Every loop's summary: what lists and metrics need, without whole records."""
+        self._backfill()
+        return [json.loads(raw) for raw in self.redis.hvals(SUMMARIES)]
+
+    def recent(
+        self, limit: int, offset: int = 0, status: str | None = None
+    ) -> tuple[list[dict[str, Any]], int]:
+        """One page of summaries, newest first, and how many there are in all."""
+        self._backfill()
+        if status is None:
+            keys = self.redis.zrevrange(RECENT, offset, offset + limit - 1)
+            total = int(self.redis.zcard(RECENT))
+            raws = self.redis.hmget(SUMMARIES, keys) if keys else []
+            return [json.loads(r) for r in raws if r is not None], total
+        rows = [s for s in self.summaries() if s["status"] == status]
+        rows.sort(key=lambda s: -s["updated_at"])
+        return rows[offset : offset + limit], len(rows)
+
+    def _backfill(self) -> None:
+        """Index records that have no summary (written before the index existed).
+
+        Written with HSETNX and ZADD NX, so a record updated meanwhile keeps its newer
+        summary.
+        """
+        if self.redis.hlen(SUMMARIES) >= self.redis.scard(P + "loops"):
+            return
+        indexed = {_s(k) for k in self.redis.hkeys(SUMMARIES)}
+        missing = sorted(_s(k) for k in self.redis.smembers(P + "loops") if _s(k) not in indexed)
+        for start in range(0, len(missing), 500):
+            chunk = missing[start : start + 500]
+            raws = self.redis.mget([_k("loop", k) for k in chunk])
+            pipe = self.redis.pipeline(transaction=False)
+            for raw in raws:
+                if raw is None:
+                    continue
+                record = LoopRecord.model_validate_json(raw)
+                pipe.hsetnx(SUMMARIES, record.key, json.dumps(summarize(record)))
+                pipe.zadd(RECENT, {record.key: record.updated_at}, nx=True)
+            pipe.execute()
+
+    def all(self) -> list[LoopRecord]:
+        keys = sorted(
+            k.decode() if isinstance(k, bytes) else k for k in self.redis.smembers(P + "loops")
+        )
+        if not keys:
+            return []
+        raws = self.redis.mget([_k("loop", k) for k in keys])
+        return [LoopRecord.model_validate_json(r) for r in raws if r is not None]
+
+    # -- conversation ----------------------------------------------------------------------
+
+    def save_conversation(self, key: LoopKey, messages: list[dict[str, Any]]) -> None:
+        self.redis.set(_k("conv", key), json.dumps(messages))
+
+    def conversation(self, key: LoopKey) -> list[dict[str, Any]]:
+        raw = self.redis.get(_k("conv", key))
+        return [] if raw is None else list(json.loads(raw))
+
+    # -- counters ---------------------------------------------------------------------------
+
+    def count(self, name: str, by: int = 1) -> None:
+        """A deployment-wide counter that only rises (restarts reset a loop's turn count)."""
+        self.redis.incrby(f"{P}counter:{name}", by)
+
+    def counter(self, name: str) -> int:
+        return int(self.redis.get(f"{P}counter:{name}") or 0)
+
+    # -- events -------------------------------------------------------------------------------
+
+    def event(self, key: LoopKey, kind: str, **fields: Any) -> None:
+        data = {
+            "loop": str(key),
+            "kind": kind,
+            "at": f"{time.time():.3f}",
+            "data": json.dumps(fields, default=str),
+        }
+        pipe = self.redis.pipeline()
+        pipe.xadd(_k("events", key), data, maxlen=LOOP_EVENTS_MAXLEN, approximate=True)
+        pipe.xadd(P + "events", data, maxlen=GLOBAL_EVENTS_MAXLEN, approximate=True)
+        pipe.execute()
+
+    def events(
+        self, key: LoopKey | None = None, *, after: str = "-", count: int = 1000
+    ) -> list[dict[str, Any]]:
+        stream = _k("events", key) if key else P + "events"
+        start = after if after == "-" else f"({after}"
+        out = []
+        for entry_id, fields in self.redis.xrange(stream, min=start, count=count):
+            out.append(_decode_event(entry_id, fields))
+        return out
+
+    def follow(
+        self, key: LoopKey | None, last: str = "$", block_ms: int = 1000
+    ) -> list[dict[str, Any]]:
+        stream = _k("events", key) if key else P + "events"
+        res = self.redis.xread({stream: last}, block=block_ms, count=100)
+        return [_decode_event(i, f) for _, entries in res for i, f in entries]
+
+    # -- leases and cancellation -------------------------------------------------------------
+
+    def take_lease(self, key: LoopKey, owner: str, ttl: float) -> bool:
+        """Take the loop's lease unless another owner holds it."""
+        lkey = _k("lease", key)
+        if self.redis.set(lkey, owner, nx=True, px=int(ttl * 1000)):
+            return True
+        current = self.redis.get(lkey)
+        return current is not None and current.decode() == owner
+
+    def renew_lease(self, key: LoopKey, owner: str, ttl: float) -> bool:
+        # Compare-and-renew in Lua: never extend a lease someone else took over.
+        script = (
+            "if redis.call('get', KEYS[1]) == ARGV[1] then "
+            "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
+        )
+        return bool(self.redis.eval(script, 1, _k("lease", key), owner, int(ttl * 1000)))
+
+    def release_lease(self, key: LoopKey, owner: str) -> None:
+        script = (
+            "if redis.call('get', KEYS[1]) == ARGV[1] then "
+            "return redis.call('del', KEYS[1]) else return 0 end"
+        )
+        self.redis.eval(script, 1, _k("lease", key), owner)
+
+    def force_release_lease(self, key: LoopKey) -> None:
+        self.redis.delete(_k("lease", key))
+
+    def lease_holder(self, key: LoopKey) -> str | None:
+        raw = self.redis.get(_k("lease", key))
+        return None if raw is None else raw.decode()
+
+    def request_cancel(self, key: LoopKey, reason: str) -> None:
+        self.redis.set(_k("cancel", key), reason)
+
+    def cancel_requested(self, key: LoopKey) -> str | None:
+        raw = self.redis.get(_k("cancel", key))
+        return None if raw is None else raw.decode()
+
+    def clear_cancel(self, key: LoopKey) -> None:
+        self.redis.delete(_k("cancel", key))
+
+    def push_feedback(self, key: LoopKey, item: dict[str, Any]) -> None:
+        """Human feedback for the loop's next continuation turn."""
+        self.redis.rpush(_k("feedback", key), json.dumps(item))
+
+    def take_feedback(self, key: LoopKey) -> list[dict[str, Any]]:
+        pipe = self.redis.pipeline()
+        pipe.lrange(_k("feedback", key), 0, -1)
+        pipe.delete(_k("feedback", key))
+        raw, _ = pipe.execute()
+        return [json.loads(x) for x in raw]
+
+    @contextmanager
+    def lock(self, name: str, timeout: float = 30) -> Iterator[None]:
+        """A short Redis lock for a start/restart decision across processes."""
+        with self.redis.lock(P + "lock:" + name, timeout=timeout, blocking_timeout=timeout):
+            yield
+
+
+class FencedStore(Store):
+    """The store as one lease holder sees it: every write checks the lease first.
+
+    ``guard`` is the holder's local check (it raises ``LeaseLost`` once renewals have
+    failed for longer than the TTL, or another owner answered); record writes to the
+    leased loop are also fenced in Redis itself, atomically with the write.
+    """
+
+    def __init__(self, redis: Redis, key: LoopKey, owner: str, guard: Callable[[], None]) -> None:
+        super().__init__(redis)
+        self.key, self.owner, self.guard = key, owner, guard
+
+    def put(self, record: LoopRecord, *, touch: bool = True) -> LoopRecord:
+        self.guard()
+        return super().put(record, touch=touch)
+
+    def update(self, key: LoopKey, fn: Callable[[LoopRecord], None]) -> LoopRecord:
+        self.guard()
+        return self._update(key, fn, self.owner if key == self.key else None)
+
+    def event(self, key: LoopKey, kind: str, **fields: Any) -> None:
+        self.guard()
+        super().event(key, kind, **fields)
+
+    def save_conversation(self, key: LoopKey, messages: list[dict[str, Any]]) -> None:
+        self.guard()
+        super().save_conversation(key, messages)
+
+    def count(self, name: str, by: int = 1) -> None:
+        self.guard()
+        super().count(name, by)
+
+    def take_feedback(self, key: LoopKey) -> list[dict[str, Any]]:
+        self.guard()
+        return super().take_feedback(key)
+
+    def push_feedback(self, key: LoopKey, item: dict[str, Any]) -> None:
+        self.guard()
+        super().push_feedback(key, item)
+
+
+def _decode_event(entry_id: bytes | str, fields: dict[Any, Any]) -> dict[str, Any]:
+    f = {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in fields.items()
+    }
+    return {
+        "id": entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
+        "loop": f.get("loop", ""),
+        "kind": f.get("kind", ""),
+        "at": float(f.get("at", 0)),
+        "data": json.loads(f.get("data", "{}")),
+    }

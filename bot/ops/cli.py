@@ -1,0 +1,312 @@
+"""The ``loopbot`` command: processes (web, worker) and operator tools."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from typing import Any
+
+import click
+
+from bot.core.ids import LoopId
+from bot.core.record import Status
+from bot.core.settings import Role, Settings, SettingsError, load_settings
+from bot.io.logs import configure, get_logger
+from bot.io.queues import ALL_QUEUES, CONTROL_QUEUE
+from bot.io.redis import RedisProblem, check, check_at_startup, connect
+
+log = get_logger("loopbot.cli")
+
+
+def _settings(role: Role) -> Settings:
+    try:
+        settings = load_settings(role=role)
+    except SettingsError as exc:
+        click.echo(f"loopbot: {exc}", err=True)
+        raise SystemExit(2) from None
+    configure(settings.log_format)
+    return settings
+
+
+@click.group()
+@click.version_option(package_name="loopbot")
+def main() -> None:
+    """loopbot: turns well-specified GitHub issues into merged pull requests."""
+
+
+@main.command()
+@click.option("--host", default="0.0.0.0", show_default=True)
+@click.option(
+    "--port", default=lambda: int(os.environ.get("PORT", "8000")), show_default="$PORT or 8000"
+)
+@click.option("--workers", default=2, show_default=True, help="gunicorn worker processes")
+@click.option(
+    "--worker-class",
+    type=click.Choice(["gevent", "sync"]),
+    default="gevent",
+    show_default=True,
+    help="gunicorn worker class; under gevent a slow client holds a greenlet, not a worker",
+)
+def web(host: str, port: int, workers: int, worker_class: str) -> None:
+    """Serve the webhook endpoint, /healthz and the dashboard (gunicorn)."""
+    from gunicorn.app.base import BaseApplication
+
+    from bot.web.serving import GUNICORN_SETTINGS
+
+    settings = _settings("web")
+    check_at_startup(settings.redis_url, "loopbot web", tolerate_down=True)
+
+    class _App(BaseApplication):  # type: ignore[misc]
+        def load_config(self) -> None:
+            self.cfg.set("bind", f"{host}:{port}")
+            self.cfg.set("workers", workers)
+            self.cfg.set("accesslog", None)
+            for name, value in GUNICORN_SETTINGS.items():
+                self.cfg.set(name, value)
+            self.cfg.set("worker_class", worker_class)
+
+        def load(self) -> Any:
+            # In the worker, after gevent has patched the socket and threading modules,
+            # so that the app's Redis pool is made of cooperative sockets and locks.
+            from bot.web.app import create_app
+
+            return create_app(settings)
+
+    log.info("web.start", host=host, port=port, workers=workers, worker_class=worker_class)
+    _App().run()
+
+
+def _run_worker(
+    settings: Settings, queues: list[str], burst: bool, scheduler: bool, reconcile: bool = False
+) -> None:
+    from bot.io.queues import make_worker
+    from jobs.drain import DrainingWorker
+    from jobs.reconciler import Reconciler
+    from jobs.runtime import Runtime, install
+
+    # As long as the connection's own retries: Redis may be starting alongside us.
+    check_at_startup(settings.redis_url, "loopbot worker", wait=30)
+    redis = connect(settings.redis_url)
+    rt = install(Runtime(settings, redis))
+    if reconcile and not burst:
+        Reconciler(rt).start()  # first pass one interval from now: start-up changes no loop
+    # On SIGTERM a running loop hands itself over instead of waiting to be killed. The
+    # worker decodes only JSON and runs only loopbot's own job functions (bot.io.queues).
+    worker = make_worker(queues, redis, DrainingWorker)
+    worker.work(burst=burst, with_scheduler=scheduler, logging_level="WARNING")
+
+
+def _control_lane(env: dict[str, str]) -> None:
+    # A spawned process: it rebuilds settings from the same environment.
+    os.environ.update(env)
+    settings = _settings("worker")
+    _run_worker(settings, [CONTROL_QUEUE], burst=False, scheduler=False)
+
+
+@main.command()
+@click.option("--burst", is_flag=True, help="exit when the queues are empty")
+@click.option(
+    "--control-lane/--no-control-lane",
+    default=True,
+    show_default=True,
+    help="also run a worker only for control commands, so /loop-cancel is "
+    "handled while this worker runs a long loop",
+)
+def worker(burst: bool, control_lane: bool) -> None:
+    """Run an RQ worker on loopbot's queues, with its scheduler."""
+    settings = _settings("worker")
+    check_at_startup(settings.redis_url, "loopbot worker", wait=30)
+    from jobs.sandbox.bwrap import availability_problem
+
+    problem = availability_problem(settings)
+    if problem:
+        click.echo(f"loopbot worker: {problem}", err=True)
+        raise SystemExit(2)
+    lane = None
+    if control_lane and not burst:
+        ctx = multiprocessing.get_context("spawn")
+        lane = ctx.Process(
+            target=_control_lane, args=(dict(os.environ),), daemon=True, name="loopbot-control-lane"
+        )
+        lane.start()
+    try:
+        log.info("worker.start", queues=list(ALL_QUEUES), burst=burst)
+        _run_worker(settings, list(ALL_QUEUES), burst=burst, scheduler=True, reconcile=True)
+    finally:
+        if lane is not None:
+            lane.terminate()
+            lane.join(10)
+
+
+# -- operator tools ---------------------------------------------------------------------
+
+
+def _redis_only() -> Any:
+    """Status, events and cancel need only Redis, not the App's credentials."""
+    url = os.environ.get("REDIS_URL", "redis://localhost:6379/0")
+    try:
+        check(url, timeout=5)
+    except RedisProblem as exc:
+        click.echo(f"loopbot: cannot read Redis: {exc}", err=True)
+        raise SystemExit(1) from None
+    return connect(url, retries=1, timeout=5)
+
+
+def _loop_ref(value: str) -> LoopId:
+    try:
+        return LoopId.parse(value)
+    except ValueError:
+        raise click.BadParameter(f"expected OWNER/REPO#NUMBER, got {value!r}") from None
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option(
+    "--limit", default=100, show_default=True, type=click.IntRange(min=0), help="0 shows all"
+)
+@click.option(
+    "--status",
+    "only",
+    type=click.Choice([s.value for s in Status]),
+    help="only loops with this status",
+)
+def status(as_json: bool, limit: int, only: str | None) -> None:
+    """Loops, newest first: status, phase, turn, cost and pull request."""
+    import json
+
+    from redis.exceptions import RedisError
+
+    from bot.io.store import Store
+
+    try:
+        found, total = Store(_redis_only()).recent(limit or 10**9, 0, only)
+    except RedisError as exc:
+        click.echo(f"loopbot: cannot read Redis: {exc}", err=True)
+        raise SystemExit(1) from None
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    if not found:
+        click.echo(f"no {only} loops" if only else "no loops yet")
+        return
+    rows = [("LOOP", "STATUS", "PHASE", "TURN", "COST", "PR", "REASON")]
+    for r in found:
+        rows.append(
+            (
+                r["key"],
+                r["status"],
+                r["phase"],
+                f"{r['turn']}/{r['max_turns']}",
+                f"${r['cost_usd']:.2f}",
+                f"#{r['pr_number']}" if r["pr_number"] else "-",
+                r["reason"] or "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    if total > len(found):
+        click.echo(f"({total - len(found)} older not shown; --limit 0 shows all)")
+
+
+@main.command()
+@click.argument("loop", required=False)
+@click.option("-n", "--lines", default=20, show_default=True, help="how many past events")
+@click.option("-f", "--follow", is_flag=True, help="keep printing new events")
+def events(loop: str | None, lines: int, follow: bool) -> None:
+    """Events of one loop (OWNER/REPO#N) or of all loops."""
+    import time
+
+    from bot.io.store import Store
+
+    key = None
+    if loop:
+        key = _loop_ref(loop).key
+    store = Store(_redis_only())
+    past = store.events(key, count=100_000)[-lines:] if lines else []
+    for e in past:
+        click.echo(_event_line(e))
+    last = past[-1]["id"] if past else "$"
+    while follow:
+        for e in store.follow(key, last, block_ms=1000):
+            click.echo(_event_line(e))
+            last = e["id"]
+        time.sleep(0)
+
+
+def _event_line(e: dict[str, Any]) -> str:
+    import datetime as dt
+
+    at = dt.datetime.fromtimestamp(e["at"], tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    data = " ".join(f"{k}={v}" for k, v in e["data"].items())
+    return f"{at}  {e['loop']:<28} {e['kind']:<16} {data}"
+
+
+@main.command()
+@click.argument("loop")
+def cancel(loop: str) -> None:
+    """Cancel a loop (OWNER/REPO#N); its branch and worktree are kept."""
+    from bot.core.record import Reason
+    from jobs.dispatch import cancel_loop
+
+    loop_id = _loop_ref(loop)
+    result = cancel_loop(_redis_only(), loop_id.key, Reason.CANCELLED, "cli")
+    click.echo(f"{loop_id}: {result}")
+    if result == "no loop":
+        raise SystemExit(1)
+
+
+@main.command()
+@click.argument("loop")
+def restart(loop: str) -> None:
+    """Resume a loop that is not completed (OWNER/REPO#N)."""
+    from bot.core import repo_config
+    from jobs.dispatch import start_loop
+    from jobs.runtime import Runtime
+
+    loop_id = _loop_ref(loop)
+    settings = _settings("cli")
+    check_at_startup(settings.redis_url, "loopbot restart")
+    rt = Runtime(settings, connect(settings.redis_url))
+    record = rt.store.get(loop_id.key)
+    if record is None:
+        click.echo(f"{loop_id}: no such loop", err=True)
+        raise SystemExit(1)
+    gh = rt.github.installation(record.installation_id)
+    config = repo_config.parse(
+        gh.file(loop_id.repo, repo_config.CONFIG_PATH), repo_config.Ceilings.of(settings)
+    )
+    result = start_loop(
+        rt, loop_id.repo, loop_id.issue, record.installation_id, "cli", config, restart=True
+    )
+    click.echo(f"{loop_id}: {result}")
+    if result not in ("restarted", "started"):
+        raise SystemExit(1)
+
+
+@main.command()
+def doctor() -> None:
+    """Check settings, Redis, the App's credentials, git, bubblewrap and the model."""
+    from bot.ops.doctor import run_checks
+
+    checks = run_checks()
+    for c in checks:
+        click.echo(c.line())
+    failed = sum(1 for c in checks if not c.ok)
+    click.echo(f"{len(checks) - failed} passed, {failed} failed")
+    if failed:
+        raise SystemExit(1)
+
+
+@main.command()
+@click.option("--keep", is_flag=True, help="leave the demo running until Ctrl-C")
+def demo(keep: bool) -> None:
+    """Run the whole story locally: label → loop → review → merge, no accounts needed."""
+    from bot.ops.demo import run_demo
+
+    raise SystemExit(run_demo(keep=keep))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

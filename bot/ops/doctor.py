@@ -1,0 +1,269 @@
+"""``loopbot doctor``: one line per thing loopbot needs, and what to do when it fails."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bot.core.redis_url import mask_url, scrub
+from bot.core.settings import Settings, SettingsError, load_settings
+from bot.io.redis import connect
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    warn: bool = False  # works, but the operator should know
+
+    def line(self) -> str:
+        mark = "FAIL" if not self.ok else ("warn" if self.warn else "ok  ")
+        text = f"[{mark}] {self.name}: {self.detail}"
+        return text + (f"\n       → {self.fix}" if not self.ok and self.fix else "")
+
+
+REQUIRED = (
+    ("GITHUB_APP_ID", "the App's id, from its settings page"),
+    ("GITHUB_WEBHOOK_SECRET", "the webhook secret you gave the App"),
+    ("GITHUB_PRIVATE_KEY or GITHUB_PRIVATE_KEY_PATH", "the App's private key (PEM)"),
+    ("ANTHROPIC_API_KEY", "an Anthropic API key, for the agent and the critic"),
+)
+
+
+def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
+    source = os.environ if env is None else env
+    checks: list[Check] = []
+    settings: Settings | None = None
+    missing = [
+        (name, what)
+        for name, what in REQUIRED
+        if not any(source.get(n.strip()) for n in name.split(" or "))
+    ]
+    for name, what in missing:
+        checks.append(Check(f"setting {name}", False, "not set", f"set it to {what}"))
+    if not missing:
+        try:
+            settings = load_settings(env, role="worker")
+            checks.append(Check("settings", True, "every variable is set and well-formed"))
+        except SettingsError as exc:
+            for problem in exc.problems:
+                name, _, detail = problem.partition(":")
+                checks.append(
+                    Check(f"setting {name}", False, detail.strip(), "see README, Configure")
+                )
+    checks.append(_tool("git", ["git", "--version"], "apt-get install git"))
+    bwrap = _tool("bubblewrap", ["bwrap", "--version"], "apt-get install bubblewrap")
+    if not bwrap.ok and settings is not None and settings.allow_unsandboxed:
+        bwrap = Check("bubblewrap", True, "missing; LOOPBOT_ALLOW_UNSANDBOXED=true (no sandbox!)")
+    checks.append(bwrap)
+    if settings is None:
+        # Redis needs only REDIS_URL: still worth knowing while other settings are missing.
+        checks.append(_redis_url(source.get("REDIS_URL", "redis://localhost:6379/0")))
+        return checks
+    checks.append(_redis_url(settings.redis_url))
+    checks.append(_github(settings))
+    checks.append(_model(settings))
+    checks.append(_data_dir(settings))
+    checks.append(ceilings_check(settings))
+    checks.append(_worker_user(settings))
+    checks.append(_sandbox(settings))
+    checks.append(_cgroups())
+    checks.append(_egress())
+    return checks
+
+
+def ceilings_check(settings: Settings) -> Check:
+    """What any repository's loop.yml may ask for at most; shown so the operator knows."""
+    return Check(
+        "ceilings",
+        True,
+        f"a loop.yml may ask for at most ${settings.max_cost_usd:g} "
+        f"(LOOPBOT_MAX_COST_USD), {settings.max_turns} turns (LOOPBOT_MAX_TURNS), "
+        f"{settings.max_tool_budget} tool calls a turn (LOOPBOT_MAX_TOOL_BUDGET), "
+        f"{settings.max_wall_hours:g} h (LOOPBOT_MAX_WALL_HOURS), "
+        f"{settings.max_wait_checks_minutes} min waiting for checks "
+        "(LOOPBOT_MAX_WAIT_CHECKS_MINUTES), "
+        f"{settings.max_tokens:,} tokens (LOOPBOT_MAX_TOKENS) and "
+        f"{settings.max_total_turns} turns over an issue's life (LOOPBOT_MAX_TOTAL_TURNS); "
+        "more is lowered to these",
+    )
+
+
+def _cgroups() -> Check:
+    from jobs.sandbox import cgroups
+
+    why = cgroups.available()
+    if why is None:
+        return Check("sandbox cgroups", True, "each command gets its own memory and pids limit")
+    return Check(
+        "sandbox cgroups",
+        True,
+        f"not used ({why}): memory is bounded per process and processes per uid only",
+        warn=True,
+    )
+
+
+def _worker_user(settings: Settings) -> Check:
+    if os.geteuid() != 0:
+        return Check("worker user", True, f"uid {os.geteuid()} (not root)")
+    return Check(
+        "worker user",
+        True,
+        "running as root: loopbot drops it for every sandboxed command (host uid "
+        f"{settings.sandbox_uid}, uid 1000 inside, no capabilities), but the harness itself "
+        "(git, the GitHub and model clients) keeps root",
+        warn=True,
+    )
+
+
+def _sandbox(settings: Settings) -> Check:
+    """Start a real sandbox: bubblewrap can be installed and still be refused user
+    namespaces (sysctl, AppArmor), which only a trial run shows."""
+    from jobs.sandbox.bwrap import Sandbox, SandboxUnavailable
+
+    with tempfile.TemporaryDirectory(prefix="loopbot-doctor-") as tmp:
+        try:
+            with Sandbox(Path(tmp), settings=settings, timeout=20) as box:
+                r = box.run("id -u; grep CapEff /proc/self/status")
+        except (SandboxUnavailable, OSError) as exc:
+            return Check("sandbox", False, str(exc), "apt-get install bubblewrap util-linux")
+    if settings.allow_unsandboxed and box.bwrap is None:
+        return Check("sandbox", True, "none: LOOPBOT_ALLOW_UNSANDBOXED=true", warn=True)
+    lines = r.output.split()
+    if r.passed and lines[:1] == ["1000"] and "0000000000000000" in lines:
+        return Check("sandbox", True, "commands run as uid 1000 with no capabilities")
+    return Check(
+        "sandbox",
+        False,
+        f"a trial command failed: {r.output.strip()[-300:]}",
+        "bubblewrap needs unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone"
+        "=1, user.max_user_namespaces > 0; on Ubuntu an AppArmor profile for bwrap)",
+    )
+
+
+def _egress() -> Check:
+    from jobs.sandbox.egress import availability_problem
+
+    problem = availability_problem()
+    if problem is None:
+        return Check("egress proxy", True, "squid and socat found (for sandbox.network)")
+    return Check(
+        "egress proxy",
+        True,
+        f"{problem}: repositories that set sandbox.network will fail to start",
+        warn=True,
+    )
+
+
+def _tool(name: str, argv: list[str], fix: str) -> Check:
+    if shutil.which(argv[0]) is None:
+        return Check(name, False, f"{argv[0]} not found on PATH", fix)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    return Check(name, out.returncode == 0, (out.stdout or out.stderr).strip().splitlines()[0])
+
+
+def _redis_url(url: str) -> Check:
+    shown = mask_url(url)  # never the password
+    try:
+        conn = connect(url, retries=0, timeout=2)
+        info = conn.info("server")
+    except Exception as exc:  # noqa: BLE001 - any failure is reported as the check's answer
+        return Check(
+            "redis",
+            False,
+            f"{shown}: {scrub(str(exc), url)}",
+            "start redis-server, or set REDIS_URL",
+        )
+    answers = f"{shown} answers (Redis {info['redis_version']})"
+    try:
+        aof = int(conn.info("persistence").get("aof_enabled", 0))
+        save = conn.config_get("save").get("save", "")
+    except Exception:  # noqa: BLE001 - managed Redis often forbids CONFIG: cannot tell
+        return Check("redis", True, answers + "; persistence unknown (CONFIG not allowed)")
+    return redis_persistence(answers, bool(aof), str(save))
+
+
+def redis_persistence(answers: str, aof: bool, save: str) -> Check:
+    """Loop records, conversations and leases live in Redis: a restart must keep them."""
+    if aof:
+        return Check("redis", True, answers + "; append-only file on")
+    if save.strip():
+        return Check(
+            "redis",
+            True,
+            answers + f"; RDB snapshots only ({save}): a crash loses the last minutes of "
+            "loop state; appendonly yes is safer",
+        )
+    return Check(
+        "redis",
+        False,
+        answers + " but keeps nothing on disk: a restart loses every loop",
+        "run redis-server with --appendonly yes (or set save points)",
+    )
+
+
+def _github(settings: Settings) -> Check:
+    from bot.io.github.client import GitHubApp
+
+    try:
+        app = GitHubApp(settings, sleep=lambda s: None)
+        info = app.app_info()
+        installs = app.installation_ids()
+        return Check(
+            "github app",
+            True,
+            f"authenticated as '{info.get('slug')}' at "
+            f"{settings.api_url}, {len(installs)} installation(s)",
+        )
+    except Exception as exc:  # noqa: BLE001
+        return Check(
+            "github app",
+            False,
+            f"{settings.api_url}: {exc}",
+            "check GITHUB_APP_ID and the private key (app settings → private keys)",
+        )
+
+
+def _model(settings: Settings) -> Check:
+    base = str(settings.anthropic_base_url or "https://api.anthropic.com").rstrip("/")
+    key = settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else ""
+    try:
+        resp = httpx.get(
+            f"{base}/v1/models",
+            timeout=10,
+            headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
+        )
+        if resp.status_code == 200:
+            return Check("model endpoint", True, f"{base} accepts the key")
+        return Check(
+            "model endpoint",
+            False,
+            f"{base}: HTTP {resp.status_code}",
+            "check ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL if you use a proxy)",
+        )
+    except httpx.HTTPError as exc:
+        return Check(
+            "model endpoint", False, f"{base}: {exc}", "check the network path to the Anthropic API"
+        )
+
+
+def _data_dir(settings: Settings) -> Check:
+    d = settings.data_dir
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / ".doctor"
+        probe.write_text("ok")
+        probe.unlink()
+        free = shutil.disk_usage(d).free / 2**30
+        return Check("data dir", True, f"{d} is writable, {free:.1f} GiB free")
+    except OSError as exc:
+        return Check("data dir", False, f"{d}: {exc}", "set LOOPBOT_DATA_DIR to a writable dir")

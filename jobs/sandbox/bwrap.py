@@ -1,0 +1,733 @@
+"""Every command the agent, setup or verify runs goes through here, under bubblewrap.
+
+What a command sees is an allowlist, not the host with holes punched in it:
+
+- the toolchains read-only (``/usr`` and the ``/bin``, ``/lib*`` links into it, plus
+  any ``LOOPBOT_SANDBOX_READ_ONLY_PATHS`` the operator adds), a few harmless files of
+  ``/etc`` and a ``passwd``/``group``/``hosts`` written here, nothing else of the host;
+- the loop's own worktree writable, its own mirror read-only, nothing else of
+  loopbot's data directory; a private, size-bounded ``/tmp`` with an empty ``$HOME``;
+- its own user, PID, IPC, UTS, cgroup and network namespaces; uid 1000 inside, every
+  capability dropped, no further user namespaces, the root file system read-only;
+- an empty environment but for a few harmless variables;
+- limits on processes, address space, file size and core dumps (``prlimit``);
+- a network of its own with only loopback. With ``sandbox.network`` on, its one way out
+  is a filtering proxy outside (``jobs.sandbox.egress``) that refuses loopback, private,
+  link-local and metadata addresses and, given a host list, every other host.
+
+A root worker never hands root to a command: the command runs as the unprivileged host
+uid ``LOOPBOT_SANDBOX_UID``, so even outside its user namespace it holds nothing of
+root's. Since that uid cannot traverse a data directory under ``/root``, the worktree
+and mirror are first bind-mounted onto a traversable staging directory in a private
+mount namespace (``unshare``), then handed to bubblewrap from there. The worktree is
+owned by that uid (``adopt``) so the command can write it.
+
+Output is read through a pipe, keeping a bounded head and tail in memory; nothing is
+spooled to disk. The command and everything it started are killed on timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import selectors
+import shutil
+import signal
+import stat
+import struct
+import subprocess
+import tempfile
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from bot.core.settings import Settings
+from jobs.sandbox import cgroups, egress
+
+DEFAULT_MAX_OUTPUT = 64 * 1024
+ENTRY_COST = 4096  # what every file or directory in the worktree is charged at least
+MAX_DEPTH = 256  # directory levels in a worktree; deeper is a resource limit
+MAX_COMMAND = 100_000  # bytes of one command line (the kernel's argv limit is 128 KiB)
+WATCH_INTERVAL = 1.0  # seconds between disk checks while a command runs
+INSIDE_UID = 1000
+INSIDE_HOME = "/tmp/home"
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_SAFE_ENV = {
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "TERM": "dumb",
+    "CI": "true",
+    "HOME": INSIDE_HOME,
+    "USER": "sandbox",
+    "TMPDIR": "/tmp",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+    "PAGER": "cat",
+    # The worktree's git metadata lives in the mirror, owned by another uid: let the
+    # agent's own (read-only) git commands work there. Command-line-level config.
+    "GIT_CONFIG_COUNT": "1",
+    "GIT_CONFIG_KEY_0": "safe.directory",
+    "GIT_CONFIG_VALUE_0": "*",
+}
+# The parts of /etc that programs need and that hold no secrets. Everything else of the
+# host's /etc (shadow, ssl/private, pip.conf with index tokens, gitconfig, ...) is absent.
+_ETC = (
+    "alternatives",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "localtime",
+    "timezone",
+    "mime.types",
+    "protocols",
+    "services",
+    "os-release",
+    "debian_version",
+    "lsb-release",
+    "inputrc",
+    "terminfo",
+    "nsswitch.conf",
+    "host.conf",
+    "xdg",
+)
+_ETC_GLOBS = ("python3*", "java*", "perl")
+_TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+_STAGE_SCRIPT = """set -e
+while [ "$1" != "--" ]; do echo $$ > "$1"; shift; done
+shift
+while [ "$1" != "--" ]; do
+  mount --bind "$2" "$3"
+  if [ "$1" = ro ]; then mount -o remount,bind,ro "$3"; fi
+  shift 3
+done
+shift
+exec "$@"
+"""
+_HELPERS = ("bwrap", "prlimit", "unshare", "setpriv", "mount")
+_STAGE_PARENT = "/tmp"
+
+
+class SandboxUnavailable(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Result:
+    exit_code: int
+    output: str
+    seconds: float
+    timed_out: bool = False
+    truncated: bool = False
+    over_limit: str | None = None  # killed for a resource limit: which, and why
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and self.over_limit is None
+
+
+@dataclass(frozen=True)
+class Limits:
+    processes: int
+    memory_bytes: int  # address space per process; 0 = unlimited
+    file_bytes: int
+    tmp_bytes: int
+    worktree_bytes: int
+    output_bytes: int
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> Limits:
+        mb = 1024 * 1024
+        return cls(
+            processes=s.sandbox_max_processes,
+            memory_bytes=s.sandbox_max_memory_mb * mb,
+            file_bytes=s.sandbox_max_file_mb * mb,
+            tmp_bytes=s.sandbox_tmp_mb * mb,
+            worktree_bytes=s.sandbox_max_worktree_mb * mb,
+            output_bytes=s.sandbox_max_output_kb * 1024,
+        )
+
+
+Network = bool | tuple[str, ...]  # off, any public host, or these hosts only
+
+
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap")
+
+
+def runs_as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def availability_problem(settings: Settings) -> str | None:
+    """Why commands cannot run safely on this machine, or None when they can."""
+    if settings.allow_unsandboxed and bwrap_path() is None:
+        return None
+    needed = _HELPERS if runs_as_root() else ("bwrap", "prlimit")
+    found = {name: bwrap_path() if name == "bwrap" else shutil.which(name) for name in needed}
+    missing = [name for name, path in found.items() if path is None]
+    if missing:
+        return (
+            f"{', '.join(missing)} not installed, so agent commands cannot be sandboxed. "
+            "Install them (apt-get install bubblewrap util-linux mount) or, knowingly, set "
+            "LOOPBOT_ALLOW_UNSANDBOXED=true."
+        )
+    return None
+
+
+class TreeError(Exception):
+    """The worktree cannot be walked whole: too deep, or an entry that cannot be read."""
+
+
+def walk(root: Path) -> Iterator[tuple[int, str, os.stat_result]]:
+    """Every entry below ``root`` as (its directory's fd, name, lstat), depth first.
+
+    Directories are opened relative to their parent's descriptor with ``O_NOFOLLOW``, so
+    no path is ever longer than a name (a tree past PATH_MAX is walked whole) and no link
+    is followed; the stack is explicit, so depth costs no recursion. A tree deeper than
+    ``MAX_DEPTH``, or anything that cannot be opened or read, raises ``TreeError``: a
+    check that cannot see part of the tree must not pass it.
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    stack: list[tuple[int, Iterator[os.DirEntry[str]]]] = []
+    try:
+        fd = os.open(root, flags)
+        stack.append((fd, os.scandir(fd)))
+        while stack:
+            fd, entries = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                os.close(stack.pop()[0])
+                continue
+            st = entry.stat(follow_symlinks=False)
+            yield fd, entry.name, st
+            if stat.S_ISDIR(st.st_mode):
+                if len(stack) >= MAX_DEPTH:
+                    raise TreeError(f"directories nested deeper than {MAX_DEPTH} levels")
+                child = os.open(entry.name, flags, dir_fd=fd)
+                stack.append((child, os.scandir(child)))
+    except OSError as exc:
+        raise TreeError(f"an entry cannot be read ({exc.strerror})") from None
+    finally:
+        for fd, _ in stack:
+            os.close(fd)
+
+
+def disk_usage(root: Path, limit: int) -> int:
+    """What the tree under ``root`` is charged, in bytes; stops once past ``limit``.
+
+    Each entry costs what it could cost: its allocated blocks or its apparent size,
+    whichever is larger (git reads a sparse file whole), and at least one 4 KiB block
+    (a million empty files are not free: they use inodes). Raises ``TreeError``.
+    """
+    total = 0
+    for _fd, _name, st in walk(root):
+        total += max(st.st_blocks * 512, st.st_size, ENTRY_COST)
+        if total > limit:
+            return total
+    return total
+
+
+# Syscalls no build or test needs and that reach past the sandbox's namespaces: the
+# kernel keyrings (shared with the worker's session), eBPF, perf, userfaultfd, mounts
+# and namespaces, modules, kexec, swap, reboot, the kernel log, io_uring.
+_DENY = {
+    "keyctl": (250, 219),
+    "add_key": (248, 217),
+    "request_key": (249, 218),
+    "bpf": (321, 280),
+    "perf_event_open": (298, 241),
+    "userfaultfd": (323, 282),
+    "mount": (165, 40),
+    "umount2": (166, 39),
+    "pivot_root": (155, 41),
+    "unshare": (272, 97),
+    "setns": (308, 268),
+    "open_by_handle_at": (304, 265),
+    "kexec_load": (246, 104),
+    "kexec_file_load": (320, 294),
+    "init_module": (175, 105),
+    "finit_module": (313, 273),
+    "delete_module": (176, 106),
+    "swapon": (167, 224),
+    "swapoff": (168, 225),
+    "reboot": (169, 142),
+    "syslog": (103, 116),
+    "io_uring_setup": (425, 425),
+    "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427),
+    "open_tree": (428, 428),
+    "move_mount": (429, 429),
+    "fsopen": (430, 430),
+    "fsconfig": (431, 431),
+    "fsmount": (432, 432),
+    "fspick": (433, 433),
+    "mount_setattr": (442, 442),
+}
+_AUDIT_ARCH = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}
+_SOCKET_CALLS = {"socket": (41, 198), "socketpair": (53, 199)}
+# Address families a command may open: Unix, IPv4, IPv6 (its own loopback and the proxy),
+# netlink (glibc asks it about interfaces). Not vsock, which no network namespace
+# isolates (a VM's hypervisor and host services listen there), nor packet, bluetooth, ...
+_FAMILIES = (1, 2, 10, 16)
+
+
+def seccomp_program(machine: str | None = None) -> bytes | None:
+    """A classic-BPF seccomp filter for bwrap ``--seccomp``; None on other machines.
+
+    The calls in ``_DENY``, x32-ABI calls, and sockets of families not in ``_FAMILIES``
+    fail with EPERM; another architecture's ABI (i386 on x86_64) kills the process.
+    """
+    arch = _AUDIT_ARCH.get(machine or platform.machine())
+    if arch is None:
+        return None
+    audit, column = arch
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    # (code, jump-if-true label, jump-if-false label, k); labels resolve to offsets.
+    prog: list[tuple[int, str | None, str | None, int]] = [
+        (ld, None, None, 4),  # seccomp_data.arch
+        (jeq, None, "kill", audit),
+        (ld, None, None, 0),  # seccomp_data.nr
+    ]
+    if column == 0:  # x86_64: the x32 ABI sets bit 30 of the number
+        prog.append((jge, "deny", None, 0x40000000))
+    for pair in _SOCKET_CALLS.values():
+        prog.append((jeq, "family", None, pair[column]))
+    for nr in sorted({pair[column] for pair in _DENY.values()}):
+        prog.append((jeq, "deny", None, nr))
+    prog.append((ret, None, None, 0x7FFF0000))  # allow
+    labels = {"family": len(prog)}
+    prog.append((ld, None, None, 16))  # args[0], low word: the address family
+    for family in _FAMILIES:
+        prog.append((jeq, "allow", None, family))
+    labels["deny"] = len(prog)
+    prog.append((ret, None, None, 0x00050000 | 1))  # EPERM
+    labels["allow"] = len(prog)
+    prog.append((ret, None, None, 0x7FFF0000))
+    labels["kill"] = len(prog)
+    prog.append((ret, None, None, 0x80000000))  # SECCOMP_RET_KILL_PROCESS
+
+    def offset(at: int, label: str | None) -> int:
+        return 0 if label is None else labels[label] - at - 1
+
+    return b"".join(
+        struct.pack("=HBBI", code, offset(i, jt), offset(i, jf), k)
+        for i, (code, jt, jf, k) in enumerate(prog)
+    )
+
+
+class Sandbox:
+    def __init__(
+        self,
+        worktree: Path,
+        *,
+        settings: Settings,
+        network: Network = False,
+        timeout: float = 600,
+        max_output: int | None = None,
+        readonly: tuple[Path, ...] = (),
+    ) -> None:
+        self.worktree = worktree.resolve()
+        self.settings = settings
+        self.network = network
+        self.timeout = timeout
+        self.limits = Limits.from_settings(settings)
+        self.max_output = max_output or self.limits.output_bytes
+        self.readonly = tuple(p.resolve() for p in readonly)  # the loop's own mirror
+        problem = availability_problem(settings)
+        if problem:
+            raise SandboxUnavailable(problem)
+        self.bwrap = bwrap_path()
+        self._egress: egress.EgressProxy | None = None
+        # Our own small files (passwd, hosts, mount points), traversable by the sandbox uid.
+        # In /tmp itself, not $TMPDIR: the sandbox uid must traverse to it (mode 0711).
+        self._stage = Path(tempfile.mkdtemp(prefix="loopbot-sandbox-", dir=_STAGE_PARENT))
+        self._stage.chmod(0o711)
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self._stage, True)
+        self._write_etc()
+        self.adopt()
+        if self.file_owner is not None:
+            cgroups.sweep()
+
+    # -- who owns what ---------------------------------------------------------------------
+
+    @property
+    def file_owner(self) -> tuple[int, int] | None:
+        """(uid, gid) that files the harness creates in the worktree must be given so the
+        sandbox's unprivileged user can change them; None when no chown is needed."""
+        if self.bwrap is None or not runs_as_root():
+            return None
+        return (self.settings.sandbox_uid, self.settings.sandbox_gid)
+
+    def adopt(self) -> None:
+        """Give the worktree to the sandbox's uid (after the harness checked files out)."""
+        owner = self.file_owner
+        if owner is None:
+            return
+        uid, gid = owner
+        with contextlib.suppress(OSError):
+            os.chown(self.worktree, uid, gid, follow_symlinks=False)
+        with contextlib.suppress(TreeError):  # what cannot be walked, worktree_problem reports
+            for fd, name, st in walk(self.worktree):
+                if (st.st_uid, st.st_gid) != (uid, gid):
+                    with contextlib.suppress(OSError):
+                        os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+
+    def worktree_problem(self) -> str | None:
+        """A clear message when the worktree has grown past its disk limit, else None."""
+        limit = self.limits.worktree_bytes
+        try:
+            used = disk_usage(self.worktree, limit)
+        except TreeError as exc:
+            return f"the repository's working tree cannot be checked: {exc}; remove it"
+        if used <= limit:
+            return None
+        return (
+            f"the repository's working tree uses more than {limit // (1024 * 1024)} MiB of "
+            "disk (LOOPBOT_SANDBOX_MAX_WORKTREE_MB; every file counts at least 4 KiB and a "
+            "sparse file its full size); delete what you generated"
+        )
+
+    # -- the command line ------------------------------------------------------------------
+
+    def _write_etc(self) -> None:
+        etc = self._stage / "etc"
+        etc.mkdir(mode=0o755)
+        files = {
+            "passwd": f"root:x:0:0::/:/usr/sbin/nologin\n"
+            f"sandbox:x:{INSIDE_UID}:{INSIDE_UID}::{INSIDE_HOME}:/bin/sh\n"
+            "nobody:x:65534:65534::/nonexistent:/usr/sbin/nologin\n",
+            "group": f"root:x:0:\nsandbox:x:{INSIDE_UID}:\nnogroup:x:65534:\n",
+            "hosts": "127.0.0.1 localhost sandbox\n::1 localhost ip6-localhost\n",
+        }
+        for name, text in files.items():
+            (etc / name).write_text(text)
+            (etc / name).chmod(0o644)
+        for name in ("wt", "mirror", "egress"):
+            (self._stage / name).mkdir(mode=0o711)
+
+    def _env(self) -> dict[str, str]:
+        # The worker's PATH is not a secret, and verify commands expect its tools; what
+        # it names outside the allowlist simply does not exist inside.
+        env = {**_SAFE_ENV, "PATH": os.environ.get("PATH", _PATH)}
+        if self.network:
+            env |= egress.PROXY_ENV
+        return env
+
+    def _binds(self) -> tuple[list[str], list[tuple[str, Path, Path]]]:
+        """bwrap's mount arguments, and what a root worker must stage first:
+        (mode, source, staging path)."""
+        staged: list[tuple[str, Path, Path]] = []
+        root = self.file_owner is not None
+
+        def through_stage(mode: str, src: Path, name: str) -> Path:
+            if not root:
+                return src
+            target = self._stage / name
+            staged.append((mode, src, target))
+            return target
+
+        args = ["--ro-bind", "/usr", "/usr"]
+        for name in _TOP_LEVEL:
+            top = Path("/") / name
+            if top.is_symlink():
+                args += ["--symlink", os.readlink(top), str(top)]
+            elif top.is_dir():
+                args += ["--ro-bind", str(top), str(top)]
+        etc = Path("/etc")
+        wanted = [etc / n for n in _ETC]
+        for pattern in _ETC_GLOBS:
+            wanted += sorted(etc.glob(pattern))
+        for path in wanted:
+            if path.is_symlink() and path.resolve().is_relative_to("/usr"):
+                args += ["--symlink", os.readlink(path), str(path)]
+            else:
+                args += ["--ro-bind-try", str(path), str(path)]
+        for name in ("passwd", "group", "hosts"):
+            args += ["--ro-bind", str(self._stage / "etc" / name), f"/etc/{name}"]
+        for extra in filter(None, self.settings.sandbox_read_only_paths.split(":")):
+            args += ["--ro-bind-try", extra, extra]
+        args += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            str(64 * 1024 * 1024),
+            "--tmpfs",
+            "/dev/shm",
+            # bwrap's /dev is a tmpfs the sandbox user owns, sized at half the RAM.
+            "--remount-ro",
+            "/dev",
+            "--size",
+            str(self.limits.tmp_bytes),
+            "--tmpfs",
+            "/tmp",
+            "--dir",
+            INSIDE_HOME,
+        ]
+        for ro in self.readonly:
+            if ro.is_dir():
+                args += ["--ro-bind", str(through_stage("ro", ro, "mirror")), str(ro)]
+        args += ["--bind", str(through_stage("rw", self.worktree, "wt")), str(self.worktree)]
+        if self._egress is not None:
+            sock_dir = through_stage("rw", self._egress.socket_path.parent, "egress")
+            args += [
+                "--bind",
+                str(sock_dir / self._egress.socket_path.name),
+                egress.SANDBOX_SOCKET,
+            ]
+        return args, staged
+
+    def _argv(
+        self, command: str, seccomp_fd: int | None = None, group: cgroups.Group | None = None
+    ) -> list[str]:
+        if self.bwrap is None:  # the operator opted out explicitly
+            return ["/bin/sh", "-c", command]
+        mounts, staged = self._binds()
+        script = command
+        if self._egress is not None:
+            script = egress.sandbox_prelude() + '\nexec /bin/sh -c "$1"'
+        bwrap = [
+            self.bwrap,
+            "--unshare-all",
+            "--unshare-user",
+            "--uid",
+            str(INSIDE_UID),
+            "--gid",
+            str(INSIDE_UID),
+            "--disable-userns",
+            "--cap-drop",
+            "ALL",
+            "--hostname",
+            "sandbox",
+            "--die-with-parent",
+            "--new-session",
+            "--clearenv",
+            *mounts,
+            "--remount-ro",
+            "/",
+        ]
+        if seccomp_fd is not None:
+            bwrap += ["--seccomp", str(seccomp_fd)]
+        for k, v in self._env().items():
+            bwrap += ["--setenv", k, v]
+        bwrap += ["--chdir", str(self.worktree), "/bin/sh", "-c", script]
+        if self._egress is not None:
+            bwrap += ["sh", command]
+        lim = self.limits
+        # With a cgroup, pids.max bounds this command alone; the per-uid rlimit, shared by
+        # every sandbox of the uid, is then only a backstop that one loop cannot exhaust.
+        nproc = lim.processes * 16 if group is not None else lim.processes
+        limits = [
+            "prlimit",
+            f"--nproc={nproc}",
+            f"--fsize={lim.file_bytes}",
+            "--core=0",
+            "--nofile=4096",
+        ]
+        if lim.memory_bytes:
+            limits.append(f"--as={lim.memory_bytes}")
+        argv = [*limits, "--", *bwrap]
+        owner = self.file_owner
+        if owner is None:
+            return argv
+        uid, gid = owner
+        drop = [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={gid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        ]
+        stage = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c"]
+        stage += [_STAGE_SCRIPT, "sh"]
+        stage += [*(str(f) for f in (group.procs_files if group else ())), "--"]
+        for mode, src, target in staged:
+            stage += [mode, str(src), str(target)]
+        return [*stage, "--", *drop, *argv]
+
+    # -- running ---------------------------------------------------------------------------
+
+    def _ensure_egress(self) -> None:
+        if not self.network or self._egress is not None or self.bwrap is None:
+            return
+        hosts = self.network if isinstance(self.network, tuple) else None
+        nets = tuple(n.strip() for n in self.settings.egress_allowed_networks.split(",") if n)
+        proxy = egress.EgressProxy(
+            egress.EgressPolicy(hosts=hosts, extra_allowed_networks=nets),
+            self._stage / "proxy",
+            sandbox_uid=self.file_owner[0] if self.file_owner else None,
+        )
+        try:
+            proxy.start()
+        except egress.EgressUnavailable as exc:
+            raise SandboxUnavailable(f"sandbox.network is on, but {exc}") from None
+        self._egress = proxy
+
+    def run(self, command: str, timeout: float | None = None) -> Result:
+        limit = timeout or self.timeout
+        if "\0" in command or len(command.encode(errors="replace")) > MAX_COMMAND:
+            why = "contains a NUL byte" if "\0" in command else f"is over {MAX_COMMAND} bytes"
+            return Result(126, f"[loopbot: not run: the command {why}; write a script file]", 0)
+        self._ensure_egress()
+        started = time.monotonic()
+        env = {**_SAFE_ENV, "PATH": _PATH} if self.bwrap is None else {"PATH": _PATH}
+        group = None
+        if self.bwrap is not None and self.file_owner is not None:
+            group = cgroups.create(self.limits.memory_bytes, self.limits.processes)
+        program = seccomp_program() if self.bwrap is not None else None
+        fd = _memfd(program) if program is not None else None
+        out = _HeadTail(self.max_output)
+        try:
+            proc = subprocess.Popen(
+                self._argv(command, fd, group),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                cwd=self.worktree if self.bwrap is None else "/",
+                env=env,
+                start_new_session=True,
+                pass_fds=(fd,) if fd is not None else (),
+            )
+            if fd is not None:
+                os.close(fd)
+                fd = None
+            timed_out, over = _pump(proc, out, started + limit, self.worktree_problem)
+        finally:
+            if fd is not None:
+                os.close(fd)
+            if group is not None:
+                group.remove()
+        seconds = time.monotonic() - started
+        output = out.text()
+        if timed_out:
+            output += f"\n[loopbot: command timed out after {limit:.0f}s and was killed]"
+        if over is not None:
+            output += f"\n[loopbot: command killed: {over}]"
+        code = 124 if timed_out else (137 if over else proc.returncode)
+        return Result(code, output, seconds, timed_out, out.truncated, over)
+
+    def close(self) -> None:
+        """Stop the egress proxy and remove the staging directory."""
+        if self._egress is not None:
+            self._egress.stop()
+            self._egress = None
+        self._cleanup()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _HeadTail:
+    """The first quarter and the last three quarters of a stream, never more in memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.head_max = limit // 4
+        self.tail_max = limit - self.head_max
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.head_max - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            if len(self.tail) > 2 * self.tail_max:  # trim in batches, not per chunk
+                del self.tail[: len(self.tail) - self.tail_max]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.head_max + self.tail_max
+
+    def text(self) -> str:
+        if len(self.tail) > self.tail_max:
+            del self.tail[: len(self.tail) - self.tail_max]
+        head = self.head.decode("utf-8", "replace")
+        tail = self.tail.decode("utf-8", "replace")
+        if not self.truncated:
+            return head + tail
+        skipped = self.total - len(self.head) - len(self.tail)
+        return head + f"\n[... {skipped} bytes of output omitted ...]\n" + tail
+
+
+def _pump(
+    proc: subprocess.Popen[bytes],
+    out: _HeadTail,
+    deadline: float,
+    watch: Callable[[], str | None] = lambda: None,
+) -> tuple[bool, str | None]:
+    """Read the command's output until it ends or the deadline, asking ``watch`` about
+    once a second whether a limit is exceeded (it then kills the command).
+
+    Returns (timed out, the limit it exceeded).
+    """
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    timed_out, over = False, None
+    next_watch, interval = time.monotonic() + WATCH_INTERVAL, WATCH_INTERVAL
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            now = time.monotonic()
+            left = deadline - now
+            if left <= 0 and not (timed_out or over):
+                timed_out = True
+                _kill_group(proc)
+                deadline = time.monotonic() + 5  # drain what is left, briefly
+                continue
+            if left <= 0:
+                break  # something outside the group still holds the pipe: stop reading
+            if now >= next_watch and not (timed_out or over):
+                over = watch()
+                took = time.monotonic() - now
+                # A slow walk (a huge tree) is not repeated too often: at most 10% of time.
+                interval = max(WATCH_INTERVAL, 10 * took)
+                next_watch = time.monotonic() + interval
+                if over is not None:
+                    _kill_group(proc)
+                    deadline = time.monotonic() + 5
+                    continue
+            if not sel.select(min(left, max(next_watch - now, 0.01))):
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            out.feed(chunk)
+    proc.stdout.close()
+    try:
+        proc.wait(None if not (timed_out or over) else 10)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+    return timed_out, over
+
+
+def _memfd(data: bytes) -> int:
+    """A file descriptor holding ``data``, positioned at its start (for bwrap to read)."""
+    fd = os.memfd_create("loopbot-seccomp", os.MFD_CLOEXEC)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)

@@ -1,0 +1,758 @@
+"""Containment: attacks from the repository and from the agent, each of which must fail.
+
+Every test plants secrets where an attacker would look (the App key, the worker's
+environment, another repository's mirror, a file under the operator's HOME) and a
+payload that, if anything ran it outside the sandbox, would write a marker next to the
+test's files and copy the secrets into it. Each asserts that no marker exists and that
+no secret reached the command's output, the pushed branch or a comment.
+
+Run as root (as CI does) and, through ``test_the_same_attacks_fail_for_a_non_root_worker``,
+again as an unprivileged user.
+"""
+
+from __future__ import annotations
+
+import http.server
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis import Redis
+
+from bot.core.record import Status
+from bot.core.settings import Settings, load_settings
+from bot.io.store import Store
+from bot.standins import anthropic as m
+from bot.standins.anthropic import AnthropicServer
+from bot.standins.github import GitHubServer
+from jobs.sandbox import cgroups
+from jobs.sandbox.bwrap import Sandbox
+from jobs.worktree import Checkout, Worktrees, git
+from tests.conftest import Web
+from tests.helpers import REPO, label, open_issue, sample_repo, worker_settings
+
+NON_ROOT_RUN = "LOOPBOT_TEST_NON_ROOT_RUN"
+
+
+@dataclass
+class Hostile:
+    settings: Settings
+    secrets: list[str]
+    key: Path
+    other_mirror: Path
+    home_secret: Path
+    markers: Path  # an escaped payload writes here
+
+    def payload(self, name: str) -> str:
+        """sh code that proves an escape: a marker with the secrets it could read."""
+        marker = self.markers / f"escaped-{name}"
+        return (
+            f'echo escaped > "{marker}"; env >> "{marker}"; '
+            f'cat "{self.key}" "{self.other_mirror}/SECRET" "{self.home_secret}" '
+            f'>> "{marker}" 2>&1'
+        )
+
+    def escaped(self) -> list[str]:
+        return sorted(p.name for p in self.markers.iterdir())
+
+    def leaked(self, text: str) -> list[str]:
+        return [s for s in self.secrets if s in text]
+
+
+@pytest.fixture
+def hostile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hostile]:
+    tag = uuid.uuid4().hex[:10]
+    settings = worker_settings(tmp_path)
+    assert settings.github_private_key_path is not None
+    env_secret = f"sk-ant-env-secret-{tag}"
+    monkeypatch.setenv("ANTHROPIC_API_KEY", env_secret)
+    monkeypatch.setenv("GITHUB_WEBHOOK_SECRET", f"whsec-{tag}")
+    other = settings.data_dir / "mirrors" / "other" / "private.git"
+    other.mkdir(parents=True)
+    (other / "SECRET").write_text(f"other-mirror-secret-{tag}\n")
+    home_secret = Path.home() / f".loopbot-test-vault-token-{tag}"
+    home_secret.write_text(f"home-vault-secret-{tag}\n")
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    try:
+        yield Hostile(
+            settings,
+            [
+                "secret-key-material",
+                env_secret,
+                f"whsec-{tag}",
+                f"other-mirror-secret-{tag}",
+                f"home-vault-secret-{tag}",
+            ],
+            settings.github_private_key_path,
+            other,
+            home_secret,
+            markers,
+        )
+    finally:
+        home_secret.unlink(missing_ok=True)
+
+
+EVIL_GITCONFIG = """\
+[filter "x"]
+\tclean = sh {script} clean
+\tsmudge = sh {script} smudge
+\trequired = true
+[diff "x"]
+\ttextconv = sh {script} textconv
+[merge "x"]
+\tdriver = sh {script} merge
+[commit]
+\tgpgSign = true
+[gpg]
+\tprogram = sh {script} gpg
+[core]
+\tfsmonitor = sh {script} fsmonitor
+\thooksPath = hooks
+\tpager = sh {script} pager
+[include]
+\tpath = {script}.cfg
+"""
+EVIL_ATTRIBUTES = "* filter=x diff=x merge=x\n"
+
+
+def _evil_files(h: Hostile, name: str) -> dict[str, str]:
+    script = f"evil-{name}.sh"
+    return {
+        ".gitconfig": EVIL_GITCONFIG.format(script=script),
+        ".gitattributes": EVIL_ATTRIBUTES,
+        script: f"#!/bin/sh\n{h.payload(name)}\ncat\n",
+        "hooks/pre-commit": f"#!/bin/sh\n{h.payload(name + '-hook')}\n",
+    }
+
+
+def _repo(github: GitHubServer, h: Hostile, files: dict[str, str]) -> tuple[Worktrees, Path, str]:
+    iid = github.add_installation("acme")
+    github.add_repo(REPO, {"a.py": "x = 1\n", **files}, installation_id=iid)
+    token = github.app_token_for(iid)
+    wt = Worktrees(h.settings.data_dir)
+    mirror = wt.sync_mirror(REPO, f"{github.url}/git/{REPO}.git", token)
+    return wt, mirror, token
+
+
+def _box(h: Hostile, co: Checkout, **kw: Any) -> Sandbox:
+    return Sandbox(co.path, settings=h.settings, readonly=(co.mirror,), **kw)
+
+
+def _with_timeout(fn: Any, seconds: float) -> Any:
+    """Run ``fn`` on a thread; fail the test if it has not returned in time (a hang)."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            out["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"hung for more than {seconds}s"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+# -- 1, 2: harness git never runs what the repository or the agent configured ------------
+
+
+def test_repository_gitconfig_and_attributes_never_run_in_harness_git(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    wt, mirror, token = _repo(github, hostile, _evil_files(hostile, "repo"))
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    (co.path / "a.py").write_text("x = 2\n")
+    sha = wt.commit_all(co, "loop(turn-1): change")
+    assert sha is not None
+    wt.diff_stat(co)
+    wt.push(co, token)
+    wt.release(REPO, 1)
+    assert hostile.escaped() == []
+    # The filter did not run on the way in either: the blob is what the file says.
+    assert github.file_at(REPO, "loop/issue-1", "a.py") == "x = 2\n"
+
+
+def test_agent_planted_config_filters_and_gpg_never_run(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    box = _box(hostile, co)
+    files = _evil_files(hostile, "agent")
+    for name, text in files.items():
+        (co.path / name).parent.mkdir(parents=True, exist_ok=True)
+        (co.path / name).write_text(text)
+    box.adopt()
+    admin = mirror / "worktrees" / co.path.name
+    # What an agent would try from inside: git config, the admin dir, the mirror's
+    # config and hooks, and a .git directory of its own with a filter and hooks.
+    r = box.run(
+        "git config filter.x.clean 'sh evil-agent.sh clean'; "
+        f"echo '[filter \"x\"]' >> {admin}/config.worktree; "
+        f"echo '[core]' >> {mirror}/config; echo hi > {mirror}/hooks/pre-commit; "
+        "mv .git .git-old; mkdir -p .git/hooks; "
+        "printf '[core]\\n\\tfsmonitor = sh evil-agent.sh fsm\\n"
+        '[filter "x"]\\n\\tclean = sh evil-agent.sh clean\\n\' > .git/config; '
+        "cp hooks/pre-commit .git/hooks/pre-commit; echo change > a.py; echo done"
+    )
+    assert "done" in r.output
+    assert "Read-only file system" in r.output  # the mirror is read-only inside
+    box.close()
+    sha = wt.commit_all(co, "loop(turn-1): agent change")
+    assert sha is not None
+    assert hostile.escaped() == []
+    assert (co.path / ".git").is_file()  # put back
+    assert "filter" not in (mirror / "config").read_text()
+    assert not (admin / "config.worktree").exists()
+
+
+# -- 2b: nested repositories and special files --------------------------------------------
+
+
+def test_nested_repository_config_never_runs_and_its_files_commit_as_plain_files(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    with _box(hostile, co) as box:
+        (co.path / "evil.sh").write_text(f"#!/bin/sh\n{hostile.payload('nested')}\ncat\n")
+        box.adopt()
+        r = box.run(
+            "mkdir sub && cd sub && git init -q && "
+            "git config filter.x.clean 'sh ../evil.sh' && "
+            "git config core.fsmonitor 'sh ../evil.sh' && "
+            "echo '* filter=x' > .gitattributes && echo data > f && git add -A && "
+            "cd .. && mkdir -p sub2/.git && mkfifo sub2/.git/HEAD && mkfifo pipe && echo ok"
+        )
+        assert r.passed, r.output
+    sha = _with_timeout(lambda: wt.commit_all(co, "loop(turn-1): nested"), 60)
+    assert sha is not None
+    assert hostile.escaped() == []
+    tree = git(mirror, "ls-tree", "-r", sha)
+    assert "160000" not in tree  # no gitlink: the nested repository is not a submodule
+    assert "sub/f" in tree and "sub/.gitattributes" in tree
+    assert "pipe" not in tree and not (co.path / "sub" / ".git").exists()
+
+
+def test_a_fifo_for_dot_git_does_not_hang_the_harness(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    with _box(hostile, co) as box:
+        r = box.run("rm .git && mkfifo .git && echo change > a.py && ls -l .git")
+        assert r.passed and r.output.startswith("p"), r.output
+    sha = _with_timeout(lambda: wt.commit_all(co, "loop(turn-1): fifo"), 60)
+    assert sha is not None and (co.path / ".git").is_file()
+
+
+# -- 3, 5: no privileges, nothing of the host but the allowlist ----------------------------
+
+
+def test_no_capabilities_no_remount_no_secrets(github: GitHubServer, hostile: Hostile) -> None:
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    data = hostile.settings.data_dir
+    outside = hostile.markers / "escaped-write"
+    with _box(hostile, co) as box:
+        r = box.run(
+            "id -u; grep -E '^Cap(Prm|Eff|Bnd|Amb)' /proc/self/status; "
+            f"umount -l {co.path}; umount -l /usr; umount -l /proc; "
+            "mount -o remount,rw /; mount -o remount,rw /usr; mount -t tmpfs none /tmp/x; "
+            "unshare -U -r true && echo NESTED-USERNS; "
+            f"cat {hostile.key} {hostile.other_mirror}/SECRET {hostile.home_secret}; "
+            "cat /proc/1/environ /proc/self/environ; env; cat /etc/shadow; "
+            f"ls -a {Path.home()} {data} {data}/mirrors; "
+            f"echo x > {outside}; touch /usr/pwned /etc/pwned /pwned; echo END"
+        )
+    out = r.output
+    assert "END" in out
+    assert out.splitlines()[0] == "1000"
+    for line in out.splitlines():
+        if line.startswith("Cap"):
+            assert line.split()[1] == "0000000000000000", line
+    assert "NESTED-USERNS" not in out
+    assert hostile.leaked(out) == []
+    assert "other" not in out.split("END")[0].split("mirrors")[-1]
+    assert not outside.exists() and hostile.escaped() == []
+    assert not Path("/usr/pwned").exists() and not Path("/etc/pwned").exists()
+    assert not Path("/pwned").exists()
+
+
+def test_only_allowlisted_etc_and_an_empty_home(github: GitHubServer, hostile: Hostile) -> None:
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    with _box(hostile, co) as box:
+        r = box.run("ls -A /etc; echo HOME=$HOME; ls -A $HOME; ls /; python3 -c 'print(6*7)'")
+    etc = set(r.output.split("HOME=")[0].split())
+    assert {"shadow", "gshadow", "sudoers", "environment", "gitconfig"}.isdisjoint(etc)
+    assert {"passwd", "hosts", "ssl"} <= etc
+    assert "HOME=/tmp/home\n" in r.output and "42" in r.output
+    assert "root" not in r.output.split("HOME=")[1].split("42")[0].split()
+
+
+# -- 4: network on is a filtering proxy, never the host's network ------------------------
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    seen: list[str] = []
+
+    def do_GET(self) -> None:
+        self.seen.append(self.path)
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_network_on_reaches_neither_redis_nor_other_loopback_services(
+    github: GitHubServer, hostile: Hostile, redis_server: Any
+) -> None:
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    service = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=service.serve_forever, daemon=True).start()
+    port, rport = service.server_address[1], redis_server.port
+    plant = (
+        "import socket\n"
+        f"for p in ({rport}, {port}):\n"
+        "    try:\n"
+        "        s = socket.create_connection(('127.0.0.1', p), timeout=2)\n"
+        "        s.sendall(b'SET planted 1\\r\\n'); print('SENT', p)\n"
+        "    except OSError as e:\n"
+        "        print('NO', p, e)\n"
+    )
+    (co.path / "plant.py").write_text(plant)
+    conn = Redis(port=rport)
+    try:
+        with _box(hostile, co, network=True) as box:
+            box.adopt()
+            r = box.run(
+                "python3 plant.py; "
+                f"for u in http://127.0.0.1:{port}/x http://localhost:{port}/y "
+                f"http://169.254.169.254/latest/meta-data/ http://10.0.0.1/; do "
+                "curl -s -m 5 --noproxy '' -o /dev/null -w '%{http_code} ' \"$u\"; done; "
+                f"curl -s -m 5 -p --noproxy '' -o /dev/null -w 'C%{{http_code}}' "
+                f"http://127.0.0.1:{rport}/",
+                timeout=60,
+            )
+    finally:
+        service.shutdown()
+    assert "SENT" not in r.output, r.output
+    assert r.output.count("403") >= 4, r.output
+    assert _Recorder.seen == []
+    assert conn.get("planted") is None
+    assert hostile.escaped() == []
+
+
+# -- 6: bounded output, processes, memory, files, /tmp -------------------------------------
+
+
+def test_an_output_flood_is_bounded_in_memory_and_never_spooled(
+    github: GitHubServer, hostile: Hostile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    spool = tmp_path / "worker-tmp"
+    spool.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spool))
+    before = _rss()
+    with _box(hostile, co, max_output=16 * 1024) as box:
+        r = box.run("head -c 1500000000 /dev/zero | tr '\\0' A; echo; echo THE-END")
+        used = sum(f.stat().st_size for f in spool.rglob("*") if f.is_file())
+    assert r.passed and r.truncated and "THE-END" in r.output
+    assert len(r.output) < 20 * 1024
+    assert used < 64 * 1024  # only the sandbox's few small files, no spooled output
+    assert _rss() - before < 64 * 1024 * 1024
+
+
+def test_a_fork_bomb_is_contained(github: GitHubServer, hostile: Hostile) -> None:
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    settings = hostile.settings.model_copy(update={"sandbox_max_processes": 64})
+    counter = (
+        "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
+        "            time.sleep(20)\n            os._exit(0)\n        n += 1\n"
+        "except OSError:\n    print('FORKS', n)\n"
+    )
+    (co.path / "count.py").write_text(counter)
+    with Sandbox(co.path, settings=settings, readonly=(mirror,), timeout=20) as box:
+        box.adopt()
+        counted = box.run("python3 count.py; kill -9 -1 2>/dev/null; true", timeout=20)
+        started = time.monotonic()
+        bomb = box.run("bomb_c0ffee() { bomb_c0ffee | bomb_c0ffee & }; bomb_c0ffee", timeout=8)
+        elapsed = time.monotonic() - started
+    assert "FORKS" in counted.output, counted.output
+    assert int(counted.output.split("FORKS")[1].split()[0]) < 64
+    assert elapsed < 30 and "timed out" not in bomb.output
+    # The worker is fine: it can still start processes, and nothing of the bomb is left.
+    assert subprocess.run(["true"], check=False).returncode == 0
+    leftover = subprocess.run(["pgrep", "-f", "bomb_c0ffee"], capture_output=True, text=True)
+    assert leftover.stdout.strip() == ""
+
+
+def test_memory_file_size_and_tmp_are_bounded(github: GitHubServer, hostile: Hostile) -> None:
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    settings = hostile.settings.model_copy(
+        update={"sandbox_max_memory_mb": 1024, "sandbox_max_file_mb": 64, "sandbox_tmp_mb": 32}
+    )
+    with Sandbox(co.path, settings=settings, readonly=(mirror,)) as box:
+        mem = box.run("python3 -c 'b = bytearray(8 * 1024**3); print(len(b))'")
+        sparse = box.run("truncate -s 10G big && echo MADE")
+        tmp = box.run("dd if=/dev/zero of=/tmp/fill bs=1M count=48 2>&1; ls -l /tmp/fill")
+    assert "MemoryError" in mem.output and not mem.passed
+    assert not sparse.passed and "MADE" not in sparse.output, sparse.output
+    assert not (co.path / "big").exists() or (co.path / "big").stat().st_size <= 64 << 20
+    assert "No space left" in tmp.output or "File size limit" in tmp.output
+
+
+def test_keyrings_dev_and_kernel_interfaces_are_closed(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    """The worker's session keyring is shared by every process it starts unless the
+    sandbox blocks the keyring syscalls; bwrap's /dev is a tmpfs the size of half the RAM."""
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    probe = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "for name, nr, args in (('keyctl', 250, (0, -3, 0)), "
+        "('add_key', 248, (b'user', b'x', b'leak', 4, -3)), ('bpf', 321, (0, 0, 0)), "
+        "('unshare', 272, (0x10000000,))):\n"
+        "    r = libc.syscall(nr, *args)\n"
+        "    print(name, r, ctypes.get_errno())\n"
+        "import socket\n"
+        "for fam in ('AF_VSOCK', 'AF_PACKET', 'AF_INET', 'AF_UNIX'):\n"
+        "    try:\n"
+        "        socket.socket(getattr(socket, fam), socket.SOCK_DGRAM).close()\n"
+        "        print(fam, 'open')\n"
+        "    except OSError as e:\n"
+        "        print(fam, 'refused', e.errno)\n"
+    )
+    (co.path / "probe.py").write_text(probe)
+    with _box(hostile, co) as box:
+        box.adopt()
+        r = box.run("python3 probe.py; dd if=/dev/zero of=/dev/fill bs=1M count=8 2>&1; true")
+    if os.uname().machine == "x86_64":
+        for name in ("keyctl", "add_key", "bpf", "unshare"):
+            assert f"{name} -1 1\n" in r.output, r.output  # EPERM
+        assert "AF_VSOCK refused 1" in r.output and "AF_PACKET refused" in r.output
+        assert "AF_INET open" in r.output and "AF_UNIX open" in r.output
+    assert "Read-only file system" in r.output
+
+
+@pytest.mark.skipif(cgroups.available() is not None, reason=str(cgroups.available()))
+def test_memory_and_processes_are_bounded_per_command_not_per_process(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    settings = hostile.settings.model_copy(
+        update={"sandbox_max_memory_mb": 256, "sandbox_max_processes": 64}
+    )
+    hog = (
+        "import os, sys, time\n"
+        "for i in range(6):\n"
+        "    if os.fork() == 0:\n"
+        "        b = bytearray(100 * 1024 * 1024)\n"
+        "        for j in range(0, len(b), 4096): b[j] = 1\n"
+        "        print('HELD', flush=True); time.sleep(3); os._exit(0)\n"
+        "for i in range(6):\n"
+        "    print('EXIT', os.wait()[1], flush=True)\n"
+    )
+    counter = (
+        "import os, time, sys\nn = 0\ntry:\n    while n < int(sys.argv[1]):\n"
+        "        if os.fork() == 0:\n            time.sleep(6)\n            os._exit(0)\n"
+        "        n += 1\nexcept OSError:\n    pass\nprint('FORKS', n, flush=True)\n"
+        "time.sleep(6)\n"
+    )
+    (co.path / "hog.py").write_text(hog)
+    (co.path / "count.py").write_text(counter)
+    results: dict[str, Any] = {}
+    with Sandbox(co.path, settings=settings, readonly=(mirror,), timeout=30) as box:
+        box.adopt()
+        results["hog"] = box.run("python3 hog.py")
+        # Two commands at once: one holding 60 processes must not starve the other.
+        a = threading.Thread(target=lambda: results.update(a=box.run("python3 count.py 60")))
+        a.start()
+        time.sleep(1.5)
+        results["b"] = box.run("python3 count.py 40")
+        a.join()
+    # 6 x 100 MiB against 256 MiB for the whole command: not every child can hold it.
+    assert results["hog"].output.count("HELD") < 6, results["hog"].output
+    assert "FORKS 60" in results["a"].output, results["a"].output
+    assert "FORKS 40" in results["b"].output, results["b"].output
+
+
+def test_a_deep_tree_sparse_files_and_inode_floods_are_charged(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    settings = hostile.settings.model_copy(update={"sandbox_max_worktree_mb": 64})
+    with Sandbox(co.path, settings=settings, readonly=(mirror,)) as box:
+        # Past PATH_MAX: 18 levels of 250-character names, 70 MB at the bottom.
+        hidden = box.run(
+            "python3 -c \"import os\nfor i in range(18): os.mkdir('x' * 250); "
+            "os.chdir('x' * 250)\nopen('f', 'wb').write(bytes(70_000_000))\""
+        )
+        assert hidden.passed or hidden.over_limit is not None, hidden.output
+        assert box.worktree_problem() is not None
+        box.run("rm -rf xxxxxxxxxx*")
+        assert box.worktree_problem() is None
+        deep = box.run(
+            "python3 -c \"import os\nfor i in range(1500): os.mkdir('d'); os.chdir('d')\n"
+            "open('f', 'w').write('x')\""
+        )
+        assert deep.passed or deep.over_limit is not None, deep.output
+        box.adopt()  # walks without a RecursionError
+        assert "deeper than" in (box.worktree_problem() or "")
+        box.run("rm -rf d")
+        assert box.worktree_problem() is None
+        sparse = box.run("for i in 1 2 3; do truncate -s 30M sparse$i; done")
+        assert sparse.passed
+        assert box.worktree_problem() is not None  # 90 MiB apparent, a few KiB on disk
+        box.run("rm -f sparse*")
+        assert box.worktree_problem() is None
+        flood = box.run("mkdir many && cd many && seq 1 20000 | xargs touch")
+        assert flood.passed or flood.over_limit is not None
+        assert box.worktree_problem() is not None  # 20,000 entries of 4 KiB each
+        box.run("rm -rf many")
+        started = time.monotonic()
+        grow = box.run(
+            "i=0; while true; do i=$((i+1)); head -c 8000000 /dev/zero > f$i; done", timeout=60
+        )
+        took = time.monotonic() - started
+    try:
+        assert grow.over_limit is not None and not grow.passed, grow.output
+        assert took < 20 and "killed" in grow.output
+        assert wt.commit_all(co, "loop(turn-1): deep") is not None
+    finally:
+        wt.remove(REPO, 1)  # pytest's own clean-up of old temp dirs recurses
+    assert not co.path.exists()
+
+
+# -- 8: one lock per mirror across processes -----------------------------------------------
+
+
+def _fetch(args: tuple[str, str, str, str]) -> str:
+    data_dir, repo, url, token = args
+    try:
+        Worktrees(Path(data_dir)).sync_mirror(repo, url, token)
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        return f"{type(exc).__name__}: {exc}"
+
+
+def test_concurrent_processes_share_a_mirror_without_failures(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    from bot.standins import gitrepo
+
+    wt, mirror, token = _repo(github, hostile, {})
+    url = f"{github.url}/git/{REPO}.git"
+    for i in range(20):  # many refs to update at once
+        gitrepo.seed(github.repo(REPO).path, f"b{i}", {f"f{i}.txt": f"{i}\n"}, f"b{i}")
+    args = (str(hostile.settings.data_dir), REPO, url, token)
+    with multiprocessing.get_context("fork").Pool(12) as pool:
+        results = pool.map(_fetch, [args] * 24)
+    assert [r for r in results if r != "ok"] == []
+    assert wt.remote_sha(mirror, "b19") is not None
+
+
+# -- the whole loop: a hostile repository and agent, secrets nowhere on GitHub -----------
+
+
+def test_hostile_repository_and_agent_end_to_end(
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    drain: Any,
+    settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", settings.anthropic_api_key.get_secret_value())  # type: ignore[union-attr]
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    payload = f'echo escaped > "{markers}/escaped"; env >> "{markers}/escaped"'
+    evil = {
+        ".gitconfig": EVIL_GITCONFIG.format(script="evil.sh"),
+        ".gitattributes": EVIL_ATTRIBUTES,
+        "evil.sh": f"#!/bin/sh\n{payload}\ncat\n",
+    }
+    sample_repo(
+        github,
+        loop_yml="verify: python3 -m unittest -q\nmax_turns: 2\ncritic:\n  enabled: false\n"
+        "merge:\n  enabled: false\n",
+        extra=evil,
+    )
+    data = settings.data_dir
+    model.play(
+        m.bash(
+            "cat /proc/1/environ > loot.txt; env >> loot.txt; "
+            f"cat {data}/../*.pem $HOME/.ssh/* {Path.home()}/.* /etc/shadow >> loot.txt 2>&1; "
+            "mkdir nested && cd nested && git init -q && "
+            f"git config filter.x.clean 'sh ../evil.sh'; echo '* filter=x' > .gitattributes; "
+            "echo y > y.txt; true"
+        ),
+        m.replace("calc.py", "return a - b", "return a + b"),
+        m.text("Fixed add."),
+    )
+    n = open_issue(github)
+    label(github, "writer", n)
+    drain()
+    record = Store(redis).get(f"{REPO}#{n}")
+    assert record is not None and record.status == Status.COMPLETED, record
+    assert sorted(p.name for p in markers.iterdir()) == []
+    loot = github.file_at(REPO, "loop/issue-1", "loot.txt") or ""
+    pushed = loot + (github.file_at(REPO, "loop/issue-1", "nested/y.txt") or "")
+    comments = " ".join(str(c.get("body", "")) for c in github.repo(REPO).comments.values())
+    secrets = [
+        settings.private_key_pem().splitlines()[1],
+        settings.anthropic_api_key.get_secret_value(),  # type: ignore[union-attr]
+        settings.github_webhook_secret.get_secret_value(),
+    ]
+    for secret in secrets:
+        assert secret not in pushed and secret not in comments
+    assert "ANTHROPIC" not in loot and "BEGIN RSA" not in loot
+
+
+# -- the disk budget of the worktree -------------------------------------------------------
+
+
+def test_a_worktree_over_its_disk_limit_stops_the_loop_and_pushes_nothing(
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    drain: Any,
+    env: dict[str, str],
+) -> None:
+    from jobs import runtime as runtime_mod
+    from jobs.runtime import Runtime
+
+    limited = load_settings({**env, "LOOPBOT_SANDBOX_MAX_WORKTREE_MB": "16"}, role="worker")
+    runtime_mod.install(Runtime(limited, redis))
+    sample_repo(
+        github,
+        loop_yml="verify: python3 -m unittest -q\nmax_turns: 3\ncritic:\n  enabled: false\n",
+    )
+    model.play(
+        m.bash("head -c 40000000 /dev/urandom > blob.bin; echo wrote"),
+        m.bash("echo never reached"),
+        m.text("done"),
+    )
+    n = open_issue(github)
+    label(github, "writer", n)
+    drain()
+    record = Store(redis).get(f"{REPO}#{n}")
+    assert record is not None
+    assert (record.status, record.reason) == (Status.FAILED, "resource_limit"), record
+    assert "MiB" in record.detail
+    assert github.file_at(REPO, "loop/issue-1", "blob.bin") is None
+    assert not github.repo(REPO).pulls
+    # The turn ended at the tool call; the stored conversation tells the model why.
+    results = [
+        b
+        for msg in Store(redis).conversation(f"{REPO}#{n}")
+        if isinstance(msg["content"], list)
+        for b in msg["content"]
+        if b.get("type") == "tool_result"
+    ]
+    assert any("disk" in str(b.get("content")) and b.get("is_error") for b in results)
+
+
+# -- the same, as a non-root worker ---------------------------------------------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="already running as a non-root user")
+@pytest.mark.skipif(bool(os.environ.get(NON_ROOT_RUN)), reason="inside the non-root run")
+def test_the_same_attacks_fail_for_a_non_root_worker() -> None:
+    """Re-run this module as uid 65534: the sandbox then rests on an unprivileged user
+    namespace instead of dropping root, and every attack must fail the same way."""
+    # Not under pytest's own temp root: every pytest session started as root (another
+    # run on this machine) resets /tmp/pytest-of-root to 0700, which uid 65534 cannot enter.
+    tmp_path = Path(tempfile.mkdtemp(prefix="loopbot-non-root-", dir="/tmp"))
+    try:
+        _run_as_non_root(tmp_path)
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(tmp_path)], check=False)
+
+
+def _run_as_non_root(tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)
+    home = tmp_path / "home"
+    base = tmp_path / "base"
+    for d in (home, base):
+        d.mkdir()
+        os.chown(d, 65534, 65534)
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        NON_ROOT_RUN: "1",
+    }
+    pytest_argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--basetemp={base / 't'}",
+        str(Path(__file__).resolve()),
+    ]
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+    # The interpreter or the checkout may sit under a directory that uid 65534 cannot
+    # enter (pyenv under /root): in a private mount namespace of this test only, cover
+    # that directory with an open tmpfs and bind the needed tree back into it.
+    script, args = ["set -e"], []
+    for i, need in enumerate({Path(sys.base_prefix).resolve(), root}):
+        blocked = next((p for p in reversed(need.parents) if not p.stat().st_mode & 0o001), None)
+        if blocked is None:
+            continue
+        stage = tmp_path / f"stage{i}"
+        stage.mkdir()
+        script += [
+            f'mount --bind "{need}" "{stage}"',
+            f'mount -t tmpfs -o mode=0755 none "{blocked}"',
+            f'mkdir -p "{need}"',
+            f'mount --bind "{stage}" "{need}"',
+        ]
+    script.append('exec "$@"')
+    argv = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c"]
+    argv += ["\n".join(script), "sh", *args, *drop, *pytest_argv]
+    proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    passed = proc.stdout.rsplit(" passed", 1)[0].split()[-1]
+    assert int(passed) >= 13 and "failed" not in proc.stdout, proc.stdout[-2000:]
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0

@@ -1,0 +1,268 @@
+"""A worker that lost its lease stops writing; public comments carry no internal error text.
+
+Real Redis, real RQ-less job entry (``run_loop``), real git and sandbox, local GitHub and
+model servers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis import Redis
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.retry import Retry
+
+from bot.core import repo_config
+from bot.core.record import Status
+from bot.core.settings import load_settings
+from bot.io.github import failures
+from bot.io.store import LeaseLost, Store
+from bot.standins import anthropic as m
+from bot.standins.anthropic import AnthropicServer
+from bot.standins.github import GitHubServer
+from jobs import runtime as runtime_mod
+from jobs.runtime import Runtime
+from tests.conftest import Web
+from tests.helpers import REPO, label, open_issue, sample_repo
+
+KEY = f"{REPO}#1"
+YML = """\
+verify: python3 -m unittest -q
+max_turns: 3
+critic:
+  enabled: true
+"""
+FIX = m.replace("calc.py", "return a - b", "return a + b")
+FAKE_TOKEN = "ghs_FAKEtoken0123456789abcdefABCDEF0123"
+
+
+def _unreachable() -> Redis:
+    """A client for a port where nothing listens: every call raises ConnectionError."""
+    return Redis(
+        host="127.0.0.1",
+        port=1,
+        socket_connect_timeout=0.2,
+        socket_timeout=0.2,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+# -- the lease on its own ------------------------------------------------------------------------
+
+
+def test_a_lease_whose_renewals_fail_is_lost_after_the_ttl(redis: Redis) -> None:
+    from jobs.loop import Lease
+
+    lease = Lease(Store(redis), KEY, ttl=1.5)
+    assert lease.acquire()
+    lease.check()  # held: no exception
+    lease.store = Store(_unreachable())  # Redis goes away (a partition, say)
+    time.sleep(0.6)
+    assert not lease.is_lost()  # within the TTL: still ours (Redis' TTL has not run out)
+    lease.check()  # Redis cannot answer; the clock says it is still ours
+    time.sleep(1.1)
+    assert lease.is_lost()
+    with pytest.raises(LeaseLost):
+        lease.check()
+    # The renewal thread notices too (within a renewal period), not only the callers.
+    assert lease.lost.wait(1.0)
+    lease.release()
+
+
+def test_a_lease_taken_over_is_lost_at_the_next_check(redis: Redis) -> None:
+    from jobs.loop import Lease
+
+    lease = Lease(Store(redis), KEY, ttl=30)
+    assert lease.acquire()
+    Store(redis).force_release_lease(KEY)
+    Store(redis).take_lease(KEY, "other-worker", 30)
+    with pytest.raises(LeaseLost):  # at once, not at the next renewal
+        lease.check()
+    lease.release()
+    assert Store(redis).lease_holder(KEY) == "other-worker"  # release left it alone
+
+
+def test_a_fenced_record_write_needs_the_lease_in_redis(redis: Redis) -> None:
+    from bot.core.record import LoopRecord
+    from bot.io.store import FencedStore
+
+    store = Store(redis)
+    store.put(LoopRecord(key=KEY, repo=REPO, issue=1, installation_id=1, branch="loop/issue-1"))
+    store.take_lease(KEY, "me", 30)
+    fenced = FencedStore(redis, KEY, "me", lambda: None)  # the local guard lets all through
+    fenced.set_fields(KEY, phase="coding")
+    store.force_release_lease(KEY)
+    store.take_lease(KEY, "other-worker", 30)
+    with pytest.raises(LeaseLost):
+        fenced.set_fields(KEY, phase="verifying")
+    record = store.get(KEY)
+    assert record is not None and record.phase == "coding"
+
+
+# -- a loop whose lease lapses mid-turn ----------------------------------------------------------
+
+
+def _start(github: GitHubServer, redis: Redis, env: dict[str, str], **extra: str) -> int:
+    from jobs.dispatch import start_loop
+
+    settings = load_settings({**env, "LOOPBOT_LEASE_TTL": "2", **extra}, role="worker")
+    rt = runtime_mod.install(Runtime(settings, redis))
+    iid = sample_repo(github, loop_yml=YML)
+    github.webhooks_enabled = False
+    n = open_issue(github)
+    label(github, "writer", n)
+    start_loop(rt, REPO, n, iid, "writer", repo_config.parse(YML))
+    return n
+
+
+def _snapshot(redis: Redis, github: GitHubServer) -> dict[str, Any]:
+    repo = github.repo(REPO)
+    return {
+        "record": redis.get(f"loopbot:loop:{KEY}"),
+        "events": redis.xlen(f"loopbot:events:{KEY}"),
+        "conversation": redis.get(f"loopbot:conv:{KEY}"),
+        "pulls": len(repo.pulls),
+        "comments": json.dumps(
+            sorted((c["id"], c["body"]) for c in repo.comments.values()), default=str
+        ),
+        "check_runs": len(repo.check_runs),
+        "branch": github.file_at(REPO, "loop/issue-1", "calc.py"),
+        "queued": sorted(
+            (k.decode(), redis.llen(k)) for k in redis.scan_iter("rq:queue:*") if redis.llen(k)
+        ),
+    }
+
+
+@pytest.mark.parametrize("how", ["renewals_fail", "taken_over"])
+def test_a_loop_that_lost_its_lease_mid_turn_writes_nothing_more(
+    how: str,
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jobs.loop import LEASE_LOST, run_loop
+
+    n = _start(github, redis, env)
+    before: dict[str, Any] = {}
+    partitioned = threading.Event()
+    real_renew, real_holder = Store.renew_lease, Store.lease_holder
+
+    def renew(self: Store, key: str, owner: str, ttl: float) -> bool:
+        if partitioned.is_set():
+            raise RedisConnectionError("partitioned")
+        return real_renew(self, key, owner, ttl)
+
+    def holder(self: Store, key: str) -> str | None:
+        if partitioned.is_set():
+            raise RedisConnectionError("partitioned")
+        return real_holder(self, key)
+
+    monkeypatch.setattr(Store, "renew_lease", renew)
+    monkeypatch.setattr(Store, "lease_holder", holder)
+    replies = iter([FIX])
+
+    def respond(body: dict[str, Any]) -> m.Item:
+        reply = next(replies, None)
+        if reply is not None:
+            return reply
+        # The fix is made in the worktree; the turn's last answer comes late.
+        if how == "renewals_fail":
+            partitioned.set()  # this worker can no longer reach Redis for its lease...
+            time.sleep(2.6)  # ...for longer than the TTL (2s): Redis lets the lease lapse
+            Store(redis).take_lease(KEY, "other-worker", 30)
+        else:
+            Store(redis).force_release_lease(KEY)
+            Store(redis).take_lease(KEY, "other-worker", 30)  # and no sleep: the fence acts
+        before.update(_snapshot(redis, github))
+        return m.text("Fixed add to use +.")
+
+    model.responder = respond
+    assert run_loop(REPO, n) == LEASE_LOST
+    partitioned.clear()
+    after = _snapshot(redis, github)
+    assert after == before  # no record, event, push, PR, comment, check run or job
+    assert before["pulls"] == 0 and "a + b" not in (before["branch"] or "")
+    assert not any("critic" in q for q, _ in after["queued"])
+    record = Store(redis).get(KEY)
+    assert record is not None and record.status == Status.RUNNING and record.reason == ""
+    assert real_holder(Store(redis), KEY) == "other-worker"
+
+
+# -- public comments carry no internal error text ------------------------------------------------
+
+
+def test_an_error_posts_a_short_reason_and_an_id_not_paths_or_tokens(
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    from jobs.loop import run_loop
+
+    n = _start(github, redis, env)
+    data_dir = env["LOOPBOT_DATA_DIR"]
+    Store(redis).set_fields(KEY, error_count=2)  # this failure is the last one allowed
+    leak = f"cannot open {data_dir}/worktrees/x/.git/config with token {FAKE_TOKEN}"
+    model.play(m.Fail(400, message=leak, error_type="invalid_request_error"))
+    result = run_loop(REPO, n)
+    assert result.startswith("failed:"), result
+
+    record = Store(redis).get(KEY)
+    assert record is not None and record.status == Status.FAILED
+    found = re.search(r"error id ([0-9a-f]{8})", record.detail)
+    assert found, record.detail
+    error_id = found.group(1)
+    # The operator finds the whole error under that id in the loop's events.
+    errors = [e for e in Store(redis).events(KEY) if e["kind"] == "error"]
+    assert errors[-1]["data"]["error_id"] == error_id
+    assert data_dir in errors[-1]["data"]["error"]
+
+    repo = github.repo(REPO)
+    public = [c["body"] for c in repo.comments.values()]
+    public += [json.dumps(r, default=str) for r in repo.check_runs.values()]
+    assert any(error_id in body for body in public), public
+    for body in public:
+        assert data_dir not in body and FAKE_TOKEN not in body and "worktrees/" not in body
+        assert str(tmp_path) not in body
+
+
+def test_a_merge_gate_that_gives_up_posts_a_reason_and_an_id(
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    drain: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jobs import merge_gate
+    from tests.e2e import test_review_merge as rm
+
+    monkeypatch.setattr(failures, "_backoff", lambda attempt: 0.0)
+    monkeypatch.setattr(merge_gate, "ERROR_BACKOFF", (0.0,))
+    github.inject("PUT", r"/pulls/\d+/merge$", 502, times=1000)
+    model.play(rm.FIX, m.text("Fixed."), rm.report())
+    rm.run(github, drain)
+    r = rm.record(redis)
+    assert (r.status, r.reason) == (Status.FAILED, "gate_error"), r
+    ids = [e["data"]["error_id"] for e in Store(redis).events(KEY) if e["kind"] == "gate_error"]
+    assert ids and all(re.fullmatch(r"[0-9a-f]{8}", i) for i in ids)
+    pr_comments = [
+        c["body"] for c in github.repo(REPO).comments.values() if c["_issue"] == r.pr_number
+    ]
+    gave_up = [b for b in pr_comments if "stopped trying to merge" in b]
+    assert gave_up and f"error id {ids[-1]}" in gave_up[0], gave_up
+    assert "a GitHub API call failed (HTTP 502)" in gave_up[0]
+    for body in [c["body"] for c in github.repo(REPO).comments.values()]:
+        assert "/merge" not in body and "GitHubError" not in body and "Unavailable:" not in body

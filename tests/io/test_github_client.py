@@ -1,0 +1,149 @@
+"""The GitHub client against the local GitHub server: auth, retries, idempotent writes."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.core.settings import Settings
+from bot.io.github.client import GitHubApp
+from bot.io.github.failures import NotFound, Unavailable
+from bot.standins.github import GitHubServer
+
+REPO = "acme/widgets"
+
+
+@pytest.fixture
+def gh(github: GitHubServer, settings: Settings):  # type: ignore[no-untyped-def]
+    iid = github.add_installation("acme")
+    github.add_repo(
+        REPO,
+        {"README.md": "hi\n"},
+        installation_id=iid,
+        collaborators={"writer": "write", "reader": "read", "maint": "maintain"},
+    )
+    with github.as_user("acme") as alice:
+        alice.post(f"/repos/{REPO}/issues", json={"title": "Bug", "body": "It breaks"})
+    sleeps: list[float] = []
+    app = GitHubApp(settings, sleep=sleeps.append)
+    inst = app.installation(iid)
+    inst.sleeps = sleeps  # type: ignore[attr-defined]
+    return inst
+
+
+def test_reads_through_app_installation_token(gh, github: GitHubServer) -> None:  # type: ignore[no-untyped-def]
+    repo = gh.repo(REPO)
+    assert repo.default_branch == "main"
+    assert repo.clone_url.endswith(f"/git/{REPO}.git")
+    issue = gh.issue(REPO, 1)
+    assert issue.title == "Bug" and issue.open
+    # One JWT call minted the token; the reads used the installation token.
+    kinds = [k for (m, path, k) in github.requests if m == "GET" and path.startswith("/repos/")]
+    assert set(kinds) == {"installation"}
+    assert sum(1 for (_, p, _) in github.requests if p.endswith("/access_tokens")) == 1
+
+
+def test_permissions(gh) -> None:  # type: ignore[no-untyped-def]
+    assert gh.can_write(REPO, "writer")
+    assert gh.can_write(REPO, "maint")
+    assert gh.can_write(REPO, "acme")
+    assert not gh.can_write(REPO, "reader")
+    assert not gh.can_write(REPO, "stranger")
+
+
+def test_revoked_token_is_minted_again_on_401(gh, github: GitHubServer) -> None:  # type: ignore[no-untyped-def]
+    gh.issue(REPO, 1)
+    github.revoke_tokens()
+    assert gh.issue(REPO, 1).number == 1
+    assert sum(1 for (_, p, _) in github.requests if p.endswith("/access_tokens")) == 2
+
+
+def test_5xx_is_retried(gh, github: GitHubServer) -> None:  # type: ignore[no-untyped-def]
+    github.inject("GET", r"/issues/1$", 502, times=2)
+    assert gh.issue(REPO, 1).number == 1
+    assert len(gh.sleeps) == 2
+
+
+def test_secondary_rate_limit_waits_retry_after(gh, github: GitHubServer) -> None:  # type: ignore[no-untyped-def]
+    github.inject(
+        "POST",
+        r"/issues/1/comments$",
+        403,
+        headers={"Retry-After": "3"},
+        body={"message": "You have exceeded a secondary rate limit"},
+    )
+    gh.upsert_comment(REPO, 1, "status", "hello")
+    assert gh.sleeps == [3.0]
+    assert len([c for c in github.repo(REPO).comments.values()]) == 1
+
+
+def test_write_that_landed_before_a_5xx_is_not_repeated(gh, github: GitHubServer) -> None:  # type: ignore[no-untyped-def]
+    # GitHub applied the comment but the answer was lost as a 500: the retry must find it.
+    github.inject("POST", r"/issues/1/comments$", 500, after=True)
+    c = gh.upsert_comment(REPO, 1, "status", "hello")
+    comments = list(github.repo(REPO).comments.values())
+    assert len(comments) == 1 and comments[0]["id"] == c.id
+
+
+def test_upsert_edits_instead_of_adding(gh, github: GitHubServer) -> None:  # type: ignore[no-untyped-def]
+    first = gh.upsert_comment(REPO, 1, "status", "one")
+    second = gh.upsert_comment(REPO, 1, "status", "two")
+    assert first.id == second.id
+    assert "two" in github.repo(REPO).comments[first.id]["body"]
+
+
+def test_pull_request_created_once_across_lost_answers(gh, github: GitHubServer) -> None:  # type: ignore[no-untyped-def]
+    from bot.standins import gitrepo
+
+    repo = github.repo(REPO)
+    gitrepo.git(repo.path, "branch", "loop/issue-1", "main")
+    gitrepo.seed(repo.path, "loop/issue-1", {"README.md": "fixed\n"}, "fix")
+    github.inject("POST", r"/pulls$", 502, after=True)
+    pr = gh.open_pull(REPO, "loop/issue-1", "main", "Fix", "Done.", closes=1)
+    again = gh.open_pull(REPO, "loop/issue-1", "main", "Fix", "Done.", closes=1)
+    assert pr.number == again.number
+    assert len(repo.pulls) == 1
+
+
+def test_persistent_outage_ends_with_a_clear_error(gh, github: GitHubServer) -> None:  # type: ignore[no-untyped-def]
+    github.inject("GET", r"/issues/1$", 503, times=100)
+    with pytest.raises(Unavailable, match="503"):
+        gh.issue(REPO, 1)
+
+
+def test_rate_limit_longer_than_allowed_wait_is_fatal(gh, github: GitHubServer) -> None:  # type: ignore[no-untyped-def]
+    github.inject("GET", r"/issues/1$", 403, headers={"Retry-After": "3600"})
+    with pytest.raises(Unavailable, match="rate limited"):
+        gh.issue(REPO, 1)
+    assert gh.sleeps == []
+
+
+def test_missing_things(gh) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(NotFound):
+        gh.issue(REPO, 99)
+    assert gh.file(REPO, ".github/loop.yml") is None
+    assert gh.file(REPO, "README.md") == "hi\n"
+
+
+def test_required_checks_from_protection_and_rulesets(gh, github: GitHubServer) -> None:  # type: ignore[no-untyped-def]
+    assert gh.required_checks(REPO, "main") is None  # nothing required: every check counts
+    github.require_checks(REPO, "main", ["ci/test"])
+    assert gh.required_checks(REPO, "main") == {"ci/test"}
+    github.require_checks(REPO, "main", ["deploy", "ci/test"], ruleset=True)
+    assert gh.required_checks(REPO, "main") == {"ci/test", "deploy"}
+    # Older GitHub Enterprise Server has no rulesets endpoint: protection still counts.
+    github.inject("GET", r"/rules/branches/", 404, times=5)
+    assert gh.required_checks(REPO, "main") == {"ci/test"}
+
+
+def test_every_page_of_commit_statuses_is_read(gh, github: GitHubServer) -> None:  # type: ignore[no-untyped-def]
+    """Red team: only the first page (30) of the combined status was read, so a failing
+    status past it was never seen by the gate."""
+    from bot.standins import gitrepo
+
+    sha = gitrepo.resolve(github.repo(REPO).path, "main")
+    with github.as_user("acme") as u:
+        for i in range(130):
+            state = "failure" if i == 129 else "success"
+            u.post(f"/repos/{REPO}/statuses/{sha}", json={"state": state, "context": f"ci/{i}"})
+    statuses = gh.commit_statuses(REPO, sha)
+    assert len(statuses) == 130 and ("ci/129", "failure") in statuses

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot.core.settings import SettingsError, load_settings
+
+KEY = "-----BEGIN RSA PRIVATE KEY-----\nabc\n-----END RSA PRIVATE KEY-----\n"
+
+
+def base() -> dict[str, str]:
+    return {"GITHUB_APP_ID": "12", "GITHUB_PRIVATE_KEY": KEY, "GITHUB_WEBHOOK_SECRET": "s"}
+
+
+def test_defaults_from_the_contract() -> None:
+    s = load_settings(base(), role="web")
+    assert s.redis_url == "redis://localhost:6379/0"
+    assert s.api_url == "https://api.github.com"
+    assert s.github_app_id == 12
+
+
+def test_missing_variables_are_named() -> None:
+    with pytest.raises(SettingsError) as exc:
+        load_settings({}, role="web")
+    text = str(exc.value)
+    assert "GITHUB_APP_ID: is required" in text
+    assert "GITHUB_WEBHOOK_SECRET: is required" in text
+
+
+def test_malformed_variables_are_named() -> None:
+    env = {**base(), "GITHUB_APP_ID": "twelve", "GITHUB_API_URL": "not a url"}
+    with pytest.raises(SettingsError) as exc:
+        load_settings(env, role="web")
+    assert "GITHUB_APP_ID" in str(exc.value) and "GITHUB_API_URL" in str(exc.value)
+
+
+def test_private_key_must_be_given_once_and_be_pem(tmp_path: Path) -> None:
+    env = base()
+    del env["GITHUB_PRIVATE_KEY"]
+    with pytest.raises(SettingsError, match="GITHUB_PRIVATE_KEY or GITHUB_PRIVATE_KEY_PATH"):
+        load_settings(env)
+    with pytest.raises(SettingsError, match=r"GITHUB_PRIVATE_KEY_PATH: .*no such file"):
+        load_settings({**env, "GITHUB_PRIVATE_KEY_PATH": str(tmp_path / "nope.pem")})
+    with pytest.raises(SettingsError, match="not a PEM key"):
+        load_settings({**env, "GITHUB_PRIVATE_KEY": "hunter2"})
+    path = tmp_path / "key.pem"
+    path.write_text(KEY)
+    s = load_settings({**env, "GITHUB_PRIVATE_KEY_PATH": str(path)})
+    assert s.private_key_pem() == KEY
+
+
+def test_escaped_newlines_in_key_are_unescaped() -> None:
+    s = load_settings({**base(), "GITHUB_PRIVATE_KEY": KEY.replace("\n", "\\n")})
+    assert s.private_key_pem() == KEY
+
+
+def test_worker_needs_the_model_key() -> None:
+    with pytest.raises(SettingsError, match="ANTHROPIC_API_KEY"):
+        load_settings(base(), role="worker")
+    assert load_settings({**base(), "ANTHROPIC_API_KEY": "k"}, role="worker")
