@@ -15,8 +15,8 @@ from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from tests.conftest import Web
-from tests.helpers import REPO, comment, content_text, label, open_issue, sample_repo
 from tests.e2e.test_review_merge import FIX, KEY, YML, finding, is_critic, main_log, record
+from tests.helpers import REPO, comment, content_text, label, open_issue, sample_repo
 
 SEV1 = finding("sev1", "calc.py", 2, "add() overflows on big ints")
 

@@ -21,8 +21,8 @@ from bot.standins.github import GitHubServer
 from jobs import critic, merge_gate, reconciler
 from jobs.runtime import Runtime
 from tests.conftest import Web
-from tests.helpers import REPO, label, open_issue, sample_repo
 from tests.e2e.test_review_merge import FIX, KEY, YML, is_critic, main_log, record, report, run
+from tests.helpers import REPO, label, open_issue, sample_repo
 
 
 @pytest.fixture(autouse=True)

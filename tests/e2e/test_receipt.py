@@ -33,8 +33,17 @@ from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from jobs import merge_gate
 from tests.conftest import Web
+from tests.e2e.test_review_merge import (
+    FIX,
+    KEY,
+    YML,
+    ci_status,
+    is_critic,
+    main_log,
+    record,
+    report,
+)
 from tests.helpers import REPO, label, open_issue, sample_repo
-from tests.e2e.test_review_merge import FIX, KEY, YML, ci_status, is_critic, main_log, record, report
 
 HEAD = "b" * 40
 GREEN = classify_checks([("ci/test", "completed", "success")], [], frozenset({"ci/test"}))
