@@ -1,13 +1,14 @@
 """Latency from a signed ``issues.labeled`` delivery to the first model request.
 
-    .venv/bin/python bench/first_request.py [--rounds 10]
+    .venv/bin/python bench/first_request.py [--rounds 10] [--smoke]
 
 Everything real but GitHub and the model (local servers): the web app, a
 ``loopbot worker`` process (forking RQ worker plus its control lane), Redis, git and
 the sandbox. One loop runs first to warm the worker's mirror; then, each round, a
 writer labels a new issue and the time until the model server receives the loop's
 first request is measured (that includes the webhook, the permission check, the
-config read, the status comment, the mirror fetch and the worktree).
+config read, the status comment, the mirror fetch and the worktree). ``--smoke``: one
+round (see bench/_smoke.py).
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from werkzeug.serving import make_server
 
-from bench import _env
+from bench import _env, _smoke
+from bot.core.ids import LoopId
 from bot.core.record import TERMINAL
 from bot.io.logs import configure
 from bot.standins import anthropic as m
@@ -36,10 +39,27 @@ REPO = "bench/latency"
 YML = "verify: exit 0\nmax_turns: 1\ncritic:\n  enabled: false\nmerge:\n  enabled: false\n"
 
 
+def fail(b: _env.Bench, why: str) -> NoReturn:
+    """Stop with the end of the worker's log, which says why (e.g. it did not start)."""
+    tail = (b.root / "worker.log").read_text(errors="replace")[-3000:]
+    raise SystemExit(f"{why}; the end of {b.root}/worker.log:\n{tail}")
+
+
+def wait_until_finished(b: _env.Bench, worker: subprocess.Popen[bytes], issue: int) -> None:
+    """Wait for the loop to end, so that the next round starts on an idle worker."""
+    deadline = time.time() + 60
+    while time.time() < deadline and worker.poll() is None:
+        r = b.rt.store.get(LoopId(REPO, issue))
+        if r is not None and r.status in TERMINAL:
+            return
+        time.sleep(0.02)
+    fail(b, f"the loop for issue #{issue} did not finish")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=10)
-    args = ap.parse_args()
+    args = _smoke.parse(ap, rounds=1)
     configure("json", level=logging.WARNING)
     b = _env.start()
     worker = None
@@ -73,16 +93,14 @@ def main() -> None:
                 u.post(f"/repos/{REPO}/issues/{n}/labels", json={"labels": ["loop:ready"]})
                 deadline = time.time() + 30
                 while len(b.model.arrivals) == seen and time.time() < deadline:
+                    if worker.poll() is not None:
+                        fail(b, f"the worker exited with {worker.returncode}")
                     time.sleep(0.002)
                 if len(b.model.arrivals) == seen:
-                    raise SystemExit(f"no model request for issue #{n}; see {b.root}/worker.log")
+                    fail(b, f"no model request for issue #{n}")
                 if i > 0:  # round 0 warms the mirror
                     latencies.append((b.model.arrivals[seen] - t0) * 1000)
-                while True:
-                    r = b.rt.store.get(f"{REPO}#{n}")
-                    if r is not None and r.status in TERMINAL:
-                        break
-                    time.sleep(0.02)
+                wait_until_finished(b, worker, n)
         latencies.sort()
         print(f"labeled → first model request, warm mirror, {len(latencies)} rounds:")
         print(

@@ -1,13 +1,13 @@
 """Orchestration overhead per turn, with model and verify time excluded.
 
-    .venv/bin/python bench/loop_overhead.py [--turns 20]
+    .venv/bin/python bench/loop_overhead.py [--turns 20] [--smoke]
 
 Runs one real loop job (real RQ worker, Redis, git, bubblewrap sandbox, the local GitHub
 and model servers) for ``--turns`` turns. Each turn the scripted model edits one file
 and finishes; verify (`exit 1`) always fails, so every turn goes through the whole
 cycle: re-read the issue, agent turn, commit, push, check run, verify, events, status
 comment. Overhead = time from one turn's start to the next, minus the model's answer
-time and verify's run time. Prints median, p90 and max.
+time and verify's run time. Prints median, p90 and max. ``--smoke``: 3 turns (see bench/_smoke.py).
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rq import Worker
 
-from bench import _env
+from bench import _env, _smoke
 from bot.core import repo_config
+from bot.core.ids import LoopId
 from bot.io.logs import configure
 from bot.io.queues import ALL_QUEUES, make_worker
 from bot.standins import anthropic as m
+from jobs import entry as _entry  # noqa: F401 - registers the job functions the worker runs
 from jobs.dispatch import start_loop
 
 REPO = "bench/overhead"
@@ -36,7 +38,7 @@ REPO = "bench/overhead"
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--turns", type=int, default=20)
-    args = ap.parse_args()
+    args = _smoke.parse(ap, turns=3)
     configure("json", level=logging.WARNING)
     b = _env.start()
     try:
@@ -62,8 +64,10 @@ def main() -> None:
         start_loop(b.rt, REPO, n, iid, "bench", repo_config.parse(yml))
         # A forking worker: the job runs in its own process, apart from the local servers.
         make_worker(ALL_QUEUES, b.rt.redis, Worker).work(burst=True)
-        events = b.rt.store.events(f"{REPO}#{n}", count=100_000)
+        events = b.rt.store.events(LoopId(REPO, n), count=100_000)
         starts = [e["at"] for e in events if e["kind"] == "turn_started"]
+        if len(starts) != args.turns:  # the loop stopped early: the figures would be wrong
+            raise SystemExit(f"the loop ran {len(starts)} of {args.turns} turns; see {b.root}")
         done = [e["data"] for e in events if e["kind"] == "turn_completed"]
         verify = [e["data"]["seconds"] for e in events if e["kind"] == "verify"]
         overhead = []

@@ -1,21 +1,27 @@
 """How the list views scale with the number of loops stored.
 
-    .venv/bin/python bench/scale.py [--loops 5000]
+    .venv/bin/python bench/scale.py [--loops 5000] [--smoke]
 
 Starts a private redis-server, stores ``--loops`` loop records of a realistic size
 (four findings, a verify tail, usage for two roles), then times what runs repeatedly
 against all of them: one dashboard page (``/api/loops``, polled every 2 s by an open
 dashboard), a Prometheus scrape (``/metrics``), the reconciler's pass over active loops
 and `loopbot status`. Whole records are read only where one loop is asked for.
+``--smoke``: 50 loops (see bench/_smoke.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import _smoke
 from bot.core.record import LoopRecord, Status, Usage
 from bot.io.metrics import render
 from bot.io.redis import connect
@@ -61,7 +67,7 @@ def timed(fn: Callable[[], object], runs: int = 5) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--loops", type=int, default=5000)
-    args = ap.parse_args()
+    args = _smoke.parse(ap, loops=50)
     server = RedisServer().start()
     try:
         redis = connect(server.url)

@@ -1,7 +1,7 @@
 """Webhook ingress benchmark: loopbot's web app vs a bare Flask endpoint, same gunicorn.
 
     .venv/bin/python bench/webhook.py [--seconds 10] [--workers 2] [--connections 16]
-        [--worker-class gevent|gthread|sync] [--slow-clients 50]
+        [--worker-class gevent|gthread|sync] [--slow-clients 50] [--smoke]
 
 Starts a private redis-server, runs each app under gunicorn (the same worker class and
 settings; gevent by default, as ``loopbot web`` and the Procfile), and drives both on
@@ -13,7 +13,8 @@ loopbot verifies, dedupes, routes and enqueues every one):
 3. slow clients (loopbot only): the same open loop while ``--slow-clients`` connections
    each send a partial request a byte every 0.5 s; p99.
 
-Prints one table. Needs wrk (``./scripts/setup --dev``).
+Prints one table. Needs wrk (``./scripts/setup --dev``). ``--smoke``: one second each, no
+warm-up, a smaller rate, fewer slow clients and in-process calls (see bench/_smoke.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import _smoke
 from bot.core.signature import sign, verify
 from bot.standins.redis_server import RedisServer, free_port
 
@@ -80,7 +84,7 @@ request = function()
   return wrk.format("POST", "/webhook", headers, prefix .. n .. suffix)
 end
 """
-WRK_BODIES = 120_000  # more than a run sends: a repeat would be a (cheaper) replay
+WRK_BODIES_PER_SECOND = 12_000  # more than a run sends: a repeat would be a (cheaper) replay
 
 
 def gunicorn(
@@ -110,7 +114,8 @@ def gunicorn(
     raise SystemExit(f"{app} did not start on port {port}")
 
 
-def run_wrk(url: str, seconds: int, connections: int, count: int = WRK_BODIES) -> float:
+def run_wrk(url: str, seconds: int, connections: int) -> float:
+    count = WRK_BODIES_PER_SECOND * max(seconds, 2)
     run = uuid.uuid4().hex[:8]
     prefix, suffix = json.dumps({**PAYLOAD, "bench": f"{run}-@@"}).split("@@")
     sigs = ",".join(f'"{sign(SECRET, f"{prefix}{n}{suffix}".encode())}"' for n in range(count))
@@ -137,7 +142,7 @@ def run_wrk(url: str, seconds: int, connections: int, count: int = WRK_BODIES) -
     total = re.search(r"(\d+) requests in", out)
     assert total, out
     if int(total.group(1)) > count:
-        raise SystemExit(f"wrk sent more than {count} requests: raise WRK_BODIES")
+        raise SystemExit(f"wrk sent more than {count} requests: raise WRK_BODIES_PER_SECOND")
     return float(m.group(1))
 
 
@@ -184,6 +189,8 @@ def open_loop(url: str, rate: int, seconds: int) -> list[float]:
         t.start()
     for t in threads:
         t.join()
+    if len(latencies) != total:  # a thread failed (its error is printed above)
+        raise SystemExit(f"open loop: {len(latencies)} of {total} requests answered 200/202")
     return latencies
 
 
@@ -272,7 +279,7 @@ def in_process(redis_url: str, n: int = 2000) -> dict[str, float]:
     }
     out = {}
     for name, fn in calls.items():
-        for _ in range(200):
+        for _ in range(max(n // 10, 1)):  # warm-up
             fn()
         start = time.perf_counter()
         for _ in range(n):
@@ -293,7 +300,11 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=200)
     ap.add_argument("--worker-class", default="gevent", choices=["gevent", "gthread", "sync"])
     ap.add_argument("--slow-clients", type=int, default=50)
-    args = ap.parse_args()
+    ap.add_argument(
+        "--warmup", type=int, default=2, help="seconds of wrk before each run (0: none)"
+    )
+    ap.add_argument("--calls", type=int, default=2000, help="in-process calls of each kind")
+    args = _smoke.parse(ap, seconds=1, rate=50, slow_clients=5, warmup=0, calls=200)
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: ./scripts/setup --dev")
 
@@ -320,7 +331,8 @@ def main() -> None:
             proc = gunicorn(app, port, env, args.workers, args.worker_class)
             procs.append(proc)
             url = f"http://127.0.0.1:{port}/webhook"
-            run_wrk(url, 2, args.connections, 20_000)  # warm-up
+            if args.warmup:
+                run_wrk(url, args.warmup, args.connections)
             rps = run_wrk(url, args.seconds, args.connections)
             lat = open_loop(url, args.rate, args.seconds)
             results[name] = (rps, pct(lat, 50), pct(lat, 99))
@@ -329,7 +341,7 @@ def main() -> None:
                     slow_lat = open_loop(url, args.rate, args.seconds)
             proc.send_signal(signal.SIGTERM)
             proc.wait(10)
-        micro = in_process(redis.url)
+        micro = in_process(redis.url, args.calls)
         enqueued = subprocess.run(
             ["redis-cli", "-p", str(redis.port), "llen", "rq:queue:loopbot-control"],
             capture_output=True,

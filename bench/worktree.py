@@ -1,6 +1,6 @@
 """Worktree provisioning on a large synthetic repository.
 
-    .venv/bin/python bench/worktree.py [--files 20000] [--commits 5000] [--rounds 5]
+    .venv/bin/python bench/worktree.py [--files 20000] [--commits 5000] [--rounds 5] [--smoke]
 
 Builds a repository with ``--files`` files and ``--commits`` commits (git fast-import),
 serves it from the local GitHub server over HTTP (smart HTTP, token auth), and times:
@@ -13,7 +13,8 @@ serves it from the local GitHub server over HTTP (smart HTTP, token auth), and t
 - raw: ``git worktree add`` on the same mirror, nothing else;
 - fresh clone: ``git clone`` of the repository over the same HTTP server.
 
-Prints the median of ``--rounds`` runs of each and the two ratios.
+Prints the median of ``--rounds`` runs of each and the two ratios. ``--smoke``: 1,000
+files, 20 commits, one round (see bench/_smoke.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import _smoke
 from bot.standins.github import GitHubServer
 from jobs.worktree import Worktrees, git
 
@@ -102,7 +104,7 @@ def main() -> None:
         default=None,
         help="where to work, e.g. /dev/shm to take a noisy disk out of the figures",
     )
-    args = ap.parse_args()
+    args = _smoke.parse(ap, files=1000, commits=20, rounds=1)
     root = Path(tempfile.mkdtemp(prefix="loopbot-wt-bench-", dir=args.dir))
     github = GitHubServer(root / "github").start()
     try:

@@ -3,7 +3,8 @@
 A step is one model call plus the tool calls it asks for. The turn ends on a non-tool
 finish, the step cap, the tool-call budget, a doom loop (the same call three times in a
 row), the issue's budget (checked before each call: a call that could cross it is never
-made), too many stalls, or cancellation; the reason is returned, never swallowed. The
+made), too many stalls, or cancellation; the reason is returned, never swallowed. Those
+rules are pure decisions in ``bot.core.rules.agent_stop``; this module does the I/O. The
 conversation is a list of plain dicts so it can be stored in Redis and continued by
 another worker.
 """
@@ -11,35 +12,22 @@ another worker.
 from __future__ import annotations
 
 import copy
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, assert_never
 
 import anthropic
 
 from bot.core.pricing import usage_from
 from bot.core.record import Usage
+from bot.core.rules import agent_stop as rules
 from bot.core.rules import budget
+from bot.core.rules.agent_stop import End, Go, Stop
 from bot.core.rules.budget import Budget, Spent
 from jobs import precall
 from jobs.tools import TOOLS, ToolBox
 
-End = Literal[
-    "finished",
-    "step_cap",
-    "tool_budget",
-    "doom_loop",
-    "budget_exhausted",
-    "stalled",
-    "cancelled",
-    "shutdown",
-    "text_only",
-    "resource_limit",
-]
-DOOM_REPEATS = 3
-MAX_STALLS = 5
 MAX_TOKENS = 8192
 
 SYSTEM = """\
@@ -116,8 +104,42 @@ def add_user_text(messages: list[dict[str, Any]], text: str) -> None:
         messages.append({"role": "user", "content": [{"type": "text", "text": text}]})
 
 
-def _signature(name: str, args: dict[str, Any]) -> str:
-    return name + ":" + json.dumps(args, sort_keys=True)
+def _stop_of(decision: Go | Stop) -> Stop | None:
+    """None when the turn goes on, else the stop that ends it."""
+    match decision:
+        case Go():
+            return None
+        case (
+            rules.Cancelled()
+            | rules.Shutdown()
+            | rules.StepCap()
+            | rules.ToolBudget()
+            | rules.DoomLoop()
+            | rules.Stalled()
+            | rules.BudgetExhausted()
+            | rules.Finished()
+            | rules.TextOnly()
+            | rules.ResourceLimit()
+        ) as stop:
+            return stop
+        case never:
+            assert_never(never)
+
+
+def _ended(outcome: Outcome, stop: Stop) -> Outcome:
+    outcome.end, outcome.detail = stop.end, stop.detail
+    return outcome
+
+
+def _not_run(call: dict[str, Any], stop: Stop) -> dict[str, Any]:
+    """The answer to a tool call the turn ended before: every tool_use is answered so the
+    stored conversation stays valid."""
+    return {
+        "type": "tool_result",
+        "tool_use_id": call["id"],
+        "content": f"not run: the turn ended ({stop.end})",
+        "is_error": True,
+    }
 
 
 class Agent:
@@ -204,29 +226,29 @@ class Agent:
         """Run one turn on ``messages`` (mutated in place) starting with ``prompt``."""
         add_user_text(messages, prompt)
         outcome = Outcome(end="finished")
-        recent: list[str] = []
+        recent: tuple[str, ...] = ()  # the latest tool calls' fingerprints, for doom loops
         stalls = 0
         model = self.model
-        text_only = limits.step_cap == 0
+        with_tools = not rules.text_only(limits.step_cap)
         started = time.monotonic()
         counted: tuple[int, int] | None = None
         while True:
-            if self.cancelled():
-                outcome.end = "cancelled"
-                return outcome
-            if self.draining():
-                outcome.end = "shutdown"
-                return outcome
-            if not text_only and outcome.steps >= limits.step_cap:
-                outcome.end, outcome.detail = "step_cap", f"{limits.step_cap} steps"
-                return outcome
-            request = self._request(messages, not text_only, model)
+            stop = _stop_of(
+                rules.before_call(
+                    cancelled=self.cancelled(),
+                    draining=self.draining(),
+                    steps=outcome.steps,
+                    step_cap=limits.step_cap,
+                )
+            )
+            if stop is not None:
+                return _ended(outcome, stop)
+            request = self._request(messages, with_tools, model)
             why = self._over_budget(
                 request, limits, outcome, time.monotonic() - started, counted, messages
             )
             if why is not None:
-                outcome.end, outcome.detail = "budget_exhausted", why
-                return outcome
+                return _ended(outcome, rules.BudgetExhausted(why))
             called = time.monotonic()
             try:
                 resp = self.client.with_options(timeout=limits.stall_timeout).messages.create(
@@ -236,10 +258,9 @@ class Agent:
                 outcome.model_seconds += time.monotonic() - called
                 stalls += 1
                 self.on_step(outcome.steps, f"stall {stalls}: {type(exc).__name__}")
-                if stalls >= MAX_STALLS:
-                    outcome.end, outcome.detail = "stalled", f"{stalls} stalls in a row"
-                    return outcome
-                continue
+                if (stop := _stop_of(rules.after_stall(stalls))) is not None:
+                    return _ended(outcome, stop)
+                continue  # retry the same request
             except anthropic.InternalServerError:
                 # The SDK already retried 5xx and 529; try the fallback model once if set.
                 if self.fallback_model and model != self.fallback_model:
@@ -264,56 +285,63 @@ class Agent:
             if texts:
                 outcome.text = "\n".join(texts)
             calls = [b for b in blocks if b.get("type") == "tool_use"]
-            if text_only:
-                outcome.end = "text_only"
-                return outcome
-            if resp.stop_reason != "tool_use" or not calls:
-                outcome.end = "finished"
-                return outcome
-            results: list[dict[str, Any]] = []
-            stop: tuple[End, str] | None = None
-            for call in calls:
-                sig = _signature(call["name"], call.get("input") or {})
-                recent = ([*recent, sig])[-DOOM_REPEATS:]
-                if stop is None and self.cancelled():
-                    stop = ("cancelled", "")
-                if stop is None and self.draining():
-                    stop = ("shutdown", "")
-                if stop is None and outcome.tool_calls >= limits.tool_budget:
-                    stop = ("tool_budget", f"{limits.tool_budget} tool calls")
-                if stop is None and len(recent) == DOOM_REPEATS and len(set(recent)) == 1:
-                    stop = (
-                        "doom_loop",
-                        f"{call['name']} called {DOOM_REPEATS} times with the same input",
-                    )
-                if stop is not None:
-                    # Answer every tool_use so the stored conversation stays valid.
-                    results.append(
-                        {
-                            "type": "tool_result",
-                            "tool_use_id": call["id"],
-                            "content": f"not run: the turn ended ({stop[0]})",
-                            "is_error": True,
-                        }
-                    )
-                    continue
-                ran = time.monotonic()
-                text, is_error = self.tools.run(call["name"], call.get("input") or {})
-                outcome.tool_seconds += time.monotonic() - ran
-                outcome.tool_calls += 1
-                self.on_step(outcome.steps, call["name"])
-                if (problem := self.resources()) is not None:
-                    text, is_error = f"{text}\n[loopbot: {problem}; the turn ends here]", True
-                    stop = ("resource_limit", problem)
-                results.append(
-                    {
-                        "type": "tool_result",
-                        "tool_use_id": call["id"],
-                        "content": text,
-                        "is_error": is_error,
-                    }
+            stop = _stop_of(
+                rules.after_response(
+                    step_cap=limits.step_cap, stop_reason=resp.stop_reason, tool_calls=len(calls)
                 )
+            )
+            if stop is not None:
+                return _ended(outcome, stop)
+            results, recent, stop = self._run_tools(calls, recent, limits, outcome)
             messages.append({"role": "user", "content": results})
             if stop is not None:
-                outcome.end, outcome.detail = stop
-                return outcome
+                return _ended(outcome, stop)
+
+    def _run_tools(
+        self,
+        calls: list[dict[str, Any]],
+        recent: tuple[str, ...],
+        limits: Limits,
+        outcome: Outcome,
+    ) -> tuple[list[dict[str, Any]], tuple[str, ...], Stop | None]:
+        """Run one step's tool calls, in order, until one of them ends the turn.
+
+        Returns their results (one per call, those after the end answered "not run"),
+        the doom-loop window with every call asked for, and the stop, if any.
+        """
+        results: list[dict[str, Any]] = []
+        stop: Stop | None = None
+        for call in calls:
+            args = call.get("input") or {}
+            recent = rules.remember(recent, rules.fingerprint(call["name"], args))
+            if stop is None:
+                stop = _stop_of(
+                    rules.before_tool(
+                        cancelled=self.cancelled(),
+                        draining=self.draining(),
+                        tool_calls=outcome.tool_calls,
+                        tool_budget=limits.tool_budget,
+                        recent=recent,
+                        tool=call["name"],
+                    )
+                )
+            if stop is not None:
+                results.append(_not_run(call, stop))
+                continue
+            ran = time.monotonic()
+            text, is_error = self.tools.run(call["name"], args)
+            outcome.tool_seconds += time.monotonic() - ran
+            outcome.tool_calls += 1
+            self.on_step(outcome.steps, call["name"])
+            if (problem := self.resources()) is not None:
+                text, is_error = f"{text}\n[loopbot: {problem}; the turn ends here]", True
+                stop = rules.ResourceLimit(problem)
+            results.append(
+                {
+                    "type": "tool_result",
+                    "tool_use_id": call["id"],
+                    "content": text,
+                    "is_error": is_error,
+                }
+            )
+        return results, recent, stop

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, assert_never
 
 from pydantic import ValidationError
 
@@ -22,6 +22,7 @@ from bot.core.pricing import usage_from
 from bot.core.record import LoopRecord, Reason, Status, Usage
 from bot.core.rules import findings as flog
 from bot.core.rules import intake
+from bot.core.rules.lifecycle import Guard, Requeue
 from bot.core.rules.review import (
     NO_TEST,
     NO_TEST_FINGERPRINT,
@@ -29,6 +30,7 @@ from bot.core.rules.review import (
     CriticReport,
     MergeNext,
     NeedsHuman,
+    Plan,
     StopLoop,
     answers,
     as_finding,
@@ -43,14 +45,14 @@ from bot.core.rules.review import (
     review_body,
     tally,
 )
+from bot.core.rules.review_check import check_run
 from bot.core.text import messages
 from bot.core.text.prompts import FENCE, fence_safe
 from bot.io.github.client import Installation
 from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
-from bot.io.queues import enqueue_gate
 from bot.io.store import Store
-from jobs import precall
+from jobs import lifecycle, precall
 from jobs.critic_tools import (
     ReviewCheckout,
     ReviewLimits,
@@ -58,7 +60,6 @@ from jobs.critic_tools import (
     review_with_tools,
     tools_note,
 )
-from jobs.dispatch import enqueue_loop
 from jobs.retries import with_retries
 from jobs.runtime import Runtime, current, instrumented
 from jobs.worktree import Worktrees
@@ -72,6 +73,7 @@ ATTEMPTS = 2
 # again from the start after these pauses; then the loop ends with ``critic_error``.
 ERROR_ATTEMPTS = 3
 ERROR_BACKOFF = (30.0, 120.0)
+MOVED_ON = "the loop moved on during the review"
 
 SYSTEM = """\
 You review pull requests written by an autonomous coding agent, as a careful senior
@@ -112,24 +114,18 @@ class Critic:
         record = self.store.get(self.key)
         if record is None or record.status != Status.REVIEWING:
             return f"critic error after the loop moved on: {error}"
-        detail = messages.gave_up("review", error, attempts)
-
-        def apply(r: LoopRecord) -> None:
-            if r.status == Status.REVIEWING:
-                r.status, r.reason, r.detail = Status.FAILED, Reason.CRITIC_ERROR.value, detail
-                r.phase = Status.FAILED.value
-
-        updated = self.store.update(self.key, apply)
-        if updated.reason != Reason.CRITIC_ERROR.value:
-            return f"critic error after the loop moved on: {error}"
-        self.store.event(
-            self.key, "loop_finished", status="failed", reason="critic_error", detail=detail
+        ended = lifecycle.finish(
+            self.store,
+            self.key,
+            Status.FAILED,
+            Reason.CRITIC_ERROR,
+            messages.gave_up("review", error, attempts),
+            guard=Guard.WHILE_REVIEWING,
+            gh=self.rt.github.installation(record.installation_id),
+            best_effort=True,  # GitHub may be what is failing; the record says it all
         )
-        try:  # best effort: GitHub may be what is failing; the record says it all already
-            gh = self.rt.github.installation(record.installation_id)
-            gh.upsert_comment(self.repo, self.issue, "status", messages.status_comment(updated))
-        except Exception as exc:  # noqa: BLE001
-            log.warning("critic.comment_failed", loop=self.key, error=str(exc)[:300])
+        if ended is None:
+            return f"critic error after the loop moved on: {error}"
         return "failed: critic_error"
 
     def _run_once(self) -> str:
@@ -137,9 +133,7 @@ class Critic:
         if record is None or record.status != Status.REVIEWING or record.pr_number is None:
             return "nothing to review"
         gh = self.rt.github.installation(record.installation_id)
-        config = repo_config.parse(
-            gh.file(self.repo, repo_config.CONFIG_PATH), repo_config.Ceilings.of(self.rt.settings)
-        )
+        config = self.rt.config(gh, self.repo)
         pull = gh.pull(self.repo, record.pr_number)
         sha = pull.head_sha
         issue = gh.issue(self.repo, self.issue)
@@ -287,47 +281,45 @@ class Critic:
         return self._act(gh, record, plan, config)
 
     def _act(
-        self, gh: Installation, record: LoopRecord, plan: Any, config: repo_config.RepoConfig
+        self, gh: Installation, record: LoopRecord, plan: Plan, config: repo_config.RepoConfig
     ) -> str:
-        current_status = self.store.get(self.key)
-        if current_status is None or current_status.status != Status.REVIEWING:
+        now = self.store.get(self.key)
+        if now is None or now.status != Status.REVIEWING:
             # Cancelled, refused or restarted while the model was reviewing.
-            return "the loop moved on during the review"
-        if isinstance(plan, CodeAgain):
-            note = (
-                f"The reviewer found {len(plan.findings)} blocking (sev1) problem(s) in "
-                f"review round {record.critic_round + 1}."
-            )
-            self.store.update(self.key, lambda r: _to_coding(r, note))
-            enqueue_loop(self.rt, self.repo, self.issue)
-            return "back to coding"
-        if isinstance(plan, NeedsHuman):
-            gh.add_labels(self.repo, self.issue, [config.labels.needs_human])
-            return self._finish(gh, Status.REFUSED, Reason.NEEDS_HUMAN, plan.why)
-        if isinstance(plan, StopLoop):
-            return self._finish(gh, plan.status, plan.reason, plan.detail)
-        assert isinstance(plan, MergeNext)
-        if not config.merge.enabled:
-            return self._finish(
-                gh,
-                Status.COMPLETED,
-                Reason.PR_OPENED,
-                "reviewed; merging is disabled for this repository",
-            )
-        self.store.update(self.key, lambda r: _phase(r, Status.MERGING, "merging"))
-        enqueue_gate(self.rt.redis, self.repo, self.issue)
-        return "merge gate queued"
+            return MOVED_ON
+        match plan:
+            case CodeAgain(findings=found):
+                note = (
+                    f"The reviewer found {len(found)} blocking (sev1) problem(s) in "
+                    f"review round {record.critic_round + 1}."
+                )
+                if lifecycle.requeue(self.store, self.key, Requeue.FINDINGS, note=note) is None:
+                    return MOVED_ON
+                return "back to coding"
+            case NeedsHuman(why=why):
+                gh.add_labels(self.repo, self.issue, [config.labels.needs_human])
+                return self._finish(gh, Status.REFUSED, Reason.NEEDS_HUMAN, why)
+            case StopLoop(status=status, reason=reason, detail=detail):
+                return self._finish(gh, status, reason, detail)
+            case MergeNext() if not config.merge.enabled:
+                return self._finish(
+                    gh,
+                    Status.COMPLETED,
+                    Reason.PR_OPENED,
+                    "reviewed; merging is disabled for this repository",
+                )
+            case MergeNext():
+                moved = lifecycle.advance(
+                    self.store, self.key, Status.MERGING, came_from=frozenset({Status.REVIEWING})
+                )
+                return "merge gate queued" if moved else MOVED_ON
+            case _:
+                assert_never(plan)
 
     def _finish(self, gh: Installation, status: Status, reason: Reason, detail: str) -> str:
-        def apply(r: LoopRecord) -> None:
-            r.status, r.reason, r.detail, r.phase = status, reason.value, detail, status.value
-
-        record = self.store.update(self.key, apply)
-        self.store.event(
-            self.key, "loop_finished", status=status.value, reason=reason.value, detail=detail
-        )
-        gh.upsert_comment(self.repo, self.issue, "status", messages.status_comment(record))
-        return f"{status.value}: {reason.value}"
+        # A cancel a person asked for while the model was reviewing stands.
+        ended = lifecycle.finish(self.store, self.key, status, reason, detail, gh=gh)
+        return MOVED_ON if ended is None else f"{status.value}: {reason.value}"
 
     def _since(self, gh: Installation, reviewed: str, sha: str) -> tuple[str, str] | None:
         """The diff from the last reviewed head to ``sha`` (base sha, diff), or None on the
@@ -468,36 +460,16 @@ class Critic:
         return (review.error and "") or review.text
 
     def _check(self, gh: Installation, sha: str, report: CriticReport) -> None:
-        conclusion = (
-            "failure"
-            if report.verdict == "error" or report.blocking
-            else "success"
-            if report.verdict == "approve"
-            else "neutral"
-        )
-        level = {"sev1": "failure", "sev2": "warning", "sev3": "notice"}
-        annotations = [
-            {
-                "path": f.path,
-                "start_line": f.line,
-                "end_line": f.line,
-                "annotation_level": level[f.severity],
-                "title": f"{f.severity}: {f.title}"[:255],
-                "message": f.body[:64000] or f.title,
-            }
-            for f in report.findings
-            if f.line is not None
-        ]
+        run = check_run(report)
         gh.upsert_check_run(
             self.repo,
             CHECK_NAME,
             sha,
             status="completed",
-            conclusion=conclusion,
-            title=f"{report.verdict}: {report.count('sev1')} sev1, "
-            f"{report.count('sev2')} sev2, {report.count('sev3')} sev3",
+            conclusion=run.conclusion,
+            title=run.title,
             summary=report.summary,
-            annotations=annotations,
+            annotations=run.annotations,
         )
 
 
@@ -564,12 +536,3 @@ def _ask_again(text: str, problem: str) -> list[dict[str, Any]]:
             f"({problem}). Answer again with JSON only, in the schema.",
         },
     ]
-
-
-def _to_coding(r: LoopRecord, note: str) -> None:
-    r.status, r.phase, r.resume_note = Status.QUEUED, "queued", note
-    r.turn = 0  # the findings get a fresh turn budget; critic.max_rounds bounds the whole
-
-
-def _phase(r: LoopRecord, status: Status, phase: str) -> None:
-    r.status, r.phase = status, phase

@@ -7,14 +7,9 @@ no reply, nothing that tells them whether a loop exists.
 
 from __future__ import annotations
 
-import contextlib
 import time
-
-from redis import Redis
-from rq import Retry, get_current_job
-from rq.command import send_stop_job_command
-from rq.exceptions import InvalidJobOperation, NoSuchJobError
-from rq.job import JobStatus
+from collections.abc import Callable
+from typing import assert_never
 
 from bot.core import repo_config
 from bot.core.commands import (
@@ -29,31 +24,27 @@ from bot.core.commands import (
 )
 from bot.core.ids import LoopId, issue_from_branch
 from bot.core.record import (
-    ACTIVE,
     LoopRecord,
     Reason,
     Status,
     approve,
-    can_restart,
     intake_hash,
-    should_start,
 )
 from bot.core.rules import budget, intake
 from bot.core.rules import findings as flog
+from bot.core.rules.lifecycle import Create, Refused, Requeue, Restart, may_start
 from bot.core.rules.review import gate_after_dismissal
 from bot.core.text import messages
 from bot.core.text.messages import code_span
 from bot.io.github.client import Installation, IssueInfo
 from bot.io.logs import get_logger
-from bot.io.queues import LOOP_JOB, enqueue_gate, fetch_job, loop_queue
-from bot.io.store import Store
+from bot.io.queues import enqueue_gate
+from jobs import lifecycle
 from jobs.agent import MAX_TOKENS
+from jobs.merge_gate import refuse_closed
 from jobs.runtime import Runtime, current, instrumented
 
 log = get_logger("loopbot.dispatch")
-
-MAX_JOB_RETRIES = 3
-PENDING = (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED)
 
 
 @instrumented("dispatch")
@@ -65,21 +56,23 @@ def handle_command(raw: str) -> str:
         kind=cmd.kind, repo=cmd.repo, issue=cmd.issue, actor=cmd.actor, delivery=cmd.delivery
     )
     gh = rt.github.installation(cmd.installation_id)
-    if isinstance(cmd, LabelAdded):
-        result = _label_added(rt, gh, cmd)
-    elif isinstance(cmd, ControlCommand):
-        result = _control(rt, gh, cmd)
-    elif isinstance(cmd, IssueInactive):
-        result = _inactive(rt, gh, cmd)
-    elif isinstance(cmd, IssueEdited):
-        result = _edited(rt, gh, cmd)
-    elif isinstance(cmd, PullFeedback):
-        result = _feedback(rt, gh, cmd)
-    elif isinstance(cmd, DismissFinding):
-        result = _dismiss(rt, gh, cmd)
-    else:
-        assert isinstance(cmd, ChecksCompleted)
-        result = _checks(rt, cmd)
+    match cmd:
+        case LabelAdded():
+            result = _label_added(rt, gh, cmd)
+        case ControlCommand():
+            result = _control(rt, gh, cmd)
+        case IssueInactive():
+            result = _inactive(rt, gh, cmd)
+        case IssueEdited():
+            result = _edited(rt, gh, cmd)
+        case PullFeedback():
+            result = _feedback(rt, gh, cmd)
+        case DismissFinding():
+            result = _dismiss(rt, gh, cmd)
+        case ChecksCompleted():
+            result = _checks(rt, cmd)
+        case _:
+            assert_never(cmd)
     bound.info("dispatch.done", result=result)
     return result
 
@@ -94,7 +87,7 @@ def _label_added(rt: Runtime, gh: Installation, cmd: LabelAdded) -> str:
     if not gh.can_write(cmd.repo, cmd.actor):
         return f"{cmd.actor} cannot write to {cmd.repo}: ignored"
     try:
-        config = repo_config.parse(text, repo_config.Ceilings.of(rt.settings))
+        config = rt.parse_config(text)
     except repo_config.ConfigError as exc:
         gh.upsert_comment(
             cmd.repo, cmd.issue, "config-error", messages.config_error(exc.problems, cmd.actor)
@@ -126,105 +119,62 @@ def start_loop(
     keeps the text approved before.
     """
     store = rt.store
-    key = LoopId(repo, issue).key
-    with store.lock(key):
-        record = store.get(key)
-        if restart and record is not None:
-            alive = store.lease_holder(key) is not None
-            ok, why = can_restart(record, alive)
-        else:
-            ok, why = should_start(record)
-        if ok and record is not None and (why := _out_of_budget(rt, record, config)):
-            return why  # a restart never refills the issue's budget: say which one is out
-        if not ok:
-            return why
-        if _job_pending(rt, LoopId(repo, issue).job_id):
-            return "a loop job is already queued"
-        if record is None:
-            record = LoopRecord(
-                repo=repo,
-                issue=issue,
-                installation_id=installation_id,
-                branch=LoopId(repo, issue).branch,
-                started_by=actor,
-                max_turns=config.max_turns,
-            )
-            if approved is not None:
-                approve(record, approved.title, approved.body, actor)
-            store.put(record)
-            store.event(key, "loop_created", actor=actor)
-        else:
-            # Same identity, branch, conversation and findings; fresh turn, error and review budget.
-            def resume(r: LoopRecord) -> None:
-                r.status = Status.QUEUED
-                r.phase = "queued"
-                r.turn = 0
-                r.error_count = 0
-                r.idle_turns = 0  # a stop for no_changes must not recur at the first idle turn
-                # A person asked for another go: fresh review rounds too, or a loop stopped
-                # for critic_rounds_exhausted would stop again at its first sev1.
-                r.critic_round = 0
-                r.sev1_rounds = {}
-                r.reason = ""
-                r.detail = ""
-                r.max_turns = config.max_turns
-                r.installation_id = installation_id
-                r.restarts += 1
-                r.resume_note = (
-                    note
-                    or r.resume_note
-                    or f"@{actor} restarted this loop; continue from the last commit."
+    loop = LoopId(repo, issue)
+    with store.lock(loop.key):
+        record = store.get(loop)
+        decision = may_start(
+            record,
+            restart=restart,
+            lease_alive=record is not None and store.lease_holder(loop) is not None,
+            out_of_budget=_out_of_budget(rt, record, config) if record is not None else "",
+            job_pending=lifecycle.job_pending(rt.redis, loop.job_id),
+        )
+        match decision:
+            case Refused(why=why):
+                return why
+            case Create():
+                lifecycle.create(
+                    store,
+                    loop,
+                    installation_id=installation_id,
+                    actor=actor,
+                    max_turns=config.max_turns,
+                    approved=approved,
                 )
-                if approved is not None:
-                    approve(r, approved.title, approved.body, actor)
+                return "restarted" if restart else "started"
+            case Restart():
+                assert record is not None  # may_start restarts only a loop that exists
+                lifecycle.requeue(
+                    store,
+                    loop,
+                    Requeue.RESTART,
+                    note=note,
+                    by=actor,
+                    also=_renew(installation_id, actor, config, approved),
+                )
+                return "restarted" if record.restarts or restart else "started"
+            case _:
+                assert_never(decision)
 
-            store.update(key, resume)
-            store.event(key, "loop_restarted", actor=actor)
-        store.clear_cancel(key)
-        enqueue_loop(rt, repo, issue)
-    return "restarted" if record.restarts or restart else "started"
+
+def _renew(
+    installation_id: int, actor: str, config: repo_config.RepoConfig, approved: IssueInfo | None
+) -> Callable[[LoopRecord], None]:
+    """What a restart takes from now: this repository's limits, the installation the
+    command came through, and the text the restarting writer approved (if any)."""
+
+    def renew(r: LoopRecord) -> None:
+        r.max_turns = config.max_turns
+        r.installation_id = installation_id
+        if approved is not None:
+            approve(r, approved.title, approved.body, actor)
+
+    return renew
 
 
 def _out_of_budget(rt: Runtime, record: LoopRecord, config: repo_config.RepoConfig) -> str:
-    limits = budget.Budget.of(config, repo_config.Ceilings.of(rt.settings))
+    limits = budget.Budget.of(config, rt.ceilings)
     return budget.refusal(limits, record, budget.smallest_call(rt.settings.model, MAX_TOKENS))
-
-
-def enqueue_loop(rt: Runtime, repo: str, issue: int, *, replace: bool = False) -> None:
-    """Enqueue the loop's one job. ``replace``: the old job's worker is known dead."""
-    job_id = LoopId(repo, issue).job_id
-    if not replace and _job_pending(rt, job_id):
-        return
-    _delete_finished(rt, job_id)
-    loop_queue(rt.redis).enqueue(
-        LOOP_JOB,
-        repo,
-        issue,
-        job_id=job_id,
-        job_timeout=6 * 3600,
-        result_ttl=7 * 24 * 3600,
-        failure_ttl=7 * 24 * 3600,
-        description=f"loop {repo}#{issue}",
-        # Transient failures (GitHub down, a git timeout) retry the job; the loop's own
-        # error budget (jobs.loop.MAX_ERRORS) decides when to give up.
-        retry=Retry(max=MAX_JOB_RETRIES, interval=[15, 60, 180]),
-    )
-
-
-def _job_pending(rt: Runtime, job_id: str) -> bool:
-    try:
-        job = fetch_job(job_id, rt.redis)
-    except NoSuchJobError:
-        return False
-    this = get_current_job()
-    if this is not None and this.id == job_id:
-        return False
-    return job.get_status(refresh=True) in PENDING
-
-
-def _delete_finished(rt: Runtime, job_id: str) -> None:
-    with contextlib.suppress(NoSuchJobError):
-        fetch_job(job_id, rt.redis).delete()
 
 
 # -- control ------------------------------------------------------------------------------------
@@ -244,14 +194,14 @@ def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
         gh.upsert_comment(cmd.repo, cmd.issue, reply_key, messages.no_loop(cmd.action))
         return "no loop"
     if cmd.action == "cancel":
-        result = cancel_loop(rt.redis, key, Reason.CANCELLED, cmd.actor)
+        result = lifecycle.cancel(rt.redis, key, Reason.CANCELLED, cmd.actor)
         gh.upsert_comment(
             cmd.repo, cmd.issue, reply_key, messages.cancelled(record, cmd.actor, result)
         )
         return result
     text = gh.file(cmd.repo, repo_config.CONFIG_PATH)
     try:
-        config = repo_config.parse(text, repo_config.Ceilings.of(rt.settings))
+        config = rt.parse_config(text)
     except repo_config.ConfigError as exc:
         gh.upsert_comment(
             cmd.repo, cmd.issue, reply_key, messages.config_error(exc.problems, cmd.actor)
@@ -271,45 +221,6 @@ def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
     return result
 
 
-def cancel_loop(redis: Redis, key: str, reason: Reason, actor: str) -> str:
-    """Stop a loop within seconds: flag it, stop its job, drop it from the queue.
-
-    The branch, worktree, conversation and findings are kept for ``/loop-restart``.
-    Needs only Redis, so ``loopbot cancel`` works without GitHub credentials.
-    """
-    store = Store(redis)
-    record = store.get(key)
-    if record is None:
-        return "no loop"
-    if not record.active:
-        return f"already {record.status.value}"
-    store.request_cancel(key, reason.value)
-
-    def mark(r: LoopRecord) -> None:
-        if r.status in ACTIVE:
-            r.status = Status.CANCELLED
-            r.reason = reason.value
-            r.detail = f"by {actor}"
-            r.phase = "cancelled"
-
-    store.update(key, mark)
-    store.event(key, "loop_cancelled", reason=reason.value, actor=actor)
-    job_id = record.id.job_id
-    try:
-        job = fetch_job(job_id, redis)
-        status = job.get_status(refresh=True)
-        if status == JobStatus.STARTED:
-            send_stop_job_command(redis, job_id)
-            # The stopped work horse cannot release its lease; a restart must not wait
-            # for it to lapse. A holder that is somehow still alive sees the cancel flag.
-            store.force_release_lease(key)
-        elif status in PENDING:
-            job.cancel()
-    except (NoSuchJobError, InvalidJobOperation):
-        pass
-    return "cancelled"
-
-
 def _inactive(rt: Runtime, gh: Installation, cmd: IssueInactive) -> str:
     if cmd.reason == "unlabeled":
         text = gh.file(cmd.repo, repo_config.CONFIG_PATH)
@@ -321,17 +232,15 @@ def _inactive(rt: Runtime, gh: Installation, cmd: IssueInactive) -> str:
     if cmd.reason == "closed" and record.pr_number is not None:
         # A pull request exists: stop whatever runs and refuse it, with a comment, unless
         # the close came from our own squash merge ("Closes #N").
-        from jobs.merge_gate import refuse_closed
-
         return refuse_closed(rt, gh, cmd.loop.key, cmd.actor)
-    return cancel_loop(rt.redis, cmd.loop.key, Reason.ISSUE_INACTIVE, cmd.actor)
+    return lifecycle.cancel(rt.redis, cmd.loop.key, Reason.ISSUE_INACTIVE, cmd.actor)
 
 
 def _edited(rt: Runtime, gh: Installation, cmd: IssueEdited) -> str:
     """Frozen intake: a writer's edit is the new approved text; anyone else's stops the loop."""
     key = cmd.loop.key
     record = rt.store.get(key)
-    if record is None or record.status == Status.COMPLETED:
+    if record is None or record.status is Status.COMPLETED:
         return "no loop"
     if intake_hash(cmd.title, cmd.body) == record.approved_sha256:
         return "text unchanged"
@@ -348,9 +257,7 @@ def _edited(rt: Runtime, gh: Installation, cmd: IssueEdited) -> str:
         now = gh.issue(cmd.repo, cmd.issue)
         if intake_hash(now.title, now.body) != intake_hash(cmd.title, cmd.body):
             return "edit approved; the issue changed again since"
-        config = repo_config.parse(
-            gh.file(cmd.repo, repo_config.CONFIG_PATH), repo_config.Ceilings.of(rt.settings)
-        )
+        config = rt.config(gh, cmd.repo)
         comment = intake.reapproved_comment(cmd.actor)
         gh.upsert_comment(cmd.repo, cmd.issue, intake.COMMENT_KEY, comment)
         return "edit approved; " + start_loop(
@@ -359,7 +266,7 @@ def _edited(rt: Runtime, gh: Installation, cmd: IssueEdited) -> str:
     if not record.active:
         return "edit by a non-writer; no active loop"
     rt.store.event(key, "intake_edited", actor=cmd.actor)
-    result = cancel_loop(rt.redis, key, Reason.ISSUE_EDITED, cmd.actor)
+    result = lifecycle.cancel(rt.redis, key, Reason.ISSUE_EDITED, cmd.actor)
     label = repo_config.ready_label(gh.file(cmd.repo, repo_config.CONFIG_PATH))
     gh.upsert_comment(
         cmd.repo, cmd.issue, intake.COMMENT_KEY, intake.stopped_comment(cmd.actor, label)
@@ -384,16 +291,14 @@ def _feedback(rt: Runtime, gh: Installation, cmd: PullFeedback) -> str:
         gh.react(cmd.repo, cmd.comment_id, "eyes")
     key = LoopId(cmd.repo, issue).key
     record = rt.store.get(key)
-    if record is None or record.status == Status.COMPLETED:
+    if record is None or record.status is Status.COMPLETED:
         return "no loop to continue"
     feedback = {"from": cmd.actor, "body": cmd.body, "pull": cmd.pull}
     rt.store.push_feedback(key, feedback)
     rt.store.event(key, "human_feedback", actor=cmd.actor, pull=cmd.pull)
     if record.active and rt.store.lease_holder(key):
         return "queued for the running loop"
-    cfg = repo_config.parse(
-        gh.file(cmd.repo, repo_config.CONFIG_PATH), repo_config.Ceilings.of(rt.settings)
-    )
+    cfg = rt.config(gh, cmd.repo)
     return start_loop(
         rt,
         cmd.repo,
@@ -432,7 +337,7 @@ def _dismiss(rt: Runtime, gh: Installation, cmd: DismissFinding) -> str:
     problem = ""
     if record is None:
         problem = "there is no loop for this issue"
-    elif record.status == Status.COMPLETED:
+    elif record.status is Status.COMPLETED:
         problem = "this loop completed; its findings are history"
     elif not flog.is_id(fid):
         problem = "name a finding by its id, as in `/loop-dismiss F3 <why it does not apply>`"
@@ -440,9 +345,7 @@ def _dismiss(rt: Runtime, gh: Installation, cmd: DismissFinding) -> str:
         reply(f"⚠️ @{cmd.actor}: nothing was dismissed: {problem}.")
         return "dismiss refused: " + problem
     head = gh.pull(cmd.repo, record.pr_number).head_sha if record.pr_number else ""
-    config = repo_config.parse(
-        gh.file(cmd.repo, repo_config.CONFIG_PATH), repo_config.Ceilings.of(rt.settings)
-    )
+    config = rt.config(gh, cmd.repo)
 
     def apply(r: LoopRecord) -> None:
         r.finding_log = flog.dismiss(
@@ -478,8 +381,20 @@ def _dismiss(rt: Runtime, gh: Installation, cmd: DismissFinding) -> str:
             unblocked=go,
         )
         if go:
-            rt.store.update(key, lambda r: _to_gate(r, head))
-            enqueue_gate(rt.redis, cmd.repo, issue)
+            # The critic's verdict on this head stays as it was: the gate reads the
+            # dismissal from the finding log and its receipt names the writer who overrode
+            # the critic. It still re-reads the issue, the checks and mergeability.
+            go = (
+                lifecycle.advance(
+                    rt.store,
+                    key,
+                    Status.MERGING,
+                    came_from=frozenset({Status.REFUSED, Status.FAILED}),
+                    reason="",
+                    detail="",
+                )
+                is not None
+            )
     standing = [str(e["id"]) for e in flog.blocking(updated.finding_log)]
     then = (
         "No sev1 finding stands on this head: loopbot goes on to the merge gate."
@@ -493,13 +408,6 @@ def _dismiss(rt: Runtime, gh: Installation, cmd: DismissFinding) -> str:
         f"{code_span(head[:10] or 'no head')}: {cmd.reason}\n\n{then}"
     )
     return f"dismissed {fid}" + ("; merge gate queued" if go else "")
-
-
-def _to_gate(r: LoopRecord, head: str) -> None:
-    # The critic's verdict on this head stays as it was: the gate reads the dismissal
-    # from the finding log and its receipt names the writer who overrode the critic. It
-    # still re-reads the issue, the checks and mergeability before merging.
-    r.status, r.phase, r.reason, r.detail = Status.MERGING, "merging", "", ""
 
 
 def _checks(rt: Runtime, cmd: ChecksCompleted) -> str:

@@ -8,7 +8,8 @@ come back only as a lapsed lease, counted against ``LOOPBOT_MAX_AUTO_RESUMES``. 
   sandboxed commands have their own sessions and finish or time out as usual);
 - every loopbot job turns SIGTERM into the ``DRAIN`` flag for as long as it runs, so a
   short job (dispatch, critic, gate) finishes, and a loop stops at its next step, commits
-  and pushes what it has, saves the conversation and is marked for handover;
+  and pushes what it has, saves the conversation and is queued, marked ``handed_over``
+  (``jobs.lifecycle.requeue`` with ``Requeue.HANDOFF``);
 - the reconciler of any live worker resumes a handed-over loop at once, without
   counting it as a lost worker.
 """
@@ -30,7 +31,6 @@ from bot.io.queues import SERIALIZER, LoopbotJob
 log = get_logger("loopbot.drain")
 
 DRAIN = threading.Event()
-HANDOFF_PHASE = "handoff"
 
 
 @contextlib.contextmanager

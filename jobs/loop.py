@@ -23,15 +23,15 @@ from bot.core.ids import LoopId
 from bot.core.record import ACTIVE, LoopRecord, Reason, Status
 from bot.core.rules import budget, intake
 from bot.core.rules import turns as transitions
+from bot.core.rules.lifecycle import Requeue
 from bot.core.text import messages, prompts
 from bot.io.github.client import IssueInfo
 from bot.io.github.failures import GitHubError, new_error_id, public_error
 from bot.io.logs import get_logger
-from bot.io.queues import enqueue_critic, enqueue_gate
 from bot.io.store import FencedStore, LeaseLost, Store
-from jobs import evidence
+from jobs import evidence, lifecycle
 from jobs.agent import MAX_TOKENS, Agent, Limits, Outcome
-from jobs.drain import DRAIN, HANDOFF_PHASE
+from jobs.drain import DRAIN
 from jobs.runtime import Runtime, current, instrumented
 from jobs.sandbox.bwrap import Sandbox, SandboxUnavailable
 from jobs.tools import ToolBox
@@ -193,13 +193,11 @@ class LoopRunner:
     def _run(self, record: LoopRecord) -> str:
         gh = self.rt.github.installation(record.installation_id)
         self.gh = gh
-        self._set(status=Status.RUNNING, phase="preparing")
-        self.store.event(self.key, "loop_started", worker=self.lease.owner)
+        lifecycle.running(self.store, self.key, self.lease.owner)
         repo_info = gh.repo(self.repo)
-        ceilings = repo_config.Ceilings.of(self.rt.settings)
         try:
             config, clamped = repo_config.load(
-                gh.file(self.repo, repo_config.CONFIG_PATH), ceilings
+                gh.file(self.repo, repo_config.CONFIG_PATH), self.rt.ceilings
             )
         except repo_config.ConfigError as exc:
             gh.upsert_comment(
@@ -221,7 +219,7 @@ class LoopRunner:
             self.store.event(self.key, "config_clamped", notes=clamped)
         # One budget over the issue's life (bot/core/rules/budget.py); the record keeps the limits
         # for the status comment and the dashboard.
-        self.budget = budget.Budget.of(config, ceilings)
+        self.budget = budget.Budget.of(config, self.rt.ceilings)
         self._set(
             max_turns=config.max_turns,
             verify_command=config.verify,
@@ -306,7 +304,7 @@ class LoopRunner:
                         intake.COMMENT_KEY,
                         intake.stopped_comment("", self.config.labels.ready),
                     )
-                return self._finish(step.status, step.reason, step.detail)
+                return self._stop(step)
             smallest = budget.smallest_call(self.rt.settings.model, MAX_TOKENS)
             if out := budget.before_turn(self.budget, budget.Spent.of(record), smallest):
                 return self._finish(Status.FAILED, Reason.BUDGET, out.detail)
@@ -361,7 +359,7 @@ class LoopRunner:
                 return self._over_limit(outcome.detail)
             if cut is not None:
                 self._commit_and_push(turn, outcome)  # keep what the turn did
-                return self._finish(cut.status, cut.reason, cut.detail or outcome.detail)
+                return self._stop(cut, outcome.detail)
             # verify must judge the commit: files the agent left where git does not look
             # (ignored paths) would count for verify and never reach the pull request.
             hidden = self.worktrees.purge_ignored(self.checkout, ignored_before)
@@ -425,7 +423,7 @@ class LoopRunner:
                 ),
             )
             if isinstance(after, transitions.Stop):
-                return self._finish(after.status, after.reason, after.detail)
+                return self._stop(after)
             if isinstance(after, transitions.Verified):
                 return self._open_pull(base, outcome)
             if isinstance(after, transitions.AskForTest):
@@ -535,13 +533,15 @@ class LoopRunner:
         The reconciler of any live worker resumes it at once (see ``jobs.drain``).
         """
         self._pushed()
-        self._set(
-            status=Status.QUEUED,
-            phase=HANDOFF_PHASE,
-            resume_note=note or "Your worker shut down between turns; carry on.",
+        lifecycle.requeue(
+            self.store,
+            self.key,
+            Requeue.HANDOFF,
+            note=note,
+            by=self.lease.owner,
+            gh=self.gh,
+            tail=self._verify_tail,
         )
-        self.store.event(self.key, "handoff", worker=self.lease.owner)
-        self._status_comment()
         return "handed over: the worker is shutting down"
 
     # -- steps -----------------------------------------------------------------------------------
@@ -604,18 +604,12 @@ class LoopRunner:
         self._check_run(
             "completed", conclusion="success", title=f"verify passed on turn {record.turn}"
         )
-        if self.config.critic.enabled:
-            self._set(status=Status.REVIEWING, phase="reviewing")
-            self._status_comment()
-            self.lease.check()
-            enqueue_critic(self.rt.redis, self.repo, self.issue_number)
-            return f"pull request #{pull.number} opened; critic queued"
-        if self.config.merge.enabled:
-            self._set(status=Status.MERGING, phase="merging")
-            self._status_comment()
-            self.lease.check()
-            enqueue_gate(self.rt.redis, self.repo, self.issue_number)
-            return f"pull request #{pull.number} opened; merge gate queued"
+        if self.config.critic.enabled or self.config.merge.enabled:
+            stage = Status.REVIEWING if self.config.critic.enabled else Status.MERGING
+            if not self._advance(stage):
+                return f"pull request #{pull.number} opened; the loop was cancelled meanwhile"
+            job = "critic" if stage is Status.REVIEWING else "merge gate"
+            return f"pull request #{pull.number} opened; {job} queued"
         return self._finish(Status.COMPLETED, Reason.PR_OPENED, f"pull request #{pull.number}")
 
     def _blocking_findings(self, record: LoopRecord) -> list[dict[str, Any]]:
@@ -638,31 +632,55 @@ class LoopRunner:
 
         self.store.update(self.key, apply)
 
+    def _advance(self, stage: Status) -> bool:
+        """On to the critic or the gate: the status comment says so before the job runs.
+        False when a cancel landed meanwhile (it stands)."""
+        moved = lifecycle.advance(
+            self.store,
+            self.key,
+            stage,
+            came_from=frozenset({Status.RUNNING}),
+            gh=self.gh,
+            tail=self._verify_tail,
+        )
+        return moved is not None
+
+    def _stop(self, stop: transitions.Stop, fallback: str = "") -> str:
+        """End as a turn rule said; ``fallback`` is the detail when the rule gives none."""
+        return self._finish(stop.status, stop.reason, stop.detail or fallback)
+
     def _finish(self, status: Status, reason: Reason, detail: str = "") -> str:
         self._pushed()
         self.lease.check()
-
-        def apply(r: LoopRecord) -> None:
-            # A cancel that landed meanwhile wins: it was asked for by a person.
-            if r.status == Status.CANCELLED and status != Status.COMPLETED:
-                return
-            r.status, r.reason, r.detail, r.phase = status, reason.value, detail, status.value
-
-        record = self.store.update(self.key, apply)
-        self.store.event(
+        # A cancel that landed meanwhile wins (unless the loop completed): a person asked.
+        ended = lifecycle.finish(
+            self.store,
             self.key,
-            "loop_finished",
-            status=record.status.value,
-            reason=record.reason,
-            detail=record.detail,
-            turn=record.turn,
+            status,
+            reason,
+            detail,
+            gh=self.gh,
+            tail=self._verify_tail,
+            best_effort=True,
         )
+        record = ended or self._record()
+        if ended is None:
+            # The cancel's end stands; the stream still closes with the loop's last word.
+            self.store.event(
+                self.key,
+                "loop_finished",
+                status=record.status.value,
+                reason=record.reason,
+                detail=record.detail,
+                turn=record.turn,
+            )
         self.log.info("loop.finished", status=record.status.value, reason=record.reason)
         try:
+            if ended is None:
+                self._status_comment()  # the cancel's, with what this job did last
             if record.reason == Reason.BUDGET.value:
                 # Only a person can give the issue more: ask for one.
                 self.gh.add_labels(self.repo, self.issue_number, [self.config.labels.needs_human])
-            self._status_comment()
             if record.head_sha and status != Status.COMPLETED:
                 self._check_run(
                     "completed",
@@ -674,16 +692,7 @@ class LoopRunner:
         return f"{record.status.value}: {record.reason}"
 
     def _status_comment(self) -> None:
-        self.lease.check()
-        record = self._record()
-        body = messages.status_comment(
-            record, "" if record.last_verify.get("passed") else self._verify_tail
-        )
-        comment = self.gh.upsert_comment(
-            self.repo, self.issue_number, "status", body, known_id=record.status_comment_id
-        )
-        if record.status_comment_id != comment.id:
-            self._set(status_comment_id=comment.id)
+        lifecycle.post_status(self.store, self.gh, self._record(), self._verify_tail)
 
     def _check_run(
         self,

@@ -11,14 +11,16 @@ while reading one goes to the retry path (``jobs.retries``) and ends in ``gate_e
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, assert_never
 
 from bot.core import repo_config
 from bot.core.ids import LoopId
 from bot.core.record import LoopRecord, Reason, Status
+from bot.core.rules.lifecycle import Guard, Requeue
 from bot.core.rules.merge import (
     AlreadyMerged,
     CheckResult,
+    Decision,
     Facts,
     FixChecks,
     FixConflicts,
@@ -35,8 +37,8 @@ from bot.core.text import messages, receipt
 from bot.io.github.client import Installation, IssueInfo, PullInfo
 from bot.io.github.failures import Conflict
 from bot.io.logs import get_logger
-from bot.io.queues import enqueue_critic, enqueue_gate
-from jobs.dispatch import enqueue_loop
+from bot.io.queues import enqueue_gate
+from jobs import lifecycle
 from jobs.retries import with_retries
 from jobs.runtime import Runtime, current, instrumented
 
@@ -58,20 +60,22 @@ def refuse_closed(rt: Runtime, gh: Installation, key: str, actor: str) -> str:
 
     Runs under the gate's lock, so it never interleaves with a merge in progress.
     """
-    from jobs.dispatch import cancel_loop
-
     record = rt.store.get(key)
     assert record is not None
     gate = Gate(rt, record.repo, record.issue)
     with rt.store.lock(f"gate:{key}", timeout=120):
         fresh = rt.store.get(key)
-        if fresh is None or fresh.status == Status.COMPLETED or fresh.pr_number is None:
+        if fresh is None or fresh.status is Status.COMPLETED or fresh.pr_number is None:
             return "already completed"
         if gh.pull(fresh.repo, fresh.pr_number).merged:
             return "closed by the merge"
-        cancel_loop(rt.redis, key, Reason.ISSUE_CLOSED, actor)
+        lifecycle.cancel(rt.redis, key, Reason.ISSUE_CLOSED, actor)  # stop what runs
         why = "the issue was closed while the loop ran"
         return gate._refuse(gh, fresh, Reason.ISSUE_CLOSED, why)
+
+
+AT_GATE = frozenset({Status.MERGING})
+MOVED_ON = "the loop moved on (cancelled or ended) while the gate ran"
 
 
 class Gate:
@@ -99,15 +103,17 @@ class Gate:
     def _give_up(self, error: str, attempts: int) -> str:
         detail = messages.gave_up("merge gate", error, attempts)
         with self.store.lock(f"gate:{self.key}", timeout=120):
-            record = self.store.get(self.key)
-            if record is None or record.status != Status.MERGING:
+            updated = lifecycle.finish(
+                self.store,
+                self.key,
+                Status.FAILED,
+                Reason.GATE_ERROR,
+                detail,
+                guard=Guard.WHILE_MERGING,
+            )
+            if updated is None:
                 return f"gate error after the loop moved on: {error}"
-            updated = self._set(
-                status=Status.FAILED, reason=Reason.GATE_ERROR.value, phase="failed", detail=detail
-            )
-            self.store.event(
-                self.key, "loop_finished", status="failed", reason="gate_error", detail=detail
-            )
+            record = updated
         try:  # best effort: GitHub may be what is failing; the record says it all already
             gh = self.rt.github.installation(record.installation_id)
             if record.pr_number is not None:
@@ -118,7 +124,7 @@ class Gate:
                     f"⚠️ loopbot stopped trying to merge this pull request: "
                     f"{messages.safe_text(detail)}.",
                 )
-            gh.upsert_comment(self.repo, self.issue, "status", messages.status_comment(updated))
+            lifecycle.post_status(self.store, gh, updated)
         except Exception as exc:  # noqa: BLE001
             log.warning("gate.comment_failed", loop=self.key, error=str(exc)[:300])
         return "failed: gate_error"
@@ -130,10 +136,7 @@ class Gate:
             if record is None or record.status != Status.MERGING or record.pr_number is None:
                 return "not waiting to merge"
             gh = self.rt.github.installation(record.installation_id)
-            config = repo_config.parse(
-                gh.file(self.repo, repo_config.CONFIG_PATH),
-                repo_config.Ceilings.of(self.rt.settings),
-            )
+            config = self.rt.config(gh, self.repo)
             issue = gh.issue(self.repo, self.issue)
             pull = gh.pull(self.repo, record.pr_number)
             now = time.time()
@@ -155,74 +158,76 @@ class Gate:
                 head=pull.head_sha,
                 reviewed=record.reviewed_sha,
             )
-            if isinstance(decision, Merge):
-                if unmet := receipt.unmet(table):
-                    # The decision and its receipt disagree: a condition the receipt cannot
-                    # show as passed is not one to merge on.
-                    why = "the merge receipt does not hold: " + ", ".join(
-                        f"{r.condition} ({r.result})" for r in unmet
-                    )
-                    decision = Refuse(Reason.GATE_ERROR, why)
-                else:
-                    self._post_receipt(
-                        gh, record, table, pull.head_sha, f"Merging {pull.head_sha} now."
-                    )
-                    return self._merge(gh, record, decision.sha, issue.title)
-            if isinstance(decision, AlreadyMerged):
+            return self._act(gh, record, config, decision, table, issue, pull, since)
+
+    def _act(
+        self,
+        gh: Installation,
+        record: LoopRecord,
+        config: repo_config.RepoConfig,
+        decision: Decision,
+        table: list[receipt.Row],
+        issue: IssueInfo,
+        pull: PullInfo,
+        since: float,
+    ) -> str:
+        """Carry out ``decision`` (under the gate's lock)."""
+        if isinstance(decision, Merge) and (unmet := receipt.unmet(table)):
+            # The decision and its receipt disagree: a condition the receipt cannot show
+            # as passed is not one to merge on.
+            why = "the merge receipt does not hold: " + ", ".join(
+                f"{r.condition} ({r.result})" for r in unmet
+            )
+            decision = Refuse(Reason.GATE_ERROR, why)
+        match decision:
+            case Merge(sha=sha):
+                self._post_receipt(
+                    gh, record, table, pull.head_sha, f"Merging {pull.head_sha} now."
+                )
+                return self._merge(gh, record, sha, issue.title)
+            case AlreadyMerged():
                 return self._completed(gh, record, pull.merge_commit_sha or "")
-            if isinstance(decision, Refuse):
-                self._post_receipt(gh, record, table, pull.head_sha, f"Not merged: {decision.why}.")
-                if decision.reason == Reason.NEEDS_HUMAN:
+            case Refuse(reason=reason, why=why):
+                self._post_receipt(gh, record, table, pull.head_sha, f"Not merged: {why}.")
+                if reason is Reason.NEEDS_HUMAN:
                     gh.add_labels(self.repo, self.issue, [config.labels.needs_human])
-                return self._refuse(gh, record, decision.reason, decision.why)
-            if isinstance(decision, Review):
-                self._set(status=Status.REVIEWING, phase="reviewing", detail=decision.why)
-                enqueue_critic(self.rt.redis, self.repo, self.issue)
-                return "review again: " + decision.why
-            if isinstance(decision, FixChecks):
+                return self._refuse(gh, record, reason, why)
+            case Review(why=why):
+                moved = lifecycle.advance(
+                    self.store, self.key, Status.REVIEWING, came_from=AT_GATE, detail=why
+                )
+                return "review again: " + why if moved else MOVED_ON
+            case FixChecks(failing=failing):
                 note = (
                     "The pull request's required checks fail: "
-                    + ", ".join(decision.failing)
+                    + ", ".join(failing)
                     + ". Fix the code so they pass."
                 )
-                self._set(
-                    status=Status.QUEUED,
-                    phase="queued",
-                    resume_note=note,
-                    turn=0,
-                    check_fixes=record.check_fixes + 1,
-                    gate_since=0.0,
-                )
-                enqueue_loop(self.rt, self.repo, self.issue)
+                if lifecycle.requeue(self.store, self.key, Requeue.CHECKS, note=note) is None:
+                    return MOVED_ON
                 return "fixing checks"
-            if isinstance(decision, FixConflicts):
-                self._set(
-                    status=Status.QUEUED,
-                    phase="queued",
-                    resume_note=(
-                        f"The pull request conflicts with `{pull.base_ref}`."
-                        if decision.why.startswith("the pull request conflicts")
-                        else f"`{pull.base_ref}` moved since verify: loopbot merged it in; "
-                        "check that the change still fits, then finish."
-                    ),
-                    sync_base=True,
-                    turn=0,
-                    check_fixes=record.check_fixes + 1,
-                    gate_since=0.0,
+            case FixConflicts(why=why):
+                note = (
+                    f"The pull request conflicts with `{pull.base_ref}`."
+                    if why.startswith("the pull request conflicts")
+                    else f"`{pull.base_ref}` moved since verify: loopbot merged it in; "
+                    "check that the change still fits, then finish."
                 )
-                self.store.event(self.key, "conflicts", base=pull.base_ref, why=decision.why)
-                enqueue_loop(self.rt, self.repo, self.issue)
+                lifecycle.requeue(self.store, self.key, Requeue.CONFLICTS, note=note)
+                self.store.event(self.key, "conflicts", base=pull.base_ref, why=why)
                 return "resolving conflicts"
-            assert isinstance(decision, Wait)
-            waiting = self._set(gate_since=since, phase="waiting_for_checks", detail=decision.why)
-            # Webhooks wake the gate sooner; this timer is the fallback if one is lost.
-            # One timer per loop at a time, however often webhooks wake the gate.
-            if self.rt.redis.set(
-                f"loopbot:gate-timer:{self.key}", "1", nx=True, ex=RECHECK_SECONDS - 5
-            ):
-                enqueue_gate(self.rt.redis, self.repo, self.issue, after=RECHECK_SECONDS)
-            gh.upsert_comment(self.repo, self.issue, "status", messages.status_comment(waiting))
-            return "waiting: " + decision.why
+            case Wait(why=why):
+                waiting = self._set(gate_since=since, phase="waiting_for_checks", detail=why)
+                # Webhooks wake the gate sooner; this timer is the fallback if one is lost.
+                # One timer per loop at a time, however often webhooks wake the gate.
+                if self.rt.redis.set(
+                    f"loopbot:gate-timer:{self.key}", "1", nx=True, ex=RECHECK_SECONDS - 5
+                ):
+                    enqueue_gate(self.rt.redis, self.repo, self.issue, after=RECHECK_SECONDS)
+                lifecycle.post_status(self.store, gh, waiting)
+                return "waiting: " + why
+            case _:
+                assert_never(decision)
 
     def _facts(
         self,
@@ -325,13 +330,11 @@ class Gate:
             )
         except Conflict as exc:
             if exc.status == 409:  # the head moved between our read and the merge
-                self._set(
-                    status=Status.REVIEWING,
-                    phase="reviewing",
-                    detail="the head moved while merging",
+                why = "the head moved while merging"
+                moved = lifecycle.advance(
+                    self.store, self.key, Status.REVIEWING, came_from=AT_GATE, detail=why
                 )
-                enqueue_critic(self.rt.redis, self.repo, self.issue)
-                return "head moved: review again"
+                return "head moved: review again" if moved else MOVED_ON
             pull = gh.pull(self.repo, record.pr_number)  # 405: merged already, or not mergeable
             if pull.merged:
                 return self._completed(gh, record, pull.merge_commit_sha or "")
@@ -369,26 +372,32 @@ class Gate:
 
     def _completed(self, gh: Installation, record: LoopRecord, merge_sha: str) -> str:
         # Record the merge first: everything after it is tidying up that a retry may redo.
-        updated = self._set(
-            status=Status.COMPLETED,
-            reason=Reason.MERGED.value,
-            phase="completed",
-            detail=f"squash-merged pull request #{record.pr_number}",
-            **({"merge_sha": merge_sha} if merge_sha else {}),
+        updated = lifecycle.finish(
+            self.store,
+            self.key,
+            Status.COMPLETED,
+            Reason.MERGED,
+            f"squash-merged pull request #{record.pr_number}",
+            merge_sha=merge_sha or record.merge_sha,  # GitHub may not say: keep what was
         )
-        self.store.event(self.key, "loop_finished", status="completed", reason="merged")
+        assert updated is not None  # a merge ends any loop, a cancelled one too
         self._receipt_merged(gh, record, updated.merge_sha)
         gh.delete_branch(self.repo, record.branch)
-        gh.upsert_comment(self.repo, self.issue, "status", messages.status_comment(updated))
+        lifecycle.post_status(self.store, gh, updated)
         return "merged"
 
     def _refuse(self, gh: Installation, record: LoopRecord, reason: Reason, why: str) -> str:
-        updated = self._set(status=Status.REFUSED, reason=reason.value, phase="refused", detail=why)
+        # Always: the gate decided on the status it read under its lock, and an issue
+        # closed under an open pull request is refused after the gate cancelled the loop.
+        updated = lifecycle.finish(
+            self.store, self.key, Status.REFUSED, reason, why, guard=Guard.ALWAYS
+        )
+        assert updated is not None  # Guard.ALWAYS applies
         self.store.event(self.key, "merge_refused", reason=reason.value, why=why)
         text = f"🛑 loopbot did not merge this pull request: {why}."
         if record.pr_number is not None:
             gh.upsert_comment(self.repo, record.pr_number, f"refused:{record.reviewed_sha}", text)
-        gh.upsert_comment(self.repo, self.issue, "status", messages.status_comment(updated))
+        lifecycle.post_status(self.store, gh, updated)
         return f"refused: {why}"
 
     def _set(self, **fields: object) -> LoopRecord:

@@ -17,33 +17,30 @@ starts, so starting a process changes no loop.
   write to the repository.
 - **Reaping.** Worktrees on this machine whose loop completed, or that no loop owns,
   are removed.
+
+What to do with a lapsed or stranded loop is decided by the pure rules in
+``bot/core/rules/recovery.py``; this module reads the facts and acts through
+``jobs/lifecycle.py``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import assert_never
 
-from rq.job import JobStatus
 from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
 from bot.core import repo_config
 from bot.core.ids import LoopId
 from bot.core.record import LoopRecord, Reason, Status
-from bot.core.text import messages
+from bot.core.rules import recovery
+from bot.core.rules.lifecycle import Guard, Requeue
 from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
-from bot.io.queues import (
-    CRITIC_JOB,
-    GATE_JOB,
-    LOOP_QUEUE,
-    enqueue_critic,
-    enqueue_gate,
-    fetch_job,
-    loop_queue,
-)
-from jobs.dispatch import enqueue_loop, start_loop
-from jobs.drain import HANDOFF_PHASE
+from bot.io.queues import LOOP_QUEUE, JobKind, fetch_job, kind_of, loop_queue
+from jobs import lifecycle
+from jobs.dispatch import start_loop
 from jobs.runtime import Runtime
 from jobs.worktree import Worktrees
 
@@ -54,12 +51,25 @@ QUEUED_GRACE_SECONDS = 120
 STRANDED_GRACE_SECONDS = 300
 
 
-def _job_state(rt: Runtime, record: LoopRecord) -> JobStatus | None:
+def _job_state(rt: Runtime, record: LoopRecord) -> recovery.JobState:
     try:
         job = fetch_job(record.id.job_id, rt.redis)
-        return job.get_status(refresh=True)
+        return str(job.get_status(refresh=True).value)
     except Exception:  # noqa: BLE001 - a missing or unreadable job is a lost job
         return None
+
+
+def _lapsed(rt: Runtime, record: LoopRecord, now: float) -> recovery.Lapsed:
+    leased = rt.store.lease_holder(record.key) is not None
+    return recovery.lapsed(
+        record,
+        leased=leased,
+        job=None if leased else _job_state(rt, record),
+        now=now,
+        lease_ttl=rt.settings.lease_ttl,
+        queued_grace=QUEUED_GRACE_SECONDS,
+        max_auto_resumes=rt.settings.max_auto_resumes,
+    )
 
 
 def resume_lapsed(rt: Runtime) -> list[str]:
@@ -73,87 +83,56 @@ def resume_lapsed(rt: Runtime) -> list[str]:
         if summary["status"] not in wanted:
             continue
         record = store.get(summary["key"])
-        if record is None or record.status not in (Status.RUNNING, Status.QUEUED):
+        if record is None or isinstance(_lapsed(rt, record, now), recovery.Skip):
             continue
-        if store.lease_holder(record.key) is not None:
-            continue
-        state = _job_state(rt, record)
-        handoff = record.status == Status.QUEUED and record.phase == HANDOFF_PHASE
-        if handoff:
-            if state in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.STARTED):
-                continue  # queued already, or the handing-over job is still wrapping up
-        elif record.status == Status.QUEUED and (
-            state in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED)
-            or now - record.updated_at < QUEUED_GRACE_SECONDS
-        ):
-            continue  # waiting its turn in the queue
-        if record.status == Status.RUNNING and state in (JobStatus.SCHEDULED, JobStatus.QUEUED):
-            continue  # between RQ retries after an error: the retry will take the lease
-        if record.status == Status.RUNNING and now - record.updated_at < rt.settings.lease_ttl:
-            continue  # just started; the lease may not be taken yet
-        with store.lock(record.key):
+        with store.lock(record.key):  # against a start or restart deciding meanwhile
             fresh = store.get(record.key)
-            if fresh is None or fresh.status not in (Status.RUNNING, Status.QUEUED):
+            if fresh is None:
                 continue
-            if store.lease_holder(record.key) is not None:
-                continue
-            if fresh.phase == HANDOFF_PHASE:
-                # Handed over by a worker that shut down cleanly: not a lost worker.
-                store.set_fields(record.key, phase="queued")
-                store.event(record.key, "loop_resumed", reason="handoff")
-                enqueue_loop(rt, record.repo, record.issue, replace=True)
-                log.info("reconciler.resumed_handoff", loop=record.key)
-                acted.append(record.key)
-                continue
-            if fresh.auto_resumes >= rt.settings.max_auto_resumes:
-                _stall(rt, fresh)
-                acted.append(record.key)
-                continue
-
-            def resume(r: LoopRecord) -> None:
-                r.auto_resumes += 1
-                r.status = Status.QUEUED
-                r.phase = "queued"
-                r.resume_note = (
-                    f"The worker running turn {r.turn} stopped; you are continuing "
-                    "on another worker from the last pushed commit."
-                )
-
-            store.update(record.key, resume)
-            store.event(
-                record.key, "loop_resumed", reason="lease_lapsed", attempt=fresh.auto_resumes + 1
-            )
-            enqueue_loop(rt, record.repo, record.issue, replace=True)
-            log.warning("reconciler.resumed", loop=record.key, attempt=fresh.auto_resumes + 1)
-            acted.append(record.key)
+            decision = _lapsed(rt, fresh, now)
+            match decision:
+                case recovery.Skip():
+                    continue
+                case recovery.TakeOver():
+                    lifecycle.requeue(store, fresh.key, Requeue.TAKE_OVER)
+                    log.info("reconciler.resumed_handoff", loop=fresh.key)
+                case recovery.Stall(detail=detail):
+                    lifecycle.finish(
+                        store,
+                        fresh.key,
+                        Status.STALLED,
+                        Reason.STALL_TIMEOUT,
+                        detail,
+                        guard=Guard.ALWAYS,  # decided under the loop's lock
+                    )
+                case recovery.Resume():
+                    lifecycle.requeue(store, fresh.key, Requeue.WORKER_LOST)
+                    log.warning(
+                        "reconciler.resumed", loop=fresh.key, attempt=fresh.auto_resumes + 1
+                    )
+                case _:
+                    assert_never(decision)
+            acted.append(fresh.key)
     return acted
 
 
-def _stall(rt: Runtime, record: LoopRecord) -> None:
-    def apply(r: LoopRecord) -> None:
-        r.status, r.reason, r.phase = Status.STALLED, Reason.STALL_TIMEOUT.value, "stalled"
-        r.detail = f"the worker was lost {r.auto_resumes + 1} times"
-
-    rt.store.update(record.key, apply)
-    rt.store.event(record.key, "loop_finished", status="stalled", reason="stall_timeout")
-
-
-def _pending_jobs(rt: Runtime) -> set[tuple[str, str, int]]:
-    """(function, repo, issue) of every critic and gate job queued, running, scheduled
+def _pending_jobs(rt: Runtime) -> set[tuple[JobKind, str, int]]:
+    """(kind, repo, issue) of every critic and gate job queued, running, scheduled
     (the gate's timer, an RQ retry) or deferred on the loop queue."""
     queue = loop_queue(rt.redis)
     ids = set(queue.get_job_ids())
     for registry in (StartedJobRegistry, ScheduledJobRegistry, DeferredJobRegistry):
         ids.update(registry(LOOP_QUEUE, connection=rt.redis).get_job_ids())
-    found = set()
+    found: set[tuple[JobKind, str, int]] = set()
     for job_id in ids:
         try:
             job = fetch_job(job_id, rt.redis)
             name, args = job.func_name, job.args
         except Exception:  # noqa: BLE001 - gone meanwhile, or not ours: not a pending job
             continue
-        if name in (CRITIC_JOB, GATE_JOB) and len(args) == 2:
-            found.add((str(name), str(args[0]), int(args[1])))
+        kind = kind_of(name)
+        if kind in (JobKind.CRITIC, JobKind.GATE) and len(args) == 2:
+            found.add((kind, str(args[0]), int(args[1])))
     return found
 
 
@@ -171,53 +150,48 @@ def revive_stranded(rt: Runtime) -> list[str]:
         return []
     pending = _pending_jobs(rt)
     acted = []
+
+    def decide(record: LoopRecord | None) -> recovery.Stranded:
+        if record is None:
+            return recovery.Skip("gone")
+        kind = JobKind.CRITIC if record.status is Status.REVIEWING else JobKind.GATE
+        return recovery.stranded(
+            record,
+            job_pending=(kind, record.repo, record.issue) in pending,
+            now=now,
+            grace=STRANDED_GRACE_SECONDS,
+            max_auto_resumes=rt.settings.max_auto_resumes,
+        )
+
     for key in candidates:
-        record = store.get(key)
-        if record is None or record.status not in (Status.REVIEWING, Status.MERGING):
-            continue
-        reviewing = record.status == Status.REVIEWING
-        func = CRITIC_JOB if reviewing else GATE_JOB
-        if (func, record.repo, record.issue) in pending:
-            continue
-        with store.lock(f"gate:{key}", timeout=120):
-            fresh = store.get(key)
-            if fresh is None or fresh.status != record.status:
+        if isinstance(decide(store.get(key)), recovery.Skip):
+            continue  # before the lock: a running gate holds it for as long as it runs
+        with store.lock(f"gate:{key}", timeout=120):  # the gate's: never mid-merge
+            record = store.get(key)
+            if record is None:
                 continue
-            if fresh.auto_resumes >= rt.settings.max_auto_resumes:
-                _end_stranded(rt, fresh)
-                acted.append(key)
-                continue
-            store.update(key, _count_resume)
-            store.event(key, "job_requeued", job="critic" if reviewing else "gate")
-            if reviewing:
-                enqueue_critic(rt.redis, record.repo, record.issue)
-            else:
-                enqueue_gate(rt.redis, record.repo, record.issue)
-            log.warning("reconciler.requeued", loop=key, status=record.status.value)
+            decision = decide(record)
+            match decision:
+                case recovery.Skip():
+                    continue
+                case recovery.EndStranded(reason=reason, detail=detail):
+                    lifecycle.finish(
+                        store,
+                        key,
+                        Status.FAILED,
+                        reason,
+                        detail,
+                        guard=Guard.ALWAYS,  # decided under the gate's lock
+                        gh=rt.github.installation(record.installation_id),
+                        best_effort=True,  # the record is terminal whatever GitHub says
+                    )
+                case recovery.Revive():
+                    lifecycle.revive(store, key)
+                    log.warning("reconciler.requeued", loop=key, status=record.status.value)
+                case _:
+                    assert_never(decision)
             acted.append(key)
     return acted
-
-
-def _count_resume(r: LoopRecord) -> None:
-    r.auto_resumes += 1
-
-
-def _end_stranded(rt: Runtime, record: LoopRecord) -> None:
-    reviewing = record.status == Status.REVIEWING
-    reason = Reason.CRITIC_ERROR if reviewing else Reason.GATE_ERROR
-    what = "review" if reviewing else "merge gate"
-    detail = messages.gave_up(what, "its job was lost each time", record.auto_resumes + 1)
-
-    def apply(r: LoopRecord) -> None:
-        r.status, r.reason, r.phase, r.detail = Status.FAILED, reason.value, "failed", detail
-
-    updated = rt.store.update(record.key, apply)
-    rt.store.event(record.key, "loop_finished", status="failed", reason=reason.value, detail=detail)
-    try:
-        gh = rt.github.installation(record.installation_id)
-        gh.upsert_comment(record.repo, record.issue, "status", messages.status_comment(updated))
-    except Exception as exc:  # noqa: BLE001 - the record is terminal whatever GitHub says
-        log.warning("reconciler.comment_failed", loop=record.key, error=str(exc)[:300])
 
 
 def sweep(rt: Runtime) -> list[str]:
@@ -238,7 +212,7 @@ def sweep(rt: Runtime) -> list[str]:
                     actor = gh.last_labeler(repo, issue.number, label)
                     if actor is None or not gh.can_write(repo, actor):
                         continue
-                    config = repo_config.parse(text, repo_config.Ceilings.of(rt.settings))
+                    config = rt.parse_config(text)
                     result = start_loop(rt, repo, issue.number, iid, actor, config, approved=issue)
                     rt.store.event(key, "swept", actor=actor, result=result)
                     started.append(key)
@@ -253,7 +227,7 @@ def reap(rt: Runtime) -> list[str]:
     removed = []
     for repo, issue, path in wt.owned_worktrees():
         record = rt.store.get(LoopId(repo, issue))
-        if record is None or record.status == Status.COMPLETED:
+        if record is None or record.status is Status.COMPLETED:
             wt.release(repo, issue)
             removed.append(str(path))
     return removed

@@ -19,8 +19,10 @@ import structlog
 from redis import Redis
 from rq import get_current_job
 
+from bot.core import repo_config
+from bot.core.repo_config import Ceilings, RepoConfig
 from bot.core.settings import Settings
-from bot.io.github.client import GitHubApp
+from bot.io.github.client import GitHubApp, Installation
 from bot.io.metrics import observe_job
 from bot.io.store import Store
 from jobs.drain import sigterm_drains
@@ -49,6 +51,23 @@ class Runtime:
             max_retries=self.settings.model_retries,  # the SDK retries 429, 529, 5xx
             timeout=600,
         )
+
+    @property
+    def ceilings(self) -> Ceilings:
+        """The operator's limits, which every repository's ``loop.yml`` is clamped to."""
+        return Ceilings.of(self.settings)
+
+    def config(self, gh: Installation, repo: str) -> RepoConfig:
+        """``repo``'s ``.github/loop.yml`` from its default branch, parsed and clamped.
+
+        Read afresh on every call: a maintainer's edit applies to the next job.
+        ``repo_config.ConfigError`` lists what is wrong with it.
+        """
+        return self.parse_config(gh.file(repo, repo_config.CONFIG_PATH))
+
+    def parse_config(self, text: str | None) -> RepoConfig:
+        """``config`` for a ``loop.yml`` text already read (None: there is none)."""
+        return repo_config.parse(text, self.ceilings)
 
 
 _current: Runtime | None = None

@@ -31,6 +31,7 @@ from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from bot.standins.redis_server import RedisServer
 from bot.web.app import create_app
+from jobs import entry as _entry  # noqa: F401 - registers the job functions tests run
 from jobs import runtime as runtime_mod
 from jobs.runtime import Runtime
 

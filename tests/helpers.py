@@ -7,6 +7,7 @@ from typing import Any
 
 from redis import Redis
 
+from bot.core.rules.merge import Facts, classify_checks
 from bot.core.settings import Settings, load_settings
 from bot.io.queues import CONTROL_QUEUE, LOOP_QUEUE
 from bot.standins.github import GitHubServer
@@ -105,3 +106,45 @@ def content_text(message: dict[str, Any]) -> str:
     if isinstance(content, str):
         return content
     return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+
+
+# -- the merge gate's input ------------------------------------------------------------------
+
+HEAD = "b" * 40  # the pull request's head in ``merge_facts``
+BASE = "d" * 40  # the default branch's tip, contained in that head
+
+
+def merge_facts() -> Facts:
+    """Every fact the merge gate reads, each one as the gate needs it to merge ``HEAD``:
+    open issue and pull request, the head reviewed, approved and verified, the one
+    required check (``ci/test``) green, within scope, current with the base, mergeable.
+
+    Tests change one fact with ``dataclasses.replace`` and see what the gate does.
+    """
+    return Facts(
+        issue_open=True,
+        pr_open=True,
+        pr_merged=False,
+        head_sha=HEAD,
+        reviewed_sha=HEAD,
+        open_sev1=0,
+        checks="success",
+        failing_checks=(),
+        mergeable=True,
+        require_checks=True,
+        fix_turns_used=0,
+        max_fix_turns=2,
+        waited_seconds=0,
+        max_wait_seconds=3600,
+        # The evidence fields default to "not established" (a refusal): all set here.
+        verify_sha=HEAD,
+        verify_passed=True,
+        verdict="approve",
+        base_included=True,
+        base_sha=BASE,
+        changed_lines=40,
+        changed_files=3,
+        check_results=classify_checks(
+            [("ci/test", "completed", "success")], [], frozenset({"ci/test"})
+        ),
+    )

@@ -84,6 +84,9 @@ class LoopRecord(BaseModel):
     installation_id: int
     status: Status = Status.QUEUED
     phase: str = "queued"
+    # Queued by a worker that shut down cleanly (jobs/drain.py): any live worker resumes
+    # it at once, and it does not count as a lost worker.
+    handed_over: bool = False
     turn: int = 0
     max_turns: int = 20
     branch: str = ""

@@ -8,10 +8,15 @@ worker is built here, and they:
 
 - serialize job data, results and meta as JSON (RQ's ``JSONSerializer``), never pickle:
   a pickle planted in Redis is undecodable data, not code;
-- run only loopbot's own entry points (``JOB_FUNCTIONS``): RQ would import and call any
+- run only loopbot's own entry points (``job_functions()``): RQ would import and call any
   ``func_name`` it finds in a job, such as ``os.system``. ``LoopbotJob`` refuses any
   other name, an instance method, callbacks and webhooks before anything is imported,
   and the job fails like any failed job (failed registry, logged).
+
+Jobs are named by function reference, not by dotted strings: ``jobs/entry.py`` registers
+each kind's function (``register``) and a job's name is computed from it, so mypy and a
+reader can follow every enqueue to the code it runs. A process that registered nothing
+runs nothing but the command entry point (fail closed).
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ import hashlib
 import json
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from redis import Redis
@@ -34,6 +40,7 @@ from rq.utils import now as rq_now
 from rq.utils import utcformat
 
 from bot.core.commands import ChecksCompleted, Command
+from bot.core.ids import LoopId
 from bot.io.logs import get_logger
 
 log = get_logger("loopbot.queues")
@@ -42,15 +49,71 @@ CONTROL_QUEUE = "loopbot-control"
 LOOP_QUEUE = "loopbot-loops"
 ALL_QUEUES = (CONTROL_QUEUE, LOOP_QUEUE)
 
-# Every function a loopbot job may run. Nothing else is ever imported from a job.
-DISPATCH = "jobs.dispatch.handle_command"
-LOOP_JOB = "jobs.loop.run_loop"
-CRITIC_JOB = "jobs.critic.run_critic"
-GATE_JOB = "jobs.merge_gate.run_gate"
-JOB_FUNCTIONS = frozenset({DISPATCH, LOOP_JOB, CRITIC_JOB, GATE_JOB})
+
+class JobKind(StrEnum):
+    """The four kinds of loopbot job; ``jobs/entry.py`` says which function runs each."""
+
+    COMMAND = "command"  # a webhook's command: jobs.dispatch.handle_command
+    LOOP = "loop"  # the coding loop
+    CRITIC = "critic"  # the review
+    GATE = "gate"  # the merge gate
+
+
+# The one job named by a string: the web process enqueues commands and must never import
+# ``jobs`` (bot/web imports only core and io), so it cannot take the function itself.
+# ``register`` checks that jobs/entry.py's command function has exactly this name, and
+# tests/unit/test_job_entry.py checks it too.
+COMMAND_ENTRY = "jobs.dispatch.handle_command"
+
+_registered: dict[JobKind, str] = {}
+
+
+def job_name(fn: Callable[..., object]) -> str:
+    """The name RQ stores for a job running ``fn``, and imports to run it."""
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+def register(kind: JobKind, fn: Callable[..., object]) -> None:
+    """Let workers run ``fn`` as ``kind``'s job, and let this process enqueue it."""
+    name = job_name(fn)
+    if "<" in name:  # a lambda or a nested function: RQ could not import it by name
+        raise ValueError(f"{name} cannot be a job function: RQ imports jobs by name")
+    if kind is JobKind.COMMAND and name != COMMAND_ENTRY:
+        raise ValueError(f"the command job must be {COMMAND_ENTRY}, not {name}")
+    if _registered.get(kind, name) != name:
+        raise ValueError(f"{kind} jobs run {_registered[kind]} already, not {name}")
+    _registered[kind] = name
+
+
+def func_name(kind: JobKind) -> str:
+    """The function name to enqueue for ``kind``; ``RefusedJob`` if none is registered."""
+    if kind is JobKind.COMMAND:
+        return COMMAND_ENTRY
+    try:
+        return _registered[kind]
+    except KeyError:
+        raise RefusedJob(
+            f"no {kind} job function is registered in this process: import jobs.entry"
+        ) from None
+
+
+def kind_of(name: object) -> JobKind | None:
+    """Which kind of job runs the function ``name``, or None for any other name."""
+    return next((k for k, n in _registered.items() if n == name), None)
+
+
+def job_functions() -> frozenset[str]:
+    """Every function a loopbot job may run here; nothing else is ever imported from a job.
+
+    The registered ones (none registered: none of them, fail closed) and the command entry
+    point, which the web process enqueues without importing ``jobs``.
+    """
+    return frozenset({COMMAND_ENTRY, *_registered.values()})
+
 
 SERIALIZER = JSONSerializer
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+LOOP_JOB_RETRIES = 3
 # A command job is kept this long after it ran: its id (the delivery id) is the dedupe
 # record, and GitHub lets people redeliver a delivery for 3 days.
 COMMAND_KEEP_SECONDS = 4 * 24 * 3600
@@ -68,7 +131,7 @@ UNDECODABLE = "its data is not loopbot's JSON job format"
 
 
 class LoopbotJob(Job):
-    """An RQ job that is always JSON and runs only one of ``JOB_FUNCTIONS``."""
+    """An RQ job that is always JSON and runs only one of ``job_functions()``."""
 
     def __init__(
         self, id: str | None = None, connection: Redis | None = None, serializer: Any = None
@@ -94,7 +157,7 @@ class LoopbotJob(Job):
             return UNDECODABLE
         if instance is not None:
             return "it calls a method on an object"
-        if name not in JOB_FUNCTIONS:
+        if name not in job_functions():
             return f"{str(name)[:200]!r} is not one of loopbot's job functions"
         if (
             self._success_callback_name
@@ -252,18 +315,25 @@ def _job_options(delivery: str, description: str) -> dict[str, Any]:
 
 
 def _description(command: Command) -> str:
-    return f"{command.kind} {command.repo}#{command.issue} by {command.actor}"
+    # Not a loop key: a command on a pull request may not know its issue yet (issue 0).
+    return f"{command.kind} {command.repo} issue {command.issue} by {command.actor}"
 
 
 def _job_data(command: Command) -> bytes:
-    """What RQ stores as ``data`` for ``DISPATCH(command_json)``: zlib of the JSON call."""
-    return zlib.compress(json.dumps((DISPATCH, None, (command.model_dump_json(),), {})).encode())
+    """What RQ stores as ``data`` for the command job: zlib of the JSON call."""
+    call: tuple[str, None, tuple[str], dict[str, Any]] = (
+        COMMAND_ENTRY,
+        None,
+        (command.model_dump_json(),),
+        {},
+    )
+    return zlib.compress(json.dumps(call).encode())
 
 
 def rq_job_fields(queue: Queue, command: Command) -> dict[str, bytes]:
     """The job hash RQ itself writes when it enqueues ``command``: the reference."""
     job = queue.create_job(
-        DISPATCH,
+        COMMAND_ENTRY,
         args=(command.model_dump_json(),),
         **_job_options(command.delivery, _description(command)),
     )
@@ -339,21 +409,40 @@ def enqueue_command(queue: Queue, command: Command, body_sha256: str | None = No
     return CommandEnqueuer(queue).enqueue(command, body_sha256)
 
 
+def enqueue_loop_job(redis: Redis, loop: LoopId) -> None:
+    """Enqueue ``loop``'s one coding job, under its own job id (``LoopId.job_id``)."""
+    loop_queue(redis).enqueue(
+        func_name(JobKind.LOOP),
+        loop.repo,
+        loop.issue,
+        job_id=loop.job_id,
+        job_timeout=6 * 3600,
+        result_ttl=7 * 24 * 3600,
+        failure_ttl=7 * 24 * 3600,
+        description=f"loop {loop.key}",
+        # Transient failures (GitHub down, a git timeout) retry the job; the loop's own
+        # error budget (jobs.loop.MAX_ERRORS) decides when to give up.
+        retry=Retry(max=LOOP_JOB_RETRIES, interval=[15, 60, 180]),
+    )
+
+
 def enqueue_critic(redis: Redis, repo: str, issue: int) -> None:
     loop_queue(redis).enqueue(
-        CRITIC_JOB,
+        func_name(JobKind.CRITIC),
         repo,
         issue,
         job_timeout=1800,
         retry=Retry(max=2, interval=30),
-        description=f"critic {repo}#{issue}",
+        description=f"critic {LoopId(repo, issue).key}",
     )
 
 
 def enqueue_gate(redis: Redis, repo: str, issue: int, *, after: float = 0.0) -> None:
     """Wake the merge gate now, or ``after`` seconds from now (needs RQ's scheduler)."""
-    kwargs: dict[str, object] = {"job_timeout": 600, "description": f"merge gate {repo}#{issue}"}
+    name = func_name(JobKind.GATE)
+    description = f"merge gate {LoopId(repo, issue).key}"
+    kwargs: dict[str, object] = {"job_timeout": 600, "description": description}
     if after:
-        loop_queue(redis).enqueue_in(timedelta(seconds=after), GATE_JOB, repo, issue, **kwargs)
+        loop_queue(redis).enqueue_in(timedelta(seconds=after), name, repo, issue, **kwargs)
     else:
-        loop_queue(redis).enqueue(GATE_JOB, repo, issue, **kwargs)
+        loop_queue(redis).enqueue(name, repo, issue, **kwargs)

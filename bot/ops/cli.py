@@ -80,6 +80,7 @@ def web(host: str, port: int, workers: int, worker_class: str) -> None:
 def _run_worker(
     settings: Settings, queues: list[str], burst: bool, scheduler: bool, reconcile: bool = False
 ) -> None:
+    import jobs.entry  # noqa: F401 - registers the job functions this worker may run
     from bot.io.queues import make_worker
     from jobs.drain import DrainingWorker
     from jobs.reconciler import Reconciler
@@ -248,10 +249,10 @@ def _event_line(e: dict[str, Any]) -> str:
 def cancel(loop: str) -> None:
     """Cancel a loop (OWNER/REPO#N); its branch and worktree are kept."""
     from bot.core.record import Reason
-    from jobs.dispatch import cancel_loop
+    from jobs import lifecycle
 
     loop_id = _loop_ref(loop)
-    result = cancel_loop(_redis_only(), loop_id.key, Reason.CANCELLED, "cli")
+    result = lifecycle.cancel(_redis_only(), loop_id.key, Reason.CANCELLED, "cli")
     click.echo(f"{loop_id}: {result}")
     if result == "no loop":
         raise SystemExit(1)
@@ -261,7 +262,7 @@ def cancel(loop: str) -> None:
 @click.argument("loop")
 def restart(loop: str) -> None:
     """Resume a loop that is not completed (OWNER/REPO#N)."""
-    from bot.core import repo_config
+    import jobs.entry  # noqa: F401 - registers the loop job this command enqueues
     from jobs.dispatch import start_loop
     from jobs.runtime import Runtime
 
@@ -274,9 +275,7 @@ def restart(loop: str) -> None:
         click.echo(f"{loop_id}: no such loop", err=True)
         raise SystemExit(1)
     gh = rt.github.installation(record.installation_id)
-    config = repo_config.parse(
-        gh.file(loop_id.repo, repo_config.CONFIG_PATH), repo_config.Ceilings.of(settings)
-    )
+    config = rt.config(gh, loop_id.repo)
     result = start_loop(
         rt, loop_id.repo, loop_id.issue, record.installation_id, "cli", config, restart=True
     )

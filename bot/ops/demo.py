@@ -24,6 +24,7 @@ import click
 from rq import Worker
 from werkzeug.serving import make_server
 
+from bot.core.ids import LoopId
 from bot.core.record import TERMINAL, Status
 from bot.core.settings import load_settings
 from bot.io.logs import configure
@@ -194,7 +195,7 @@ def run_demo(keep: bool = False) -> int:
             ).json()["number"]
             _line(start, f"@maintainer opened issue #{number} and added the label loop:ready")
             u.post(f"/repos/{REPO}/issues/{number}/labels", json={"labels": ["loop:ready"]})
-        key = f"{REPO}#{number}"
+        key = LoopId(REPO, number).key
         store = Store(redis)
         last = "0"
         record = None

@@ -6,7 +6,7 @@ import hashlib
 import json
 import secrets
 import time
-from typing import Any
+from typing import Any, assert_never
 
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -77,15 +77,18 @@ def create_app(settings: Settings, redis: Redis | None = None) -> Flask:
 
         bound = log.bind(delivery=delivery, gh_event=event, action=_action(payload))
         decision = route(event, payload, app_id=settings.github_app_id, delivery=delivery)
-        if isinstance(decision, Malformed):
-            bound.warning("webhook.malformed", reason=decision.reason)
-            return _answer(400, error=decision.reason)
-        if isinstance(decision, Ignore):
-            # Nothing is stored for ignored deliveries: a repeat is ignored again.
-            bound.debug("webhook.ignored", reason=decision.reason)
-            return _answer(202, status="ignored", reason=decision.reason)
-        assert isinstance(decision, Enqueue)
-        cmd = decision.command
+        match decision:
+            case Malformed(reason=reason):
+                bound.warning("webhook.malformed", reason=reason)
+                return _answer(400, error=reason)
+            case Ignore(reason=reason):
+                # Nothing is stored for ignored deliveries: a repeat is ignored again.
+                bound.debug("webhook.ignored", reason=reason)
+                return _answer(202, status="ignored", reason=reason)
+            case Enqueue(command=cmd):
+                pass
+            case _:
+                assert_never(decision)
         try:
             job_id = enqueuer.enqueue(cmd, hashlib.sha256(body).hexdigest())
         except Replay:

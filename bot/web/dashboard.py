@@ -24,6 +24,7 @@ from flask import Blueprint, Response, abort, jsonify, make_response, redirect, 
 from redis import Redis
 from werkzeug.wrappers import Response as BaseResponse
 
+from bot.core.ids import LoopId
 from bot.core.record import SUMMARY_FIELDS, Status
 from bot.core.rules import budget
 from bot.core.settings import Settings
@@ -145,7 +146,10 @@ def blueprint(settings: Settings, store: Store, redis: Redis) -> Blueprint:
 
     @bp.get("/api/loops/<owner>/<repo>/<int:issue>")
     def api_loop(owner: str, repo: str, issue: int) -> Response:
-        key = f"{owner}/{repo}#{issue}"
+        try:
+            key = LoopId(f"{owner}/{repo}", issue).key
+        except ValueError:
+            abort(404)  # not a repository name or an issue number: no such loop
         record = store.get(key)
         if record is None:
             abort(404)

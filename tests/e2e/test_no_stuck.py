@@ -12,7 +12,7 @@ from redis import Redis
 from bot.core.record import Status
 from bot.core.text.defuse import JOINER as J
 from bot.io.github import failures
-from bot.io.queues import CRITIC_JOB, fetch_job, loop_queue
+from bot.io.queues import JobKind, fetch_job, kind_of, loop_queue
 from bot.io.store import Store
 from bot.standins import anthropic as m
 from bot.standins import gitrepo
@@ -122,18 +122,20 @@ def test_reviewing_loop_whose_critic_job_vanished_is_revived(
     drain: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from jobs import loop
+    from jobs import lifecycle
 
-    real = loop.enqueue_critic
+    real = lifecycle.enqueue_critic
+    lost: list[str] = []
 
     def enqueue_then_lose(redis_: Redis, repo: str, issue: int) -> None:
         real(redis_, repo, issue)
         for job_id in loop_queue(redis_).get_job_ids():
             job = fetch_job(job_id, redis_)
-            if job.func_name == CRITIC_JOB:
+            if kind_of(job.func_name) is JobKind.CRITIC and not lost:
                 job.delete()  # gone from Redis, as after a flush or a lost worker
+                lost.append(job_id)  # the loop's enqueue only: the reconciler's stays
 
-    monkeypatch.setattr(loop, "enqueue_critic", enqueue_then_lose)
+    monkeypatch.setattr(lifecycle, "enqueue_critic", enqueue_then_lose)
     model.play(FIX, m.text("Fixed."), report())
     run(github, drain)
     assert record(redis).status == Status.REVIEWING  # stranded
@@ -154,9 +156,9 @@ def test_stranded_past_the_resume_budget_ends_with_an_error(
     drain: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from jobs import loop
+    from jobs import lifecycle
 
-    monkeypatch.setattr(loop, "enqueue_critic", lambda *a: None)  # a lost enqueue
+    monkeypatch.setattr(lifecycle, "enqueue_critic", lambda *a: None)  # a lost enqueue
     monkeypatch.setattr(reconciler, "STRANDED_GRACE_SECONDS", 0)
     model.play(FIX, m.text("Fixed."))
     run(github, drain)

@@ -15,7 +15,6 @@ from redis import Redis
 
 from bot.core.record import Reason, Status
 from bot.core.rules.merge import (
-    Facts,
     Merge,
     Refuse,
     Wait,
@@ -43,34 +42,9 @@ from tests.e2e.test_review_merge import (
     record,
     report,
 )
-from tests.helpers import REPO, label, open_issue, sample_repo
+from tests.helpers import HEAD, REPO, label, merge_facts, open_issue, sample_repo
 
-HEAD = "b" * 40
-GREEN = classify_checks([("ci/test", "completed", "success")], [], frozenset({"ci/test"}))
-FACTS = Facts(
-    issue_open=True,
-    pr_open=True,
-    pr_merged=False,
-    head_sha=HEAD,
-    reviewed_sha=HEAD,
-    open_sev1=0,
-    checks="success",
-    failing_checks=(),
-    mergeable=True,
-    require_checks=True,
-    fix_turns_used=0,
-    max_fix_turns=2,
-    waited_seconds=0,
-    max_wait_seconds=3600,
-    verify_sha=HEAD,
-    base_included=True,
-    base_sha="d" * 40,
-    verify_passed=True,
-    verdict="approve",
-    changed_lines=40,
-    changed_files=3,
-    check_results=GREEN,
-)
+FACTS = merge_facts()  # the gate merges HEAD on these
 
 
 # -- the pure decision ------------------------------------------------------------------------

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from redis import Redis
 
 from bot.io.store import Store
@@ -70,23 +68,6 @@ def test_other_labels_start_nothing(
     github.wait_for_webhooks()
     run_control_jobs(redis)
     assert Store(redis).get(f"{REPO}#{n}") is None
-
-
-def test_double_label_delivery_gives_one_loop(
-    github: GitHubServer, web: Web, redis: Redis, rt: object
-) -> None:
-    sample_repo(github)
-    n = open_issue(github)
-    label(github, "writer", n)
-    with github.as_user("writer") as u:  # remove and add again: a second labeled event
-        u.delete(f"/repos/{REPO}/issues/{n}/labels/loop:ready")
-    # A second later, as a person would: GitHub's payload (updated_at, to the second)
-    # differs, so it is not taken for a replay of the first.
-    time.sleep(1.1)
-    label(github, "writer", n)
-    github.wait_for_webhooks()
-    run_control_jobs(redis)
-    assert queued(redis) == 1
 
 
 def test_bad_config_gets_one_comment_and_no_loop(

@@ -31,15 +31,16 @@ from bot.core.commands import ChecksCompleted
 from bot.core.settings import Settings, SettingsError, load_settings
 from bot.io.queues import (
     ALL_QUEUES,
+    COMMAND_ENTRY,
     CONTROL_QUEUE,
-    DISPATCH,
-    JOB_FUNCTIONS,
-    LOOP_JOB,
     LOOP_QUEUE,
+    JobKind,
     RefusedJob,
     control_queue,
     enqueue_command,
     fetch_job,
+    func_name,
+    job_functions,
     loop_queue,
 )
 from bot.io.redis import RedisProblem, check, connect, mask_url
@@ -114,7 +115,7 @@ def test_planted_jobs_run_no_code(
     imported = attacker.enqueue(f"{module}.run")
     # An allowed function, with a failure callback that would import the module.
     callback = Queue(CONTROL_QUEUE, connection=redis, serializer=JSONSerializer).enqueue(
-        DISPATCH, "not a command", on_failure=Callback(f"{module}.run")
+        COMMAND_ENTRY, "not a command", on_failure=Callback(f"{module}.run")
     )
 
     work_like_loopbot(settings)
@@ -143,7 +144,7 @@ def test_a_pickle_payload_is_never_unpickled(
     # The old format: RQ's pickle serializer, on loopbot's queue, for an allowed function,
     # with the payload in the job's data, meta and result.
     old = Queue(LOOP_QUEUE, connection=redis, serializer=PickleSerializer)
-    job = old.enqueue(LOOP_JOB, "acme/widgets", 1, job_id="planted-pickle")
+    job = old.enqueue(func_name(JobKind.LOOP), "acme/widgets", 1, job_id="planted-pickle")
     redis.hset(
         job.key,
         mapping={"data": zlib.compress(payload), "meta": payload, "result": payload},
@@ -172,12 +173,15 @@ def test_loopbot_cannot_enqueue_what_its_workers_refuse(redis: Redis) -> None:
     with pytest.raises(RefusedJob, match=r"os\.system"):
         loop_queue(redis).enqueue("os.system", "true")
     with pytest.raises(RefusedJob, match="callbacks"):
-        loop_queue(redis).enqueue(LOOP_JOB, "a/b", 1, on_success=Callback("os.system"))
+        loop_queue(redis).enqueue(
+            func_name(JobKind.LOOP), "a/b", 1, on_success=Callback("os.system")
+        )
     assert not redis.llen(f"rq:queue:{LOOP_QUEUE}")
     # The allowlist is every function loopbot enqueues, and each one imports.
     import importlib
 
-    for name in JOB_FUNCTIONS:
+    assert len(job_functions()) == len(JobKind)
+    for name in job_functions():
         module, _, attr = name.rpartition(".")
         assert callable(getattr(importlib.import_module(module), attr)), name
 
@@ -190,7 +194,7 @@ def test_jobs_are_json_end_to_end(settings: Settings, redis: Redis) -> None:
     raw = redis.hget(f"rq:job:{job_id}", "data")
     assert raw is not None
     func, instance, args, kwargs = json.loads(zlib.decompress(raw))
-    assert (func, instance, kwargs) == (DISPATCH, None, {})
+    assert (func, instance, kwargs) == (COMMAND_ENTRY, None, {})
     assert json.loads(args[0])["kind"] == "checks_completed"
 
     work_like_loopbot(settings)

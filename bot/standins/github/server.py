@@ -1,0 +1,224 @@
+"""``GitHubServer``: the state, a Flask app with every resource's routes, the thread that
+serves it and the one that sends webhooks, and the test's hands (add a repository, a
+user, a fault...)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from flask import Flask, Response, g, jsonify, request
+from werkzeug.serving import BaseWSGIServer, make_server
+
+from bot.standins import gitrepo
+from bot.standins.github import auth, checks, git_http, issues, pulls, repos, webhooks
+from bot.standins.github.state import Fault, Repo, State
+from bot.standins.github.wire import Json
+
+logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request is noise
+
+# Each registers its own routes; together they are the API the server speaks.
+RESOURCES = (auth, repos, issues, pulls, checks, git_http)
+
+
+class GitHubServer(State):
+    """Run with ``start()``; ``url`` is the API base to give ``GITHUB_API_URL``."""
+
+    def __init__(self, root: Path, *, app_id: int = 4242, app_slug: str = "loopbot-test") -> None:
+        private_key_pem, public_key = auth.new_app_key()
+        super().__init__(
+            root,
+            app_id=app_id,
+            app_slug=app_slug,
+            private_key_pem=private_key_pem,
+            public_key=public_key,
+        )
+        self._server: BaseWSGIServer | None = None
+        self._threads: list[threading.Thread] = []
+        self.app = self._build_app()
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self, host: str = "127.0.0.1", port: int = 0) -> GitHubServer:
+        self._server = make_server(host, port, self.app, threaded=True)
+        self.url = f"http://{host}:{self._server.server_port}"
+        for target in (self._server.serve_forever, self._send_webhooks):
+            t = threading.Thread(target=target, daemon=True, name="github-server")
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        self.outbox.put(None)
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def wait_for_webhooks(self, timeout: float = 10.0) -> None:
+        """Block until every webhook queued so far has been sent."""
+        deadline = time.monotonic() + timeout
+        while self.outbox.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def _send_webhooks(self) -> None:
+        webhooks.send_forever(self)
+
+    # -- the app ------------------------------------------------------------------------
+
+    def _build_app(self) -> Flask:
+        app = Flask("local-github")
+        app.config["MAX_CONTENT_LENGTH"] = 200 * 1024 * 1024
+        app.before_request(self._before_request)
+        app.after_request(_after_request)
+        for resource in RESOURCES:
+            resource.register(app, self)
+        app.register_error_handler(404, _not_found)
+        return app
+
+    def _before_request(self) -> Response | None:
+        """Injected faults first (they can stand in for an auth failure), then auth, then
+        the request is recorded. git's smart HTTP has its own auth and takes no faults."""
+        if request.path.startswith("/git/"):
+            return None
+        fault = self.match_fault(request.method, request.path, request.headers.get("Accept", ""))
+        g.fault = None
+        if fault is not None:
+            if fault.delay:
+                time.sleep(fault.delay)
+            if fault.after:
+                g.fault = fault
+            elif fault.status:
+                return _fault_response(fault)
+        g.auth = auth.authenticate(self)
+        with self.lock:
+            self.requests.append((request.method, request.path, g.auth[0]))
+        return None
+
+    # -- setup helpers (the test's hands) -------------------------------------------------
+
+    def add_installation(self, account: str) -> int:
+        with self.lock:
+            iid = self.next_id()
+            self.installations[iid] = account
+            return iid
+
+    def add_repo(
+        self,
+        full_name: str,
+        files: dict[str, str] | None = None,
+        *,
+        installation_id: int | None = None,
+        default_branch: str = "main",
+        collaborators: dict[str, str] | None = None,
+    ) -> Repo:
+        owner, name = full_name.split("/")
+        path = self.root / "git" / owner / f"{name}.git"
+        gitrepo.init_bare(path, default_branch)
+        if files:
+            gitrepo.seed(path, default_branch, files)
+        with self.lock:
+            repo = Repo(owner, name, self.next_id(), default_branch, path, installation_id)
+            self.add_user(owner)
+            repo.permissions[owner] = "admin"
+            for login, perm in (collaborators or {}).items():
+                self.add_user(login)
+                repo.permissions[login] = perm
+            self.repos[full_name] = repo
+            return repo
+
+    def inject(
+        self,
+        method: str,
+        path: str,
+        status: int = 500,
+        *,
+        times: int = 1,
+        headers: dict[str, str] | None = None,
+        delay: float = 0.0,
+        after: bool = False,
+        body: Json | None = None,
+        accept: str = "",
+    ) -> Fault:
+        """Fail the next ``times`` requests whose path matches the regex ``path``."""
+        fault = Fault(
+            method.upper(),
+            re.compile(path),
+            status,
+            times,
+            headers or {},
+            body or {"message": "injected fault"},
+            delay,
+            after,
+            accept=accept,
+        )
+        with self.lock:
+            self.faults.append(fault)
+        return fault
+
+    def app_token_for(self, installation_id: int) -> str:
+        """An installation token, as if minted through the API (benchmarks, demos)."""
+        token, _ = auth.mint_installation_token(self, installation_id)
+        return token
+
+    def revoke_tokens(self) -> None:
+        """Invalidate every installation token, as if they had expired or been revoked."""
+        with self.lock:
+            for t in [t for t, v in self.tokens.items() if v[0] == "installation"]:
+                del self.tokens[t]
+
+    def as_user(self, login: str) -> httpx.Client:
+        """An HTTP client acting as ``login`` (a person clicking in GitHub's UI)."""
+        user = self.add_user(login)
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"token {user.token}"}, timeout=30
+        )
+
+    def repo(self, full_name: str) -> Repo:
+        return self.repos[full_name]
+
+    def ref(self, full_name: str, branch: str) -> str | None:
+        return gitrepo.resolve(self.repos[full_name].path, f"refs/heads/{branch}")
+
+    def file_at(self, full_name: str, ref: str, path: str) -> str | None:
+        data = gitrepo.show(self.repos[full_name].path, ref, path)
+        return None if data is None else data.decode()
+
+    def require_checks(
+        self, full_name: str, branch: str, contexts: list[str], *, ruleset: bool = False
+    ) -> None:
+        """Make ``branch`` require these status checks, by branch protection or a ruleset."""
+        repo = self.repos[full_name]
+        with self.lock:
+            (repo.ruleset_checks if ruleset else repo.protection)[branch] = list(contexts)
+
+    def complete_check_suite(self, full_name: str, sha: str, conclusion: str = "success") -> None:
+        """Send ``check_suite.completed`` for ``sha`` as another CI App would."""
+        checks.send_suite_completed(self, full_name, sha, conclusion)
+
+    def _closing_references(self, repo: Repo, text: str) -> list[tuple[Repo, int]]:
+        """The issues a merge of ``text`` into ``repo`` closes (tests check the rule)."""
+        return pulls.closing_references(self, repo, text)
+
+
+def _after_request(resp: Response) -> Response:
+    """An "after" fault: the request has been applied; now answer as if it failed."""
+    fault = getattr(g, "fault", None)
+    if fault is not None and fault.after and 200 <= resp.status_code < 300:
+        return _fault_response(fault)
+    return resp
+
+
+def _fault_response(fault: Fault) -> Response:
+    resp = jsonify(fault.body)
+    resp.status_code = fault.status
+    for k, v in fault.headers.items():
+        resp.headers[k] = v
+    return resp
+
+
+def _not_found(exc: Exception) -> tuple[Response, int]:
+    return jsonify({"message": "Not Found"}), 404

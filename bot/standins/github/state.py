@@ -1,0 +1,229 @@
+"""The stand-in's in-memory world: users, installations, repositories and what is in them,
+tokens, injected faults, and the record of requests and webhook deliveries.
+
+``State`` also holds the lookups every resource module needs inside a request: who is
+calling, and the repository, issue or pull request the URL names (or GitHub's 404).
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import re
+import secrets
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
+from flask import abort, g
+
+from bot.standins import gitrepo
+from bot.standins.github.wire import Json, error
+
+
+@dataclass
+class Fault:
+    method: str
+    path: re.Pattern[str]
+    status: int = 500
+    times: int = 1
+    headers: dict[str, str] = field(default_factory=dict)
+    body: Json = field(default_factory=lambda: {"message": "injected fault"})
+    delay: float = 0.0
+    after: bool = False  # apply the request, then answer with the fault
+    hits: int = 0
+    accept: str = ""  # only requests whose Accept header contains this (e.g. "diff")
+
+
+@dataclass
+class User:
+    login: str
+    id: int
+    type: str = "User"
+    token: str = ""
+
+    def json(self) -> Json:
+        return {"login": self.login, "id": self.id, "type": self.type}
+
+
+@dataclass
+class Issue:
+    number: int
+    title: str
+    body: str
+    user: User
+    state: str = "open"
+    labels: list[str] = field(default_factory=list)
+    is_pull: bool = False
+    events: list[Json] = field(default_factory=list)
+
+
+@dataclass
+class Pull:
+    number: int
+    head: str
+    base: str
+    user: User
+    merged: bool = False
+    merge_commit_sha: str | None = None
+    closed_head_sha: str | None = None
+
+
+@dataclass
+class Repo:
+    owner: str
+    name: str
+    id: int
+    default_branch: str
+    path: Path
+    installation_id: int | None
+    permissions: dict[str, str] = field(default_factory=dict)
+    issues: dict[int, Issue] = field(default_factory=dict)
+    pulls: dict[int, Pull] = field(default_factory=dict)
+    comments: dict[int, Json] = field(default_factory=dict)  # id -> comment (with "_issue")
+    reviews: dict[int, list[Json]] = field(default_factory=dict)
+    review_comments: dict[int, list[Json]] = field(default_factory=dict)
+    check_runs: dict[int, Json] = field(default_factory=dict)
+    statuses: dict[str, list[Json]] = field(default_factory=dict)
+    reactions: list[Json] = field(default_factory=list)
+    # Required status checks per branch: classic branch protection, and rulesets.
+    protection: dict[str, list[str]] = field(default_factory=dict)
+    ruleset_checks: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.owner}/{self.name}"
+
+    def head_sha(self, pull: Pull) -> str:
+        """The pull request's head: its branch, or where the branch was when it merged."""
+        sha = gitrepo.resolve(self.path, f"refs/heads/{pull.head}")
+        return sha or pull.closed_head_sha or ""
+
+    def branch_at(self, sha: str) -> str | None:
+        out = gitrepo.git(
+            self.path,
+            "for-each-ref",
+            "--points-at",
+            sha,
+            "--format=%(refname:short)",
+            "refs/heads",
+            check=False,
+        )
+        names = out.split()
+        return names[0] if names else None
+
+
+class State:
+    """Everything the server knows; guarded by ``lock`` where threads meet."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        app_id: int,
+        app_slug: str,
+        private_key_pem: str,
+        public_key: RSAPublicKey,
+    ) -> None:
+        self.root = root
+        (root / "git").mkdir(parents=True, exist_ok=True)
+        self.app_id = app_id
+        self.app_slug = app_slug
+        self.private_key_pem = private_key_pem
+        self.public_key = public_key
+        self.lock = threading.RLock()
+        self._ids = itertools.count(1000)
+        self.users: dict[str, User] = {}
+        self.bot = self.new_user(f"{app_slug}[bot]", type="Bot")
+        self.installations: dict[int, str] = {}
+        self.repos: dict[str, Repo] = {}
+        self.tokens: dict[str, tuple[str, Any, float]] = {}  # token -> (kind, who, expires)
+        self.faults: list[Fault] = []
+        self.requests: list[tuple[str, str, str]] = []  # (method, path, auth kind)
+        self.webhook_url: str | None = None
+        self.webhook_secret = "local-webhook-secret"
+        self.webhooks_enabled = True
+        self.deliveries: list[Json] = []
+        self.token_ttl = timedelta(hours=1)
+        self.outbox: queue.Queue[tuple[str, Json] | None] = queue.Queue()
+        self.url = ""
+
+    def next_id(self) -> int:
+        """One counter for every id (users, repos, comments, reviews...), as unique as GitHub's."""
+        return next(self._ids)
+
+    def new_user(self, login: str, type: str = "User") -> User:
+        user = User(login=login, id=self.next_id(), type=type, token=f"ghu_{secrets.token_hex(12)}")
+        self.users[login] = user
+        if type == "User":
+            self.tokens[user.token] = ("user", login, float("inf"))
+        return user
+
+    def add_user(self, login: str) -> User:
+        with self.lock:
+            return self.users.get(login) or self.new_user(login)
+
+    def emit(self, event: str, payload: Json) -> None:
+        """Queue a signed webhook delivery (sent in order by one thread, see webhooks.py)."""
+        if self.webhooks_enabled and self.webhook_url:
+            self.outbox.put((event, payload))
+
+    def match_fault(self, method: str, path: str, accept: str = "") -> Fault | None:
+        """The first injected fault this request triggers, counted as used."""
+        with self.lock:
+            for fault in self.faults:
+                if (
+                    fault.hits < fault.times
+                    and fault.method in (method, "*")
+                    and fault.path.search(path)
+                    and fault.accept in accept
+                ):
+                    fault.hits += 1
+                    return fault
+        return None
+
+    # -- inside a request: g.auth is (kind, who) from auth.authenticate -------------------
+
+    def actor(self) -> User:
+        kind, who = g.auth
+        if kind == "user":
+            return self.users[who]
+        return self.bot
+
+    def find_repo(self, owner: str, name: str) -> Repo:
+        repo = self.repos.get(f"{owner}/{name}")
+        if repo is None:
+            abort(error(404, "Not Found"))
+        kind, who = g.auth
+        if kind == "installation" and repo.installation_id != who:
+            abort(error(404, "Not Found"))
+        return repo  # users: a public repository, anyone may read, open issues and comment
+
+    def find_issue(self, repo: Repo, number: int) -> Issue:
+        issue = repo.issues.get(number)
+        if issue is None:
+            abort(error(404, "Not Found"))
+        return issue
+
+    def find_pull(self, repo: Repo, number: int) -> Pull:
+        pull = repo.pulls.get(number)
+        if pull is None:
+            abort(error(404, "Not Found"))
+        return pull
+
+    def need(self, kind: str) -> None:
+        if g.auth[0] != kind:
+            abort(error(401, f"{kind} authentication required"))
+
+    def need_triage(self, repo: Repo) -> None:
+        kind, who = g.auth
+        if kind == "user" and repo.permissions.get(who) not in (
+            "triage",
+            "write",
+            "maintain",
+            "admin",
+        ):
+            abort(error(403, "Must have triage access to change labels"))

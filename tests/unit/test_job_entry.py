@@ -1,0 +1,54 @@
+"""Jobs are named by function reference (jobs/entry.py); the one name written as a string
+is the command entry point the web process enqueues without importing ``jobs``."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.io import queues
+from bot.io.queues import COMMAND_ENTRY, JobKind, RefusedJob, job_name, register
+from jobs import critic, dispatch, entry, loop, merge_gate
+
+
+def test_the_command_entry_point_is_dispatchs_handle_command() -> None:
+    assert COMMAND_ENTRY == "jobs.dispatch.handle_command"
+    assert job_name(dispatch.handle_command) == COMMAND_ENTRY
+
+
+def test_entry_registers_every_kind_by_reference() -> None:
+    assert set(entry.JOBS) == set(JobKind)
+    names = {
+        JobKind.COMMAND: "jobs.dispatch.handle_command",
+        JobKind.LOOP: "jobs.loop.run_loop",
+        JobKind.CRITIC: "jobs.critic.run_critic",
+        JobKind.GATE: "jobs.merge_gate.run_gate",
+    }
+    for kind, name in names.items():
+        assert queues.func_name(kind) == name
+        assert queues.kind_of(name) is kind
+    assert queues.job_functions() == frozenset(names.values())
+    assert entry.JOBS[JobKind.LOOP] is loop.run_loop
+    assert entry.JOBS[JobKind.CRITIC] is critic.run_critic
+    assert entry.JOBS[JobKind.GATE] is merge_gate.run_gate
+
+
+def test_nothing_registered_runs_nothing_but_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(queues, "_registered", {})
+    assert queues.job_functions() == frozenset({COMMAND_ENTRY})
+    assert queues.kind_of("jobs.loop.run_loop") is None
+    with pytest.raises(RefusedJob, match=r"import jobs\.entry"):
+        queues.func_name(JobKind.LOOP)
+
+
+def test_register_refuses_what_rq_could_not_run_or_a_second_function(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(queues, "_registered", {})
+    with pytest.raises(ValueError, match="RQ imports jobs by name"):
+        register(JobKind.LOOP, lambda: "x")
+    with pytest.raises(ValueError, match="the command job must be"):
+        register(JobKind.COMMAND, loop.run_loop)
+    register(JobKind.LOOP, loop.run_loop)
+    register(JobKind.LOOP, loop.run_loop)  # the same again is fine
+    with pytest.raises(ValueError, match="already"):
+        register(JobKind.LOOP, critic.run_critic)
