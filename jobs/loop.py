@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, assert_never
 
 import anthropic
 
@@ -296,15 +296,20 @@ class LoopRunner:
                 cancel=self.store.cancel_requested(self.key),
                 intake_edited=intake.edited(record, issue.title, issue.body),
             )
-            if isinstance(step, transitions.Stop):
-                if step.reason == Reason.ISSUE_EDITED:
-                    self.gh.upsert_comment(
-                        self.repo,
-                        self.issue_number,
-                        intake.COMMENT_KEY,
-                        intake.stopped_comment("", self.config.labels.ready),
-                    )
-                return self._stop(step)
+            match step:
+                case transitions.Stop(reason=reason):
+                    if reason == Reason.ISSUE_EDITED:
+                        self.gh.upsert_comment(
+                            self.repo,
+                            self.issue_number,
+                            intake.COMMENT_KEY,
+                            intake.stopped_comment("", self.config.labels.ready),
+                        )
+                    return self._stop(step)
+                case transitions.RunTurn():
+                    pass
+                case _:
+                    assert_never(step)
             smallest = budget.smallest_call(self.rt.settings.model, MAX_TOKENS)
             if out := budget.before_turn(self.budget, budget.Spent.of(record), smallest):
                 return self._finish(Status.FAILED, Reason.BUDGET, out.detail)
@@ -422,12 +427,17 @@ class LoopRunner:
                     or self._tests_asked()
                 ),
             )
-            if isinstance(after, transitions.Stop):
-                return self._stop(after)
-            if isinstance(after, transitions.Verified):
-                return self._open_pull(base, outcome)
-            if isinstance(after, transitions.AskForTest):
-                self.store.event(self.key, "test_requested", turn=turn, sha=head)
+            match after:
+                case transitions.Stop():
+                    return self._stop(after)
+                case transitions.Verified():
+                    return self._open_pull(base, outcome)
+                case transitions.AskForTest():  # a Continue that asks for a test first
+                    self.store.event(self.key, "test_requested", turn=turn, sha=head)
+                case transitions.Continue():
+                    pass
+                case _:
+                    assert_never(after)
             failure = after.failure
             if hidden:
                 failure += (
