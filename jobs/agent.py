@@ -3,7 +3,10 @@
 A step is one model call plus the tool calls it asks for. The turn ends on a non-tool
 finish, the step cap, the tool-call budget, a doom loop (the same call three times in a
 row), the issue's budget (checked before each call: a call that could cross it is never
-made), too many stalls, or cancellation; the reason is returned, never swallowed. Those
+made), too many stalls, cancellation, a refusal, the context window, or a reply cut
+mid-tool-call twice; the reason is returned, never swallowed. A reply that must not be
+kept (refused, cut, or cut inside a tool call) never reaches the conversation, so the
+stored conversation is always one the Messages API accepts; its usage is still counted. Those
 rules are pure decisions in ``bot.core.rules.agent_stop``; this module does the I/O. The
 conversation is a list of plain dicts so it can be stored in Redis and continued by
 another worker.
@@ -111,6 +114,9 @@ def _stop_of(decision: Go | Stop) -> Stop | None:
             return None
         case (
             rules.Cancelled()
+            | rules.Refused()
+            | rules.ContextWindow()
+            | rules.OutputLimit()
             | rules.Shutdown()
             | rules.StepCap()
             | rules.ToolBudget()
@@ -124,6 +130,24 @@ def _stop_of(decision: Go | Stop) -> Stop | None:
             return stop
         case never:
             assert_never(never)
+
+
+def _keep(
+    messages: list[dict[str, Any]], blocks: list[dict[str, Any]], outcome: Outcome, tokens: int
+) -> tuple[int, int]:
+    """Store the reply in the conversation; returns the tokens the API counted for it
+    (input and output) with the conversation's length just after it, for the budget."""
+    messages.append({"role": "assistant", "content": blocks})
+    texts = [b["text"] for b in blocks if b.get("type") == "text" and b.get("text")]
+    if texts:
+        outcome.text = "\n".join(texts)
+    return tokens, len(messages)
+
+
+def _explanation(resp: Any) -> str:
+    """A refusal's ``stop_details.explanation`` (None in older SDKs and most replies)."""
+    details = getattr(resp, "stop_details", None)
+    return str(getattr(details, "explanation", None) or "")
 
 
 def _ended(outcome: Outcome, stop: Stop) -> Outcome:
@@ -184,11 +208,15 @@ class Agent:
         self.resources = resources  # what is over a resource limit after a tool call
 
     def _request(
-        self, messages: list[dict[str, Any]], with_tools: bool, model: str
+        self,
+        messages: list[dict[str, Any]],
+        with_tools: bool,
+        model: str,
+        max_tokens: int = MAX_TOKENS,
     ) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "model": model,
-            "max_tokens": MAX_TOKENS,
+            "max_tokens": max_tokens,
             "system": [
                 {"type": "text", "text": self.system, "cache_control": {"type": "ephemeral"}}
             ],
@@ -232,6 +260,7 @@ class Agent:
         with_tools = not rules.text_only(limits.step_cap)
         started = time.monotonic()
         counted: tuple[int, int] | None = None
+        max_tokens = MAX_TOKENS  # raised once to retry a reply cut mid-tool-call
         while True:
             stop = _stop_of(
                 rules.before_call(
@@ -243,7 +272,7 @@ class Agent:
             )
             if stop is not None:
                 return _ended(outcome, stop)
-            request = self._request(messages, with_tools, model)
+            request = self._request(messages, with_tools, model, max_tokens)
             why = self._over_budget(
                 request, limits, outcome, time.monotonic() - started, counted, messages
             )
@@ -269,29 +298,45 @@ class Agent:
                 raise
             outcome.model_seconds += time.monotonic() - called
             stalls = 0
-            outcome.steps += 1
+            outcome.steps += 1  # every call is a step, dropped replies too: retries are bounded
             used = usage_from(resp.model or model, resp.usage)
-            outcome.usage.append((resp.model or model, used))
+            outcome.usage.append((resp.model or model, used))  # charged, kept or not
+            read = used.input_tokens + used.cache_read_tokens + used.cache_write_tokens
+            counted = (read, len(messages))  # until the reply is kept (with its output)
             blocks = [b.model_dump(exclude_none=True) for b in resp.content]
-            messages.append({"role": "assistant", "content": blocks})
-            counted = (
-                used.input_tokens
-                + used.cache_read_tokens
-                + used.cache_write_tokens
-                + used.output_tokens,
-                len(messages),
-            )
-            texts = [b["text"] for b in blocks if b.get("type") == "text" and b.get("text")]
-            if texts:
-                outcome.text = "\n".join(texts)
             calls = [b for b in blocks if b.get("type") == "tool_use"]
-            stop = _stop_of(
-                rules.after_response(
-                    step_cap=limits.step_cap, stop_reason=resp.stop_reason, tool_calls=len(calls)
-                )
+            decision = rules.after_response(
+                step_cap=limits.step_cap,
+                stop_reason=resp.stop_reason,
+                tool_calls=len(calls),
+                cut_in_call=bool(blocks) and blocks[-1].get("type") == "tool_use",
+                max_tokens=max_tokens,
+                retried=max_tokens != MAX_TOKENS,
+                explanation=_explanation(resp),
             )
-            if stop is not None:
-                return _ended(outcome, stop)
+            max_tokens = MAX_TOKENS  # back to the usual limit once a reply is kept
+            match decision:
+                case rules.Retry(max_tokens=bigger):
+                    # The cut call's input is partial: never run or store it; ask again.
+                    self.on_step(outcome.steps, f"cut mid-tool-call: retry at {bigger}")
+                    max_tokens = bigger
+                    continue
+                case rules.Refused() | rules.ContextWindow() | rules.OutputLimit() as stop:
+                    return _ended(outcome, stop)  # the reply is not kept
+                case rules.Resume():
+                    counted = _keep(messages, blocks, outcome, read + used.output_tokens)
+                    continue  # pause_turn: the reply sent back as it is lets it carry on
+                case rules.Continue(prompt=prompt):
+                    counted = _keep(messages, blocks, outcome, read + used.output_tokens)
+                    add_user_text(messages, prompt)
+                    continue
+                case rules.TextOnly() | rules.Finished() as stop:
+                    _keep(messages, blocks, outcome, read + used.output_tokens)
+                    return _ended(outcome, stop)
+                case Go():
+                    counted = _keep(messages, blocks, outcome, read + used.output_tokens)
+                case never:
+                    assert_never(never)
             results, recent, stop = self._run_tools(calls, recent, limits, outcome)
             messages.append({"role": "user", "content": results})
             if stop is not None:

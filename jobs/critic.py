@@ -239,14 +239,18 @@ class Critic:
             r.sev1_rounds = tally(r.sev1_rounds, report, standing)
 
         self.store.update(self.key, save)
+        # One per review round, counted as the review shows them (loopbot's own evidence
+        # finding included): the status comment's timeline and the session log read it.
         self.store.event(
             self.key,
             "reviewed",
+            round=round_,
             sha=sha,
+            pr=pull.number,
             verdict=report.verdict,
-            sev1=report.count("sev1"),
-            sev2=report.count("sev2"),
-            sev3=report.count("sev3"),
+            sev1=shown.count("sev1"),
+            sev2=shown.count("sev2"),
+            sev3=shown.count("sev3"),
             inline=len(inline),
             new=result.new,
             recurring=result.recurring,

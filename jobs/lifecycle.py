@@ -9,7 +9,8 @@ A status change is four things that must not drift apart:
   ``loop_finished``, ``loop_cancelled``, ``job_requeued``);
 - the job the new status needs: queued -> the loop job, reviewing -> the critic,
   merging -> the merge gate;
-- the issue's status comment, when the caller has a GitHub installation client.
+- the issue's status comment, when the caller has a GitHub installation client: the
+  state on top and the timeline of what the loop did, read from its events.
 
 Callers pass the store they write through: the loop passes its lease-fenced store
 (``bot.io.store.FencedStore``), so a worker that lost its lease changes nothing here,
@@ -33,7 +34,7 @@ from bot.core.ids import LoopId
 from bot.core.record import LoopRecord, Reason, Status, approve
 from bot.core.rules import lifecycle as rules
 from bot.core.rules.lifecycle import Guard, Requeue
-from bot.core.text import messages
+from bot.core.text import messages, sessionlog
 from bot.io import queues
 from bot.io.github.client import Installation, IssueInfo
 from bot.io.logs import get_logger
@@ -317,18 +318,41 @@ def _stop_job(store: Store, loop: LoopId) -> None:
 
 
 def post_status(store: Store, gh: Installation, record: LoopRecord, tail: str = "") -> LoopRecord:
-    """Edit the issue's one status comment to show ``record``.
+    """Edit the issue's one status comment to show ``record`` and the timeline of its
+    events. The only writer of that comment: every status change and turn comes here.
 
     ``tail``: the last verify output, shown while the last verify failed.
     """
     _fence(store)
-    body = messages.status_comment(record, "" if record.last_verify.get("passed") else tail)
+    timeline = sessionlog.timeline(
+        _all_events(store, record.key), limit=messages.TIMELINE_LIMIT, redact=gh.redact
+    )
+    body = messages.status_comment(
+        record, "" if record.last_verify.get("passed") else tail, timeline_lines=timeline
+    )
     comment = gh.upsert_comment(
         record.repo, record.issue, "status", body, known_id=record.status_comment_id
     )
     if comment.id != record.status_comment_id:
         return store.set_fields(record.key, status_comment_id=comment.id)
     return record
+
+
+EVENTS_PAGE = 1000
+
+
+def _all_events(store: Store, key: LoopKey) -> list[dict[str, Any]]:
+    """The loop's whole event stream, oldest first, page by page: one page from the start
+    would miss the newest events of a long loop (each agent step is an event). The
+    stream is capped (``bot.io.store.LOOP_EVENTS_MAXLEN``), and so is this."""
+    found: list[dict[str, Any]] = []
+    after = "-"
+    while True:
+        page = store.events(key, after=after, count=EVENTS_PAGE)
+        found += page
+        if len(page) < EVENTS_PAGE:
+            return found
+        after = page[-1]["id"]
 
 
 # -- the loop job --------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from bot.core.rules import budget, intake
 from bot.core.rules import turns as transitions
 from bot.core.rules.lifecycle import Requeue
 from bot.core.text import messages, prompts
-from bot.io.github.client import IssueInfo
+from bot.io.github.client import PullInfo
 from bot.io.github.failures import GitHubError, new_error_id, public_error
 from bot.io.logs import get_logger
 from bot.io.store import FencedStore, LeaseLost, Store
@@ -315,7 +315,14 @@ class LoopRunner:
                 return self._finish(Status.FAILED, Reason.BUDGET, out.detail)
             turn = step.turn
             record = self.store.update(self.key, _start_turn(turn))
-            self.store.event(self.key, "turn_started", turn=turn)
+            # Where the turn begins in the conversation: the session log splits it there.
+            self.store.event(
+                self.key,
+                "turn_started",
+                turn=turn,
+                total=record.total_turns,  # ``turn`` starts over after a review round
+                messages=len(conversation),
+            )
             self.store.count("turns")
             self._status_comment()
             if not conversation:
@@ -359,11 +366,15 @@ class LoopRunner:
                     f"Your worker shut down in the middle of turn {turn}; what you had "
                     "changed is committed. Carry on from there."
                 )
+            if outcome.end == "model_refused":  # going on would be refused again
+                self._commit_and_push(turn, outcome)  # keep what the turn did
+                return self._finish(Status.FAILED, Reason.MODEL_REFUSED, outcome.detail)
             cut = transitions.cut_short(outcome.end)
             if cut is not None and outcome.end == "resource_limit":
                 return self._over_limit(outcome.detail)
             if cut is not None:
                 self._commit_and_push(turn, outcome)  # keep what the turn did
+                self._refresh_pull(outcome)
                 return self._stop(cut, outcome.detail)
             # verify must judge the commit: files the agent left where git does not look
             # (ignored paths) would count for verify and never reach the pull request.
@@ -395,7 +406,8 @@ class LoopRunner:
             record = self._record()
             idle = 0 if changed else record.idle_turns + 1
             self._set(last_verify=result, idle_turns=idle, tests_changed=tests)
-            self.store.event(self.key, "verify", **result)
+            # The output's tail too: the session log shows what verify said, turn by turn.
+            self.store.event(self.key, "verify", **result, tail=self._verify_tail)
             if not changed:
                 self.store.event(self.key, "no_change", turn=turn, idle_turns=idle)
             record = self._record()
@@ -427,6 +439,8 @@ class LoopRunner:
                     or self._tests_asked()
                 ),
             )
+            if not isinstance(after, transitions.Verified):  # _open_pull writes it then
+                self._refresh_pull(outcome)
             match after:
                 case transitions.Stop():
                     return self._stop(after)
@@ -563,7 +577,8 @@ class LoopRunner:
         ``_pushed()`` waits for it before anything that needs the remote branch: the
         next push, the pull request, the end of the loop.
         """
-        summary = (outcome.text.strip().splitlines() or ["changes"])[0][:72]
+        # The commit lands on GitHub too: no secret of the worker's in its subject.
+        summary = self.gh.redact((outcome.text.strip().splitlines() or ["changes"])[0])[:72]
         sha = self.worktrees.commit_all(self.checkout, f"loop(turn-{turn}): {summary}")
         if sha is None:
             return None
@@ -598,8 +613,10 @@ class LoopRunner:
             )
         self._set(phase="opening_pr")
         issue = self.gh.issue(self.repo, self.issue_number)
-        stat = self.worktrees.diff_stat(self.checkout)
-        body = pull_body(issue, record, outcome.text, stat)
+        summary = outcome.text
+        if record.pr_number is not None:
+            summary = pull_summary(self.gh.pull(self.repo, record.pr_number), outcome.text)
+        body = pull_body(record, summary, self.worktrees.diff_stat(self.checkout))
         self.lease.check()
         pull = self.gh.open_pull(
             self.repo,
@@ -610,7 +627,9 @@ class LoopRunner:
             closes=self.issue_number,
         )
         self._set(pr_number=pull.number, pr_url=pull.html_url, head_sha=pull.head_sha)
-        self.store.event(self.key, "pr_opened", pr=pull.number, sha=pull.head_sha)
+        # Opened once; a later verified turn (a review fix) updates the same pull request.
+        opened = "pr_opened" if record.pr_number != pull.number else "pr_updated"
+        self.store.event(self.key, opened, pr=pull.number, sha=pull.head_sha)
         self._check_run(
             "completed", conclusion="success", title=f"verify passed on turn {record.turn}"
         )
@@ -621,6 +640,24 @@ class LoopRunner:
             job = "critic" if stage is Status.REVIEWING else "merge gate"
             return f"pull request #{pull.number} opened; {job} queued"
         return self._finish(Status.COMPLETED, Reason.PR_OPENED, f"pull request #{pull.number}")
+
+    def _refresh_pull(self, outcome: Outcome) -> None:
+        """The pull request stays true: after a later turn (a review fix, a checks or a
+        conflict fix) its body shows the turns, cost and last verify as they are now.
+        The summary on top stays what the agent wrote when it opened the pull request."""
+        record = self._record()
+        if record.pr_number is None:
+            return
+        pull = self.gh.pull(self.repo, record.pr_number)
+        if pull.state != "open":
+            return
+        body = pull_body(
+            record, pull_summary(pull, outcome.text), self.worktrees.diff_stat(self.checkout)
+        )
+        self.lease.check()
+        self.gh.update_pull(
+            self.repo, pull.number, body=body, closes=self.issue_number, current=pull
+        )
 
     def _blocking_findings(self, record: LoopRecord) -> list[dict[str, Any]]:
         return [f for f in record.findings if f.get("severity") == "sev1" and not f.get("resolved")]
@@ -767,17 +804,33 @@ def _conclusion(status: Status) -> str:
     return {Status.CANCELLED: "cancelled", Status.COMPLETED: "success"}.get(status, "failure")
 
 
-def pull_body(issue: IssueInfo, record: LoopRecord, summary: str, stat: str) -> str:
+TABLE_HEAD = "| turns | cost | verify |"
+
+
+def pull_body(record: LoopRecord, summary: str, stat: str) -> str:
+    """The pull request's body: the agent's summary, then the numbers as they are now."""
     tests = ", ".join(f"`{p}`" for p in record.tests_changed[:20]) or "none"
     if len(record.tests_changed) > 20:
         tests += f" and {len(record.tests_changed) - 20} more"
+    last = record.last_verify
+    verify = "passed" if last.get("passed") else evidence.describe(last)
+    # The issue's turns so far: ``record.turn`` starts over after each review round.
+    turns = max(record.total_turns, record.turn)
     return (
         f"{messages.safe_text(summary.strip()) or 'Changes made by loopbot.'}\n\n"
-        f"| turns | cost | verify |\n|---|---|---|\n"
-        f"| {record.turn} | ${record.cost_usd:.2f} | `{record.verify_command}` passed |\n\n"
+        f"{TABLE_HEAD}\n|---|---|---|\n"
+        f"| {turns} | ${record.cost_usd:.2f} | `{record.verify_command}` {verify} |\n\n"
         f"Evidence: {evidence.evidence_line(record.base_verify, record.last_verify)}; "
         f"tests changed: {tests}.\n\n"
         "<details><summary>diff stat</summary>\n\n"
-        f"{messages.code_block(stat.strip())}\n</details>\n\n"
+        f"{messages.code_block(stat.strip(chr(10)).rstrip())}\n</details>\n\n"
         "<sub>Opened by loopbot. `/loop <request>` on this PR asks for another turn.</sub>"
     )
+
+
+def pull_summary(pull: PullInfo, fallback: str) -> str:
+    """The summary on top of the body loopbot wrote for ``pull`` (``pull_body``), to keep
+    it when the numbers below are refreshed; ``fallback`` when the body is not that."""
+    text = (pull.body or "").partition("\n\n")[2]  # after loopbot's own "Closes #N"
+    summary, found, _ = text.rpartition("\n\n" + TABLE_HEAD)
+    return summary.strip() if found and summary.strip() else fallback

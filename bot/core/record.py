@@ -53,6 +53,7 @@ class Reason(StrEnum):
     PUSH_REJECTED = "push_rejected"
     RESOURCE_LIMIT = "resource_limit"
     ISSUE_EDITED = "issue_edited"  # title or body changed after a writer approved it
+    MODEL_REFUSED = "model_refused"  # the model declined (stop_reason refusal)
 
 
 class Usage(BaseModel):

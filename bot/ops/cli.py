@@ -244,6 +244,80 @@ def _event_line(e: dict[str, Any]) -> str:
     return f"{at}  {e['loop']:<28} {e['kind']:<16} {data}"
 
 
+@main.command(name="log")
+@click.argument("loop")
+@click.option("-f", "--follow", is_flag=True, help="keep printing new entries until the loop ends")
+@click.option("--full", is_flag=True, help="whole bodies, not their head and tail")
+def session_log(loop: str, follow: bool, full: bool) -> None:
+    """The session log of one loop (OWNER/REPO#N): each turn's commands, edits, their
+    output, verify runs and review rounds, with secrets redacted."""
+    import time
+
+    from bot.core.text import sessionlog
+    from bot.core.text.redact import Redactor, settings_secrets
+    from bot.io.store import Store
+
+    key = _loop_ref(loop).key
+    # The settings, not only REDIS_URL: the redaction needs the worker's secret values.
+    settings = _settings("cli")
+    check_at_startup(settings.redis_url, "loopbot log")
+    store = Store(connect(settings.redis_url))
+    redact = Redactor(settings_secrets(settings))
+    max_chars = FULL_LOG_CHARS if full else 4000
+    shown: set[str] = set()
+
+    def show_new() -> bool:
+        """Print the entries not printed yet; whether the loop is still active."""
+        record = store.get(key)
+        if record is None:
+            click.echo(f"{key}: no such loop", err=True)
+            raise SystemExit(1)
+        events = store.events(key, count=100_000)
+        entries = sessionlog.build(store.conversation(key), events, redact, max_chars=max_chars)
+        # A turn's messages are saved when it ends and slot in before entries printed
+        # already: print each entry once, by its content, wherever it lands.
+        ids = _entry_ids(entries)
+        new = [e for e, i in zip(entries, ids, strict=True) if i not in shown]
+        shown.update(ids)
+        if new:
+            click.echo(sessionlog.render_text(new, full=full))
+        return record.active
+
+    last = "$"
+    try:
+        active = show_new()
+        while follow and active:
+            found = store.follow(key, last, block_ms=1000)
+            if found:
+                last = found[-1]["id"]
+            active = show_new()
+            time.sleep(0 if found else 0.5)
+    except KeyboardInterrupt:
+        return
+    if follow:
+        record = store.get(key)
+        click.echo(f"\n{key}: {record.status.value if record else 'gone'}")
+
+
+FULL_LOG_CHARS = 1_000_000  # of one entry with --full: whole, within reason
+
+
+def _entry_ids(entries: list[dict[str, Any]]) -> list[str]:
+    """An id per entry: its content, and how many equal entries came before it (the same
+    command run twice in a step is two entries)."""
+    import hashlib
+    import json
+
+    seen: dict[str, int] = {}
+    ids = []
+    for entry in entries:
+        raw = json.dumps(entry, sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256(raw.encode()).hexdigest()
+        seen[digest] = seen.get(digest, 0) + 1
+        ids.append(f"{digest}/{seen[digest]}")
+    return ids
+
+
 @main.command()
 @click.argument("loop")
 def cancel(loop: str) -> None:

@@ -4,6 +4,13 @@
 tool-use blocks, a stop reason, usage with cache fields), an HTTP error such as 429 or
 529 with its headers, or a delay (for stall tests). Or a ``responder`` callable decides
 from the request. Every request is recorded, body and headers, for assertions.
+
+Every stop reason the real API gives can be scripted (``cut_tool``, ``cut_text``,
+``paused``, ``refused``, ``context_full``), in the shapes the SDK parses. And the server is
+at least as strict as the real API about what it is sent (``invalid``): a conversation
+with a tool call left unanswered, or a tool result that answers no call, is a 400
+``invalid_request_error`` in the API's words, before any script item is used, so a
+broken conversation the agent stored fails a test instead of passing it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ class Reply:
     usage: Json = field(default_factory=lambda: {"input_tokens": 100, "output_tokens": 50})
     delay: float = 0.0
     model: str | None = None
+    stop_details: Json | None = None  # a refusal's {"type": "refusal", "category", ...}
 
 
 @dataclass
@@ -47,6 +55,9 @@ class Fail:
 Item = Reply | Fail
 Responder = Callable[[Json], Item]
 _ids = itertools.count(1)
+# The output limit the server enforces on ``max_tokens`` (Sonnet 4.5's and Haiku 4.5's:
+# https://platform.claude.com/docs/en/about-claude/models/overview); more is a 400.
+MAX_OUTPUT_TOKENS = 64_000
 
 
 def text(s: str, **kw: Any) -> Reply:
@@ -80,6 +91,116 @@ def replace(path: str, old: str, new: str, **kw: Any) -> Reply:
         {"command": "str_replace", "path": path, "old_str": old, "new_str": new},
         **kw,
     )
+
+
+def cut_tool(name: str, partial: Json, *, say: str = "", **kw: Any) -> Reply:
+    """A reply cut at ``max_tokens`` in the middle of a tool call: the tool_use block is
+    there, with only the input written before the cut (``partial``, often ``{}``)."""
+    reply = tool(name, partial, say=say, **kw)
+    reply.stop_reason = "max_tokens"
+    return reply
+
+
+def cut_text(s: str, **kw: Any) -> Reply:
+    """A reply cut at ``max_tokens`` in its text."""
+    return text(s, stop_reason="max_tokens", **kw)
+
+
+def paused(s: str = "", **kw: Any) -> Reply:
+    """``pause_turn``: the model stopped mid-turn; sent back as it is, it carries on."""
+    return Reply([{"type": "text", "text": s}] if s else [], stop_reason="pause_turn", **kw)
+
+
+def refused(
+    s: str = "",
+    *,
+    category: str | None = "cyber",
+    explanation: str | None = "This request was declined because it could enable cyber harm.",
+    **kw: Any,
+) -> Reply:
+    """``refusal``: whatever text was streamed before the classifier stopped it, and
+    ``stop_details`` (https://platform.claude.com/docs/en/test-and-evaluate/
+    strengthen-guardrails/handle-streaming-refusals). Usage is still billed."""
+    details = {"type": "refusal", "category": category, "explanation": explanation}
+    return Reply(
+        [{"type": "text", "text": s}] if s else [],
+        stop_reason="refusal",
+        stop_details=details,
+        **kw,
+    )
+
+
+def context_full(s: str = "", **kw: Any) -> Reply:
+    """``model_context_window_exceeded``: the reply filled the context window, cut."""
+    return Reply(
+        [{"type": "text", "text": s}] if s else [],
+        stop_reason="model_context_window_exceeded",
+        **kw,
+    )
+
+
+def _blocks(msg: Json) -> list[Json]:
+    content = msg.get("content")
+    if isinstance(content, list):
+        return [b for b in content if isinstance(b, dict)]
+    return []
+
+
+def _tool_use_ids(msg: Json) -> list[str]:
+    if msg.get("role") != "assistant":
+        return []
+    return [str(b.get("id")) for b in _blocks(msg) if b.get("type") == "tool_use"]
+
+
+def invalid(body: Json) -> str | None:
+    """Why the real Messages API would reject ``body`` with a 400, in its words; or None.
+
+    Checks what a harness can get wrong when it stores, cuts or resumes a conversation:
+    ``max_tokens`` within the model's output limit, no empty message but an optional
+    final assistant one, every tool_use answered by a tool_result in the very next
+    message, and every tool_result answering a tool_use of the message before.
+    """
+    limit = body.get("max_tokens")
+    if not isinstance(limit, int) or limit < 1:
+        return "max_tokens: Field required to be a positive integer"
+    if limit > MAX_OUTPUT_TOKENS:
+        return (
+            f"max_tokens: {limit} > {MAX_OUTPUT_TOKENS}, which is the maximum allowed "
+            f"number of output tokens for {body.get('model')}"
+        )
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        return "messages: at least one message is required"
+    for i, msg in enumerate(msgs):
+        final_assistant = i == len(msgs) - 1 and msg.get("role") == "assistant"
+        if not msg.get("content") and not final_assistant:
+            return (
+                f"messages.{i}: all messages must have non-empty content except for the "
+                "optional final assistant message"
+            )
+        asked = _tool_use_ids(msgs[i - 1]) if i > 0 else []
+        for k, block in enumerate(_blocks(msg)):
+            if block.get("type") == "tool_result" and block.get("tool_use_id") not in asked:
+                return (
+                    f"messages.{i}.content.{k}: unexpected `tool_use_id` found in "
+                    f"`tool_result` blocks: {block.get('tool_use_id')}. Each `tool_result` "
+                    "block must have a corresponding `tool_use` block in the previous message."
+                )
+        uses = _tool_use_ids(msg)
+        after = msgs[i + 1] if i + 1 < len(msgs) else {}
+        answered = {
+            b.get("tool_use_id")
+            for b in _blocks(after)
+            if after.get("role") == "user" and b.get("type") == "tool_result"
+        }
+        missing = [u for u in uses if u not in answered]
+        if missing:
+            return (
+                f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
+                f"immediately after: {', '.join(missing)}. Each `tool_use` block must have "
+                "a corresponding `tool_result` block in the next message."
+            )
+    return None
 
 
 def structured(obj: Json, **kw: Any) -> Reply:
@@ -145,6 +266,8 @@ class AnthropicServer:
                 srv.arrivals.append(time.time())
                 srv.requests.append(body)
                 srv.headers.append(dict(request.headers))
+            if (why := invalid(body)) is not None:
+                return _err(400, "invalid_request_error", why)  # the script is not used
             item = srv._next(body)
             if item.delay:
                 time.sleep(item.delay)
@@ -160,18 +283,19 @@ class AnthropicServer:
                 "cache_read_input_tokens": 0,
                 **item.usage,
             }
-            return jsonify(
-                {
-                    "id": f"msg_{next(_ids):08d}",
-                    "type": "message",
-                    "role": "assistant",
-                    "model": item.model or body.get("model", "claude-test"),
-                    "content": item.content,
-                    "stop_reason": item.stop_reason,
-                    "stop_sequence": None,
-                    "usage": usage,
-                }
-            ), 200
+            message = {
+                "id": f"msg_{next(_ids):08d}",
+                "type": "message",
+                "role": "assistant",
+                "model": item.model or body.get("model", "claude-test"),
+                "content": item.content,
+                "stop_reason": item.stop_reason,
+                "stop_sequence": None,
+                "usage": usage,
+            }
+            if item.stop_details is not None:
+                message["stop_details"] = item.stop_details
+            return jsonify(message), 200
 
         @app.post("/v1/messages/count_tokens")
         def count() -> tuple[Response, int]:

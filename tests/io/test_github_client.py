@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bot.core.settings import Settings
-from bot.io.github.client import GitHubApp
+from bot.io.github.client import GitHubApp, Installation
 from bot.io.github.failures import NotFound, Unavailable
 from bot.standins.github import GitHubServer
 
@@ -147,3 +147,54 @@ def test_every_page_of_commit_statuses_is_read(gh, github: GitHubServer) -> None
             u.post(f"/repos/{REPO}/statuses/{sha}", json={"state": state, "context": f"ci/{i}"})
     statuses = gh.commit_statuses(REPO, sha)
     assert len(statuses) == 130 and ("ci/129", "failure") in statuses
+
+
+def test_update_pull_keeps_closes_defuses_and_redacts(
+    gh: Installation, github: GitHubServer, settings: Settings
+) -> None:
+    from bot.core.text.defuse import JOINER as J
+    from bot.standins import gitrepo
+
+    repo = github.repo(REPO)
+    gitrepo.git(repo.path, "branch", "loop/issue-1", "main")
+    gitrepo.seed(repo.path, "loop/issue-1", {"README.md": "fixed\n"}, "fix")
+    pr = gh.open_pull(REPO, "loop/issue-1", "main", "Fix", "Done.", closes=1)
+    secret, token = settings.github_webhook_secret.get_secret_value(), gh.token()
+    text = f"Turn 2 of 2. The agent printed {secret} and {token}; also fixes #1, cc @acme."
+    updated = gh.update_pull(REPO, pr.number, body=text, closes=1)
+    body = repo.issues[pr.number].body
+    assert body.startswith("Closes #1\n\nTurn 2 of 2.") and updated.body == body
+    assert secret not in body and token not in body and body.count("[redacted]") == 2
+    assert f"#{J}1" in body and f"@{J}acme" in body  # loopbot's own Closes only
+    assert repo.issues[pr.number].title == "Fix"  # no title given: kept
+    patches = sum(1 for (m, p, _) in github.requests if m == "PATCH" and "/pulls/" in p)
+    # The pull request as just read says this already: nothing is written.
+    gh.update_pull(REPO, pr.number, body=text, closes=1, current=updated)
+    assert sum(1 for (m, p, _) in github.requests if m == "PATCH" and "/pulls/" in p) == patches
+    gh.update_pull(REPO, pr.number, body="Turn 3.", closes=1, title="Fix @acme", current=updated)
+    assert repo.issues[pr.number].body == "Closes #1\n\nTurn 3."
+    assert repo.issues[pr.number].title == f"Fix @{J}acme"
+
+
+def test_standin_pull_edit_answers_as_github(gh, github: GitHubServer) -> None:  # type: ignore[no-untyped-def]
+    from bot.standins import gitrepo
+
+    repo = github.repo(REPO)
+    gitrepo.git(repo.path, "branch", "loop/issue-1", "main")
+    gitrepo.seed(repo.path, "loop/issue-1", {"README.md": "fixed\n"}, "fix")
+    pr = gh.open_pull(REPO, "loop/issue-1", "main", "Fix", "Done.", closes=1)
+    with github.as_user("acme") as u:
+        r = u.patch(f"/repos/{REPO}/pulls/{pr.number}", json={"title": "Better"})
+        assert r.status_code == 200
+        assert (r.json()["title"], r.json()["number"], r.json()["head"]["ref"]) == (
+            "Better",
+            pr.number,
+            "loop/issue-1",
+        )
+        assert r.json()["body"] == "Closes #1\n\nDone."  # not sent: kept
+        assert u.patch(f"/repos/{REPO}/pulls/{pr.number}", json={"state": "x"}).status_code == 422
+        assert u.patch(f"/repos/{REPO}/pulls/{pr.number}", json={"base": "nope"}).status_code == 422
+        r = u.patch(f"/repos/{REPO}/pulls/{pr.number}", json={"state": "closed"})
+        assert r.json()["state"] == "closed"
+        r = u.patch(f"/repos/{REPO}/pulls/{pr.number}", json={"state": "open"})
+        assert r.json()["state"] == "open"

@@ -8,13 +8,20 @@ import pytest
 
 from bot.core.rules.agent_stop import (
     DOOM_REPEATS,
+    MAX_OUTPUT_TOKENS,
     MAX_STALLS,
     BudgetExhausted,
     Cancelled,
+    ContextWindow,
+    Continue,
     DoomLoop,
     Finished,
     Go,
+    OutputLimit,
+    Refused,
     ResourceLimit,
+    Resume,
+    Retry,
     Shutdown,
     Stalled,
     StepCap,
@@ -79,31 +86,81 @@ def test_after_stall(stalls: int, want: object) -> None:
 
 # -- after the model answered ----------------------------------------------------------
 
-# (step_cap, stop_reason, tool_use blocks) -> decision
-AFTER_RESPONSE: list[tuple[str, int, str | None, int, object]] = [
-    ("tools asked for", 30, "tool_use", 2, Go()),
-    ("one tool asked for", 30, "tool_use", 1, Go()),
-    ("end_turn", 30, "end_turn", 0, Finished()),
-    ("max_tokens", 30, "max_tokens", 0, Finished()),
-    ("stop_sequence", 30, "stop_sequence", 0, Finished()),
-    ("no stop reason", 30, None, 0, Finished()),
-    ("tool_use without a tool_use block", 30, "tool_use", 0, Finished()),
-    ("tool_use blocks but cut off at max_tokens", 30, "max_tokens", 1, Finished()),
-    ("text only, plain answer", 0, "end_turn", 0, TextOnly()),
-    ("text only ignores tools asked for", 0, "tool_use", 1, TextOnly()),
-    ("cap of one still runs tools", 1, "tool_use", 1, Go()),
+# (step_cap, stop_reason, tool_use blocks, the rest of after_response's keywords) -> decision
+# "cut": the last block is a tool_use (with max_tokens: its input is cut).
+CUT = {"cut_in_call": True, "max_tokens": 8192}
+AFTER_RESPONSE: list[tuple[str, int, str | None, int, dict[str, Any], object]] = [
+    ("tools asked for", 30, "tool_use", 2, {}, Go()),
+    ("one tool asked for", 30, "tool_use", 1, {}, Go()),
+    ("end_turn", 30, "end_turn", 0, {}, Finished()),
+    ("stop_sequence", 30, "stop_sequence", 0, {}, Finished()),
+    ("no stop reason", 30, None, 0, {}, Finished()),
+    ("tool_use without a tool_use block", 30, "tool_use", 0, {}, Finished()),
+    ("text only, plain answer", 0, "end_turn", 0, {}, TextOnly()),
+    ("text only ignores tools asked for", 0, "tool_use", 1, {}, TextOnly()),
+    ("cap of one still runs tools", 1, "tool_use", 1, {}, Go()),
+    # max_tokens: a cut tool call is never run or kept, the request is retried once
+    ("cut mid-tool-call: retry at twice the limit", 30, "max_tokens", 1, CUT, Retry(16384)),
+    (
+        "cut mid-tool-call: the retry is capped",
+        30,
+        "max_tokens",
+        1,
+        {"cut_in_call": True, "max_tokens": 16384},
+        Retry(MAX_OUTPUT_TOKENS),
+    ),
+    ("cut mid-tool-call after complete calls", 30, "max_tokens", 3, CUT, Retry(16384)),
+    (
+        "cut mid-tool-call again after the retry",
+        30,
+        "max_tokens",
+        1,
+        {**CUT, "max_tokens": 16384, "retried": True},
+        OutputLimit(16384),
+    ),
+    (
+        "cut mid-tool-call at the cap already",
+        30,
+        "max_tokens",
+        1,
+        {"cut_in_call": True, "max_tokens": MAX_OUTPUT_TOKENS},
+        OutputLimit(MAX_OUTPUT_TOKENS),
+    ),
+    ("cut in its text: ask it to continue", 30, "max_tokens", 0, {}, Continue()),
+    ("cut in text after complete calls: run them", 30, "max_tokens", 2, {}, Go()),
+    ("text only, cut in its text: its one answer", 0, "max_tokens", 0, {}, TextOnly()),
+    # pause_turn: sent back as it is
+    ("pause_turn", 30, "pause_turn", 0, {}, Resume()),
+    ("pause_turn with client tool calls: answer them", 30, "pause_turn", 1, {}, Go()),
+    ("text only, paused: its one answer", 0, "pause_turn", 0, {}, TextOnly()),
+    # refusal: ends the turn and the loop, whatever else the reply holds
+    ("refusal", 30, "refusal", 0, {}, Refused()),
+    (
+        "refusal with its explanation",
+        30,
+        "refusal",
+        0,
+        {"explanation": "could enable cyber harm"},
+        Refused("could enable cyber harm"),
+    ),
+    ("refusal after a tool call", 30, "refusal", 1, {}, Refused()),
+    ("text only, refused: not kept either", 0, "refusal", 0, {}, Refused()),
+    # model_context_window_exceeded: the cut reply is dropped
+    ("context window", 30, "model_context_window_exceeded", 0, {}, ContextWindow()),
+    ("context window mid-tool-call", 30, "model_context_window_exceeded", 1, CUT, ContextWindow()),
+    ("text only, context window", 0, "model_context_window_exceeded", 0, {}, ContextWindow()),
 ]
 
 
 @pytest.mark.parametrize(
-    ("step_cap", "stop_reason", "tool_calls", "want"),
+    ("step_cap", "stop_reason", "tool_calls", "more", "want"),
     [row[1:] for row in AFTER_RESPONSE],
     ids=[row[0] for row in AFTER_RESPONSE],
 )
 def test_after_response(
-    step_cap: int, stop_reason: str | None, tool_calls: int, want: object
+    step_cap: int, stop_reason: str | None, tool_calls: int, more: dict[str, Any], want: object
 ) -> None:
-    got = after_response(step_cap=step_cap, stop_reason=stop_reason, tool_calls=tool_calls)
+    got = after_response(step_cap=step_cap, stop_reason=stop_reason, tool_calls=tool_calls, **more)
     assert got == want
 
 
@@ -236,7 +293,30 @@ REPORTS: list[tuple[Stop, str, str]] = [
     (Finished(), "finished", ""),
     (TextOnly(), "text_only", ""),
     (ResourceLimit("disk over 2 GiB"), "resource_limit", "disk over 2 GiB"),
+    (
+        ContextWindow(),
+        "context_window",
+        "the conversation reached the model's context window",
+    ),
+    (
+        OutputLimit(16384),
+        "output_limit",
+        "the model's reply was cut off in the middle of a tool call twice, the second time "
+        "at 16384 output tokens; the cut call was not run or kept",
+    ),
 ]
+
+
+def test_a_refusal_says_what_a_person_can_do() -> None:
+    stop = Refused("This request was declined because it could enable cyber harm.")
+    assert stop.end == "model_refused"
+    assert stop.detail.startswith(
+        "the model declined to go on with this issue (This request was declined because "
+        "it could enable cyber harm). "
+    )
+    assert "reword the issue" in stop.detail and "`/loop-restart`" in stop.detail
+    # No explanation given: no empty brackets.
+    assert Refused().detail.startswith("the model declined to go on with this issue. ")
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from bot.core.record import LoopRecord, Status
 from bot.core.rules import budget
 from bot.core.text.defuse import code_block, code_span, safe_text
@@ -95,9 +97,18 @@ def restarted(r: LoopRecord, actor: str, result: str) -> str:
     return f"Not restarted: {result}."
 
 
-def status_comment(r: LoopRecord, verify_tail: str = "") -> str:
-    """The one status comment on the issue, edited as the loop goes."""
-    lines = ["### loopbot", *_facts(r)]
+TIMELINE_LIMIT = 12  # checklist lines in the status comment; older ones fold into one
+
+
+def status_comment(r: LoopRecord, verify_tail: str = "", timeline_lines: Sequence[str] = ()) -> str:
+    """The one status comment on the issue, edited as the loop goes: the state on top,
+    then the checklist of what happened (``bot.core.text.sessionlog.timeline``), then
+    the facts."""
+    facts = _facts(r)
+    lines = ["### loopbot", facts[0]]
+    if timeline_lines:
+        lines.append(_checklist(r, timeline_lines))
+    lines += facts[1:]
     if verify_tail:
         lines.append(
             "<details><summary>verify output (tail)</summary>\n\n"
@@ -108,6 +119,20 @@ def status_comment(r: LoopRecord, verify_tail: str = "") -> str:
         "<sub>`/loop-cancel` stops · `/loop-restart` resumes · `/loop-status` reports</sub>"
     )
     return "\n\n".join(lines)
+
+
+def _checklist(r: LoopRecord, timeline_lines: Sequence[str]) -> str:
+    """A Markdown task list, bounded: a step still under way (its line ends with "…")
+    stays unticked while the loop is active."""
+    shown = list(timeline_lines)
+    if len(shown) > TIMELINE_LIMIT:  # the caller's timeline is bounded already; this too
+        shown = [f"… {len(shown) - TIMELINE_LIMIT + 1} earlier steps", *shown[1 - TIMELINE_LIMIT :]]
+    items = []
+    for i, line in enumerate(shown):
+        text = safe_text(" ".join(line.split()))
+        open_ = r.active and i == len(shown) - 1 and text.endswith("…")
+        items.append(f"- [{' ' if open_ else 'x'}] {text}")
+    return "\n".join(items)
 
 
 def merge_message(r: LoopRecord, sha: str) -> str:

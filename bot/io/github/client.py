@@ -8,6 +8,11 @@ goes through ``_call`` which applies ``bot.io.github.failures.classify``.
 Writes a retry could repeat (comments, reviews, pull requests, check runs) look for
 what an earlier attempt may have written before writing again: a hidden marker in the
 body, the branch of a pull request, the name and head of a check run.
+
+Every text loopbot writes goes through ``Installation._text`` (or ``_title``): the
+secrets the worker holds and the installation's token of the moment are redacted
+(``bot.core.text.redact``, the same redaction as the session log), then the text is
+defused (``bot.core.text.defuse``). No caller can forget either.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pydantic import BaseModel, ConfigDict
 
 from bot.core.settings import Settings
 from bot.core.text.defuse import one_line, safe_text
+from bot.core.text.redact import Redactor, settings_secrets
 from bot.io.github.failures import (
     Fatal,
     Forbidden,
@@ -210,6 +216,7 @@ class GitHubApp:
         self._sleep = sleep
         self._lock = threading.Lock()
         self._tokens: dict[int, tuple[str, float]] = {}
+        self._redactor: Redactor | None = None
         self.client = GitHub(
             AppAuthStrategy(settings.github_app_id, settings.private_key_pem()),
             base_url=settings.api_url + "/",
@@ -240,6 +247,12 @@ class GitHubApp:
 
     def installation(self, installation_id: int) -> Installation:
         return Installation(self, installation_id)
+
+    def redactor(self) -> Redactor:
+        """Every secret value of the settings (built once: it reads the private key)."""
+        if self._redactor is None:
+            self._redactor = Redactor(settings_secrets(self.settings))
+        return self._redactor
 
     def app_info(self) -> dict[str, Any]:
         """``GET /app``: the App's own record (used by ``loopbot doctor``)."""
@@ -338,6 +351,20 @@ class Installation:
 
     def _reauth(self) -> None:
         self.app.installation_token(self.installation_id, refresh=True)
+
+    def redact(self, text: str) -> str:
+        """``text`` without the secrets of the settings and this installation's token:
+        what every write here sends, and what loopbot pushes by git (commit messages)."""
+        return self.app.redactor().with_secrets(self.token())(text)
+
+    def _text(self, text: str) -> str:
+        """``text`` as loopbot may post it: secrets redacted first (an exact secret with an
+        ``@`` or a ``#`` in it would no longer match once defused), then defused."""
+        return safe_text(self.redact(text))
+
+    def _title(self, text: str) -> str:
+        """A title: ``_text`` on one line."""
+        return one_line(self.redact(text))
 
     def _call(self, fn: Callable[[GitHub[Any]], Any]) -> Any:
         """Run a read or an idempotent write (GET, PUT, PATCH, DELETE) with retries."""
@@ -472,7 +499,7 @@ class Installation:
         ``known_id`` (the id from an earlier upsert) skips the search; if that comment
         is gone, the search runs as usual.
         """
-        text = f"{safe_text(body)}\n\n{marker(key)}"
+        text = f"{self._text(body)}\n\n{marker(key)}"
         if known_id is not None:
             with contextlib.suppress(NotFound):
                 return _comment(
@@ -577,18 +604,12 @@ class Installation:
         The body starts with ``Closes #closes`` (the loop's own issue); the rest is defused,
         so it names no other issue to close and pings no one.
         """
-        title = one_line(title)
-        body = f"Closes #{closes}\n\n{safe_text(body)}"
         existing = self.find_pull(repo, branch)
         if existing is not None:
-            if existing.body != body or existing.title != title:
-                d = self._call(
-                    lambda gh: gh.rest.pulls.update(
-                        *_split(repo), existing.number, title=title, body=body
-                    ).json()
-                )
-                return _pull(d)
-            return existing
+            return self.update_pull(
+                repo, existing.number, body=body, closes=closes, title=title, current=existing
+            )
+        title, body = self._title(title), self._pull_body(body, closes)
         try:
             return self._create(
                 lambda gh: _pull(
@@ -604,6 +625,38 @@ class Installation:
             if found is None:
                 raise
             return found
+
+    def update_pull(
+        self,
+        repo: str,
+        number: int,
+        *,
+        body: str,
+        closes: int,
+        title: str | None = None,
+        current: PullInfo | None = None,
+    ) -> PullInfo:
+        """Edit the pull request's body (and ``title``), written as ``open_pull`` writes
+        them: ``Closes #closes`` first, the rest redacted and defused. ``current``: the
+        pull request as just read; nothing is written when it says this already. A PATCH
+        sets the same text however often a retry sends it."""
+        fields = {"body": self._pull_body(body, closes)}
+        if title is not None:
+            fields["title"] = self._title(title)
+        if current is not None and all(getattr(current, k) == v for k, v in fields.items()):
+            return current
+        return _pull(
+            self._call(
+                lambda gh: gh.rest.pulls.update(
+                    *_split(repo), number, data=cast(Any, fields)
+                ).json()
+            )
+        )
+
+    def _pull_body(self, body: str, closes: int) -> str:
+        """The loop's own issue first, so GitHub closes it on merge; the agent's words
+        after it, defused, name no other issue to close."""
+        return f"Closes #{closes}\n\n{self._text(body)}"
 
     def reviews(self, repo: str, number: int) -> list[ReviewInfo]:
         items = self._list(
@@ -630,8 +683,8 @@ class Installation:
         comments: list[dict[str, Any]],
     ) -> ReviewInfo:
         """One COMMENT review tagged ``key``: never posted twice, even across retries."""
-        text = f"{safe_text(body)}\n\n{marker(key)}"
-        comments = [{**c, "body": safe_text(str(c.get("body", "")))} for c in comments]
+        text = f"{self._text(body)}\n\n{marker(key)}"
+        comments = [{**c, "body": self._text(str(c.get("body", "")))} for c in comments]
         existing = self.find_review(repo, number, key)
         if existing is not None:
             return existing
@@ -664,8 +717,8 @@ class Installation:
         may copy the PR body or the branch's commit messages onto the default branch.
         It starts with ``Closes #closes``; the title and the rest are defused, and the
         title ends with `` (#number)``, GitHub's own convention for a squash commit."""
-        title = f"{one_line(title)} (#{number})"
-        message = f"Closes #{closes}.\n\n{safe_text(message)}"
+        title = f"{self._title(title)} (#{number})"
+        message = f"Closes #{closes}.\n\n{self._text(message)}"
         d = self._call(
             lambda gh: gh.rest.pulls.merge(
                 *_split(repo),
@@ -759,15 +812,15 @@ class Installation:
         new_head: bool = False,
     ) -> CheckRunInfo:
         """The check run ``name`` on ``head_sha``: created once, then updated."""
-        title, summary = one_line(title or name), safe_text(summary or title or name)
+        title, summary = self._title(title or name), self._text(summary or title or name)
         output: dict[str, Any] = {"title": title, "summary": summary}
         if text:
-            output["text"] = safe_text(text)
+            output["text"] = self._text(text)
         if annotations:
             output["annotations"] = [  # 50: GitHub's limit per request
                 {
                     **a,
-                    **{f: safe_text(str(a[f])) for f in ("message", "title") if a.get(f)},
+                    **{f: self._text(str(a[f])) for f in ("message", "title") if a.get(f)},
                 }
                 for a in annotations[:50]
             ]

@@ -111,15 +111,30 @@ def get_pull(state: State, owner: str, name: str, number: int) -> Response:
 
 
 def update_pull(state: State, owner: str, name: str, number: int) -> Response:
+    """``PATCH pulls/{n}`` as GitHub documents it: any of ``title``, ``body``, ``state``
+    (``open`` or ``closed``) and ``base``; the answer is the whole pull request (200).
+    An unknown state, a base branch that does not exist, or reopening a merged pull
+    request is refused with 422."""
     repo = state.find_repo(owner, name)
     pull = state.find_pull(repo, number)
     body = request.get_json(force=True)
     issue = repo.issues[number]
-    for key in ("title", "body"):
-        if key in body:
-            setattr(issue, key, body[key])
-    if body.get("state") == "closed":
-        issue.state = "closed"
+    wanted = body.get("state")
+    if wanted not in (None, "open", "closed"):
+        abort(error(422, f"Validation Failed: state is not one of open, closed: {wanted}"))
+    if wanted == "open" and pull.merged:
+        abort(error(422, "Validation Failed: cannot reopen a merged pull request"))
+    if "base" in body and not gitrepo.resolve(repo.path, f"refs/heads/{body['base']}"):
+        abort(error(422, f"Validation Failed: base {body['base']} does not exist"))
+    with state.lock:
+        if body.get("title") is not None:
+            issue.title = body["title"]
+        if "body" in body:
+            issue.body = body["body"] or ""  # null clears it
+        if "base" in body:
+            pull.base = body["base"]
+        if wanted is not None:
+            issue.state = wanted
     return jsonify(pull_json(state, repo, pull))
 
 
