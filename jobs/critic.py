@@ -46,7 +46,7 @@ from bot.core.rules.review import (
     tally,
 )
 from bot.core.rules.review_check import check_run
-from bot.core.text import messages
+from bot.core.text import messages, prompts
 from bot.core.text.prompts import FENCE, fence_safe
 from bot.io.github.client import Installation
 from bot.io.github.failures import GitHubError
@@ -96,6 +96,7 @@ class Critic:
         self.rt, self.repo, self.issue = rt, repo, issue
         self.key = LoopId(repo, issue).key
         self.store: Store = rt.store
+        self.system = SYSTEM  # with the repository's instructions once the review starts
 
     def run(self) -> str:
         """Review and act; never leave the loop in ``reviewing`` when the review fails for
@@ -134,6 +135,12 @@ class Critic:
             return "nothing to review"
         gh = self.rt.github.installation(record.installation_id)
         config = self.rt.config(gh, self.repo)
+        # The review rules: the repository's instructions from its default branch, never
+        # from the pull request, whose author is the agent under review.
+        guidance = prompts.guidance(
+            {path: gh.file(self.repo, path) for path in prompts.INSTRUCTION_FILES}, reviewer=True
+        )
+        self.system = f"{SYSTEM}\n\n{guidance}" if guidance else SYSTEM
         pull = gh.pull(self.repo, record.pr_number)
         sha = pull.head_sha
         issue = gh.issue(self.repo, self.issue)
@@ -372,7 +379,7 @@ class Critic:
                 "model": model,
                 "max_tokens": 8192,
                 "system": [
-                    {"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}
+                    {"type": "text", "text": self.system, "cache_control": {"type": "ephemeral"}}
                 ],
                 "messages": messages_,
                 "output_config": {"format": {"type": "json_schema", "schema": output_schema(ids)}},
@@ -439,7 +446,7 @@ class Critic:
         review = review_with_tools(
             self.rt.model,
             model=self.rt.settings.critic_model,
-            system=f"{SYSTEM}\n\n{tools_note(limits, verify)}",
+            system=f"{self.system}\n\n{tools_note(limits, verify)}",
             prompt=prompt,
             schema=schema,
             checkout=checkout.path,

@@ -139,6 +139,7 @@ class LoopRunner:
         self.log = log.bind(repo=repo, issue=issue, loop=self.key)
         self.worktrees = Worktrees(rt.settings.data_dir)
         self._verify_tail = ""
+        self.guidance = ""  # the repository's instructions (prompts.guidance), set at start
         self._check_runs: dict[str, int] = {}  # head sha -> our check run there
         self._push: tuple[_Background, int, str] | None = None
 
@@ -208,6 +209,11 @@ class LoopRunner:
             )
             return self._finish(Status.FAILED, Reason.BAD_CONFIG, "; ".join(exc.problems))
         self.config = config
+        # The repository's instructions, read once from the default branch: never from the
+        # worktree, where the agent could write its own.
+        self.guidance = prompts.guidance(
+            {path: gh.file(self.repo, path) for path in prompts.INSTRUCTION_FILES}
+        )
         if clamped:
             # Edited in place, never repeated: the same key on every run.
             gh.upsert_comment(
@@ -276,6 +282,8 @@ class LoopRunner:
             on_step=lambda n, what: self.store.event(self.key, "step", step=n, tool=what),
             resources=sandbox.worktree_problem,
         )
+        if self.guidance:
+            agent.system += "\n\n" + self.guidance
         return self._turns(agent, base)
 
     def _turns(self, agent: Agent, base: str) -> str:
