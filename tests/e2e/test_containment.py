@@ -554,27 +554,21 @@ def test_a_deep_tree_sparse_files_and_inode_floods_are_charged(
 # -- 8: one lock per mirror across processes -----------------------------------------------
 
 
-def _fetch(args: tuple[str, str, str, str]) -> str:
-    data_dir, repo, url, token = args
-    try:
-        Worktrees(Path(data_dir)).sync_mirror(repo, url, token)
-        return "ok"
-    except Exception as exc:  # noqa: BLE001 - reported to the parent
-        return f"{type(exc).__name__}: {exc}"
-
-
 def test_concurrent_processes_share_a_mirror_without_failures(
     github: GitHubServer, hostile: Hostile
 ) -> None:
     from bot.standins import gitrepo
+    from tests.e2e import mirror_fetch
 
     wt, mirror, token = _repo(github, hostile, {})
     url = f"{github.url}/git/{REPO}.git"
     for i in range(20):  # many refs to update at once
         gitrepo.seed(github.repo(REPO).path, f"b{i}", {f"f{i}.txt": f"{i}\n"}, f"b{i}")
     args = (str(hostile.settings.data_dir), REPO, url, token)
-    with multiprocessing.get_context("fork").Pool(12) as pool:
-        results = pool.map(_fetch, [args] * 24)
+    # forkserver, not fork: this process runs server threads, and a child forked while one
+    # of them held a lock (logging, the stand-in's) waited on it forever (seen once in CI).
+    with multiprocessing.get_context("forkserver").Pool(12) as pool:
+        results = pool.map(mirror_fetch.fetch, [args] * 24)
     assert [r for r in results if r != "ok"] == []
     assert wt.remote_sha(mirror, "b19") is not None
 
