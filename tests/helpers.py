@@ -148,3 +148,31 @@ def merge_facts() -> Facts:
             [("ci/test", "completed", "success")], [], frozenset({"ci/test"})
         ),
     )
+
+
+# Debian's chromium, driven by Playwright (no browser download): the dashboard tests.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def chromium_or_skip() -> str:
+    """The chromium binary. CI must have it (fail); a developer without it is told how
+    to get it (skip)."""
+    import importlib.util
+    import os
+    import shutil
+
+    import pytest
+
+    chromium = shutil.which("chromium")
+    if chromium is None or importlib.util.find_spec("playwright") is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium or playwright is missing: ./scripts/setup --dev")
+        pytest.skip("chromium or playwright is missing (./scripts/setup --dev)")
+    return chromium

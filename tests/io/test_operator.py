@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from bot.core.record import LoopRecord, Status, Usage
 from bot.core.settings import Settings, load_settings
 from bot.io.store import Store
 from bot.web.app import create_app
+from tests.helpers import CHROMIUM_ARGS, chromium_or_skip
 
 LOOPBOT = str(Path(sys.executable).parent / "loopbot")
 ROOT = Path(__file__).resolve().parents[2]
@@ -258,18 +258,10 @@ def test_records_written_before_the_index_are_listed(redis: Redis) -> None:
 def test_dashboard_in_a_real_browser(
     env: dict[str, str], redis: Redis, github: Any, tmp_path: Path
 ) -> None:
-    chromium = shutil.which("chromium")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        chromium = None
-    if chromium is None:
-        # CI must run it; a developer without the browser is told how to get it.
-        if os.environ.get("CI"):
-            pytest.fail("chromium or playwright is missing: ./scripts/setup --dev")
-        pytest.skip("chromium or playwright is missing (./scripts/setup --dev)")
+    chromium = chromium_or_skip()
     import threading
 
+    from playwright.sync_api import sync_playwright
     from werkzeug.serving import make_server
 
     seed_loops(redis)
@@ -284,14 +276,7 @@ def test_dashboard_in_a_real_browser(
         with sync_playwright() as p:
             browser = p.chromium.launch(
                 executable_path=chromium,
-                args=[
-                    "--no-sandbox",
-                    "--disable-gpu",
-                    "--disable-background-networking",
-                    "--disable-component-update",
-                    "--disable-sync",
-                    "--no-first-run",
-                ],
+                args=CHROMIUM_ARGS,
             )
             page = browser.new_page(viewport={"width": 1100, "height": 520})
             resp = page.goto(f"{base}/dashboard")

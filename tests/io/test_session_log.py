@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -23,6 +22,7 @@ from bot.core.settings import load_settings
 from bot.io.store import Store
 from bot.web.app import create_app
 from bot.web.dashboard import turn_rows
+from tests.helpers import CHROMIUM_ARGS, chromium_or_skip
 from tests.io.test_operator import LOOPBOT, cli, seed_loops
 
 TOKEN = "s3cret-token"
@@ -343,15 +343,9 @@ def test_loop_api_turns_and_verify_come_from_the_same_rows(dash: Any, redis: Red
 def browser_on(env: dict[str, str], redis: Redis, tmp_path: Path) -> Iterator[tuple[Any, str]]:
     """A signed-in Chromium page and the dashboard's base URL (set up as in
     tests/io/test_operator.py::test_dashboard_in_a_real_browser)."""
-    chromium = shutil.which("chromium")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        chromium = None
-    if chromium is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium or playwright is missing: ./scripts/setup --dev")
-        pytest.skip("chromium or playwright is missing (./scripts/setup --dev)")
+    chromium = chromium_or_skip()
+    from playwright.sync_api import sync_playwright
+
     s = load_settings({**env, "LOOPBOT_DASHBOARD_TOKEN": TOKEN}, role="web")
     server = make_server("127.0.0.1", 0, create_app(s, redis), threaded=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -360,14 +354,7 @@ def browser_on(env: dict[str, str], redis: Redis, tmp_path: Path) -> Iterator[tu
         with sync_playwright() as p:
             browser = p.chromium.launch(
                 executable_path=chromium,
-                args=[
-                    "--no-sandbox",
-                    "--disable-gpu",
-                    "--disable-background-networking",
-                    "--disable-component-update",
-                    "--disable-sync",
-                    "--no-first-run",
-                ],
+                args=CHROMIUM_ARGS,
             )
             page = browser.new_page(viewport={"width": 1100, "height": 900})
             page.goto(f"{base}/dashboard")
