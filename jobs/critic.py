@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from bot.core import repo_config
 from bot.core.diffmap import changed_line_count
 from bot.core.ids import LoopId
+from bot.core.models import ModelSpec, merged, thinking_params
 from bot.core.pricing import usage_from
 from bot.core.record import LoopRecord, Reason, Status, Usage
 from bot.core.rules import findings as flog
@@ -69,6 +70,7 @@ CHECK_NAME = "loopbot/critic"
 MAX_DIFF_CHARS = 150_000
 MAX_SINCE_CHARS = 50_000  # the diff since the last reviewed head; the whole diff follows
 ATTEMPTS = 2
+MAX_TOKENS = 8192  # of one review answer (within the model's output limit)
 # A review that fails (GitHub or the model down past their clients' own retries) is run
 # again from the start after these pauses; then the loop ends with ``critic_error``.
 ERROR_ATTEMPTS = 3
@@ -97,6 +99,11 @@ class Critic:
         self.key = LoopId(repo, issue).key
         self.store: Store = rt.store
         self.system = SYSTEM  # with the repository's instructions once the review starts
+        # The loop.yml's critic model and effort within the operator's list and ceiling,
+        # and what the model accepts (the Models API), once the review starts.
+        self.model = rt.settings.critic_model
+        self.effort: str | None = rt.settings.effort
+        self.spec: ModelSpec | None = None
 
     def run(self) -> str:
         """Review and act; never leave the loop in ``reviewing`` when the review fails for
@@ -168,7 +175,12 @@ class Critic:
             # changes, a writer dismisses the finding, or a person takes over.
             return self._stands(gh, record, sha, earlier, diff, config)
         round_ = record.critic_round + 1
-        self.store.event(self.key, "review_started", sha=sha, round=round_)
+        self.model = config.critic_model(self.rt.ceilings)
+        self.effort = config.critic_effort(self.rt.ceilings)
+        self.spec = self.rt.models.spec(self.model)  # UnknownModel: a setting to fix, no retry
+        self.store.event(
+            self.key, "review_started", sha=sha, round=round_, model=self.model, effort=self.effort
+        )
         gh.upsert_check_run(
             self.repo, CHECK_NAME, sha, status="in_progress", title=f"reviewing (round {round_})"
         )
@@ -374,16 +386,18 @@ class Critic:
                 problem = self._invalid(exc, 1)
                 messages_ += _ask_again(text, problem)
         for attempt in range(first, ATTEMPTS):
-            model = self.rt.settings.critic_model
+            model = self.model
             request: dict[str, Any] = {
                 "model": model,
-                "max_tokens": 8192,
+                "max_tokens": min(MAX_TOKENS, self.spec.max_output) if self.spec else MAX_TOKENS,
                 "system": [
                     {"type": "text", "text": self.system, "cache_control": {"type": "ephemeral"}}
                 ],
                 "messages": messages_,
                 "output_config": {"format": {"type": "json_schema", "schema": output_schema(ids)}},
             }
+            if self.spec is not None:  # the effort joins the format in output_config
+                request = merged(request, thinking_params(self.spec, self.effort))
             # The issue's budget, checked before the call: raises OverBudget instead.
             precall.guard(self.rt.model, request, self.store.get(self.key), self.rt.settings)
             resp = self.rt.model.messages.create(**request)
@@ -393,7 +407,9 @@ class Critic:
                 r.record_usage(name, "critic", used)
 
             self.store.update(self.key, add_usage)
-            text = "".join(getattr(b, "text", "") for b in resp.content)
+            # Thinking blocks are not the answer; an answer asked for again is a new
+            # exchange, where a past turn's thinking may be left out.
+            text = "".join(b.text for b in resp.content if b.type == "text")
             try:
                 return _validated(text, ids)
             except (ValueError, ValidationError) as exc:
@@ -445,7 +461,9 @@ class Critic:
 
         review = review_with_tools(
             self.rt.model,
-            model=self.rt.settings.critic_model,
+            model=self.model,
+            spec=self.spec,
+            effort=self.effort,
             system=f"{self.system}\n\n{tools_note(limits, verify)}",
             prompt=prompt,
             schema=schema,

@@ -22,7 +22,12 @@ cap. When a bound is hit, the model is asked once more, with tools refused
 why not (the report alone could cross the cap, or the model gave none).
 
 ``output_config`` (the report's JSON schema) is sent on every call: the Messages API
-combines it with tools, constraining the text answer while tool calls stay free.
+combines it with tools, constraining the text answer while tool calls stay free. With a
+model ``spec``, the call also asks for adaptive thinking at the review's effort
+(``bot.core.models.thinking_params``); thinking blocks go back to the model exactly as it
+wrote them. A reply cut at ``max_tokens`` inside a tool call is dropped, never run or
+kept, and asked for once more with twice the limit (``bot.core.rules.agent_stop``, as for
+the agent; within the model's output limit); cut again, the tool rounds end.
 """
 
 from __future__ import annotations
@@ -39,9 +44,10 @@ from typing import Any, Literal
 
 import anthropic
 
+from bot.core.models import ModelSpec, merged, thinking_params
 from bot.core.pricing import usage_from
 from bot.core.record import Usage
-from bot.core.rules import budget
+from bot.core.rules import agent_stop, budget
 from bot.core.settings import Settings
 from bot.io.logs import get_logger
 from jobs.agent import add_user_text, with_cache_points
@@ -62,7 +68,7 @@ NOTE_ROOM = 200  # characters kept free in a tool result for the note saying it 
 STALE_SECONDS = 6 * 3600  # a review checkout older than this was left by a dead worker
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
-Stop = Literal["answered", "step_cap", "tool_cap", "cost_cap", "time_cap"]
+Stop = Literal["answered", "step_cap", "tool_cap", "cost_cap", "time_cap", "output_limit"]
 
 
 @dataclass(frozen=True)
@@ -391,14 +397,24 @@ def review_with_tools(
     after_tests: Callable[[], None] | None = None,
     on_usage: Callable[[str, Usage], None] | None = None,
     before_call: Callable[[dict[str, Any]], None] | None = None,
+    spec: ModelSpec | None = None,
+    effort: str | None = None,
 ) -> ToolReview:
     """Review with tools until the model answers or a bound is hit, then ask for the
     report without tools. ``on_usage`` hears of every call's usage as soon as it is
     known (so it is recorded even when a later call raises); ``ToolReview.usage`` holds
     the same. ``before_call`` sees each request before it is sent and may raise to stop
-    the review (the issue's budget guard, ``jobs.precall.guard``). Model errors
-    propagate, as the SDK raises them."""
+    the review (the issue's budget guard, ``jobs.precall.guard``). ``spec``: the model's
+    limits and what it accepts (None: no thinking, no effort); ``effort``: the level to
+    ask for, dropped when the model does not take it. Model errors propagate, as the SDK
+    raises them."""
     limits = limits or ReviewLimits()
+    usual = min(limits.max_tokens, spec.max_output) if spec else limits.max_tokens
+    # A retry's limit: the agent's (under the SDK's non-streaming cap), within the model's.
+    ceiling = (
+        min(agent_stop.MAX_OUTPUT_TOKENS, spec.max_output) if spec else agent_stop.MAX_OUTPUT_TOKENS
+    )
+    params = thinking_params(spec, effort) if spec else {}
     started = time.monotonic()
 
     def seconds_left() -> float:
@@ -414,7 +430,6 @@ def review_with_tools(
     )
     defs = [*TOOL_DEFS[:-1], {**TOOL_DEFS[-1], "cache_control": {"type": "ephemeral"}}]
     base: dict[str, Any] = {
-        "max_tokens": limits.max_tokens,
         "system": [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
         "tools": defs,
         "output_config": {"format": {"type": "json_schema", "schema": schema}},
@@ -424,19 +439,24 @@ def review_with_tools(
     priced_as = model
     last: Usage | None = None
     seen = 0  # messages the last call was sent and answered with: the rest is new
+    max_tokens = usual  # raised once to ask again for a reply cut mid-tool-call
 
     def request(tool_choice: str) -> dict[str, Any]:
-        return {
+        req = {
             **base,
+            "max_tokens": max_tokens,
             "model": model,
             "messages": with_cache_points(messages),
             "tool_choice": {"type": tool_choice},
         }
+        return merged(req, params)  # output_config keeps the format beside the effort
 
     def worst(req: dict[str, Any]) -> float:
         return worst_next(priced_as, req, last, messages[seen:])
 
-    def call(req: dict[str, Any], timeout: float) -> Any:
+    def call(req: dict[str, Any], timeout: float) -> tuple[Any, list[dict[str, Any]]]:
+        """One call, charged; its reply's blocks exactly as the model wrote them (thinking
+        blocks and their signatures included), not yet in the conversation."""
         nonlocal priced_as, last, seen
         if before_call is not None:
             before_call(req)
@@ -447,10 +467,15 @@ def review_with_tools(
         review.usage.append((priced_as, last))
         if on_usage is not None:
             on_usage(priced_as, last)
-        blocks = [b.model_dump(exclude_none=True) for b in resp.content]
+        # Kept or dropped, the next call's input is at most this one's input and output
+        # plus what is added after it: the bound for ``worst`` starts here.
+        seen = len(messages)
+        return resp, [b.model_dump(exclude_none=True) for b in resp.content]
+
+    def keep(blocks: list[dict[str, Any]]) -> None:
+        nonlocal seen
         messages.append({"role": "assistant", "content": blocks})
         seen = len(messages)
-        return resp
 
     while True:
         req = request("auto")
@@ -465,8 +490,32 @@ def review_with_tools(
         if hit is not None:
             review.stopped, review.detail = hit
             break
-        resp = call(req, max(seconds_left(), MIN_CALL_TIMEOUT))
-        uses = [b for b in messages[-1]["content"] if b.get("type") == "tool_use"]
+        resp, blocks = call(req, max(seconds_left(), MIN_CALL_TIMEOUT))
+        uses = [b for b in blocks if b.get("type") == "tool_use"]
+        decision = agent_stop.after_response(
+            step_cap=limits.max_steps,
+            stop_reason=resp.stop_reason,
+            tool_calls=len(uses),
+            cut_in_call=bool(blocks) and blocks[-1].get("type") == "tool_use",
+            max_tokens=max_tokens,
+            retried=max_tokens != usual,
+        )
+        tried, max_tokens = max_tokens, usual
+        if isinstance(decision, agent_stop.Retry) and min(decision.max_tokens, ceiling) > tried:
+            # The cut call's input is partial: it is never run or kept; asked again, bigger.
+            max_tokens = min(decision.max_tokens, ceiling)
+            log.info("critic_tools.cut_mid_call", max_tokens=tried, retry_max_tokens=max_tokens)
+            continue
+        if isinstance(decision, agent_stop.Retry | agent_stop.OutputLimit):
+            # Cut again, or no room to ask for more: the tool rounds end, the report follows.
+            again = "again " if tried != usual else ""
+            review.stopped = "output_limit"
+            review.detail = (
+                f"the model's reply was cut off {again}in the middle of a tool call at "
+                f"{tried} output tokens; the cut call was not run or kept"
+            )
+            break
+        keep(blocks)
         if resp.stop_reason != "tool_use" or not uses:
             review.text = _text(messages[-1]["content"])
             if not review.text:
@@ -498,7 +547,8 @@ def review_with_tools(
             f"answer: ${review.cost:.4f} spent, and one more call could cost ${needed:.4f}"
         )
         return _logged(review)
-    resp = call(req, ANSWER_TIMEOUT)
+    resp, blocks = call(req, ANSWER_TIMEOUT)
+    keep(blocks)
     review.text = _text(messages[-1]["content"])
     if not review.text:
         review.error = (

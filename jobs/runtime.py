@@ -26,6 +26,7 @@ from bot.io.github.client import GitHubApp, Installation
 from bot.io.metrics import observe_job
 from bot.io.store import Store
 from jobs.drain import sigterm_drains
+from jobs.models import ModelCatalog
 
 
 @dataclass
@@ -51,6 +52,11 @@ class Runtime:
             max_retries=self.settings.model_retries,  # the SDK retries 429, 529, 5xx
             timeout=600,
         )
+
+    @cached_property
+    def models(self) -> ModelCatalog:
+        """Each model's window, output limit, thinking and effort, from the Models API."""
+        return ModelCatalog(self.model, self.settings)
 
     @property
     def ceilings(self) -> Ceilings:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from bot.core.models import DEFAULT_MODEL, Effort, clamp_effort
 
 if TYPE_CHECKING:
     from bot.core.settings import Settings
@@ -25,8 +27,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class AgentConfig(_Strict):
+    # A model the operator allows (LOOPBOT_ALLOWED_MODELS) and an effort level up to
+    # LOOPBOT_MAX_EFFORT; unset: the operator's LOOPBOT_MODEL and LOOPBOT_EFFORT.
+    model: str | None = Field(None, min_length=1, max_length=200)
+    effort: Effort | None = None
+
+
 class CriticConfig(_Strict):
     enabled: bool = True
+    # As for the agent; unset: LOOPBOT_CRITIC_MODEL and LOOPBOT_EFFORT.
+    model: str | None = Field(None, min_length=1, max_length=200)
+    effort: Effort | None = None
     # Read-only tools on the PR head (read, search, run verify) in the sandbox, so the
     # critic checks claims against the code (jobs/critic_tools.py).
     tools: bool = True
@@ -97,6 +109,7 @@ class RepoConfig(_Strict):
     max_steps: int = Field(200, ge=0)
     tool_budget: int = Field(400, ge=1)
     max_cost_usd: float = Field(10.0, gt=0)
+    agent: AgentConfig = AgentConfig()
     critic: CriticConfig = CriticConfig()
     merge: MergeConfig = MergeConfig()
     labels: LabelsConfig = LabelsConfig()
@@ -106,6 +119,20 @@ class RepoConfig(_Strict):
     @property
     def step_cap(self) -> int:
         return min(self.max_steps, STEP_CAP)
+
+    # The model and effort each role runs with: the file's choice (already clamped to the
+    # operator's list and ceiling by ``clamp``), else the operator's default.
+    def agent_model(self, ceilings: Ceilings) -> str:
+        return self.agent.model or ceilings.models.model
+
+    def critic_model(self, ceilings: Ceilings) -> str:
+        return self.critic.model or ceilings.models.critic_model
+
+    def agent_effort(self, ceilings: Ceilings) -> Effort | None:
+        return self.agent.effort or ceilings.models.effort
+
+    def critic_effort(self, ceilings: Ceilings) -> Effort | None:
+        return self.critic.effort or ceilings.models.effort
 
 
 class ConfigError(Exception):
@@ -125,6 +152,27 @@ CLAMPED_COMMENT_KEY = "config-clamped"
 
 
 @dataclass(frozen=True)
+class ModelPolicy:
+    """Which models a ``loop.yml`` may choose, and how much effort it may ask of them."""
+
+    model: str = DEFAULT_MODEL  # the agent's, when the file names none
+    critic_model: str = DEFAULT_MODEL
+    allowed: frozenset[str] = frozenset({DEFAULT_MODEL})
+    max_effort: Effort = "high"
+    effort: Effort | None = None  # when the file names none; None: the model's default
+
+    @classmethod
+    def of(cls, settings: Settings) -> ModelPolicy:
+        return cls(
+            model=settings.model,
+            critic_model=settings.critic_model,
+            allowed=settings.allowed_models,
+            max_effort=settings.max_effort,
+            effort=settings.effort,
+        )
+
+
+@dataclass(frozen=True)
 class Ceilings:
     """The most any ``loop.yml`` may ask for; the operator sets them (``LOOPBOT_MAX_*``)."""
 
@@ -135,6 +183,8 @@ class Ceilings:
     max_hours: float = 12.0
     max_tokens: int = 100_000_000
     max_total_turns: int = 200
+    # Ceilings compare by their numbers, as they always have; the policy compares on its own.
+    models: ModelPolicy = field(default_factory=ModelPolicy, compare=False)
 
     @classmethod
     def of(cls, settings: Settings) -> Ceilings:
@@ -146,6 +196,7 @@ class Ceilings:
             max_hours=settings.max_wall_hours,
             max_tokens=settings.max_tokens,
             max_total_turns=settings.max_total_turns,
+            models=ModelPolicy.of(settings),
         )
 
 
@@ -189,6 +240,11 @@ def clamp(config: RepoConfig, ceilings: Ceilings) -> tuple[RepoConfig, list[str]
             f"`{key}`: {_num(asked)} asked, lowered to {_num(cap)} "
             f"(the operator's ceiling, `{env}`)"
         )
+    for role, default in (
+        ("agent", ceilings.models.model),
+        ("critic", ceilings.models.critic_model),
+    ):
+        notes += _clamp_model(data[role], role, default, ceilings.models)
     protected = tuple(data["merge"]["protected_paths"])
     if ALWAYS_PROTECTED not in protected:
         data["merge"]["protected_paths"] = (ALWAYS_PROTECTED, *protected)
@@ -199,6 +255,28 @@ def clamp(config: RepoConfig, ceilings: Ceilings) -> tuple[RepoConfig, list[str]
     if not notes:
         return config, []
     return RepoConfig.model_validate(data), notes
+
+
+def _clamp_model(node: dict[str, Any], role: str, default: str, policy: ModelPolicy) -> list[str]:
+    """``role``'s model within the allowed list and its effort within the ceiling, in place."""
+    notes: list[str] = []
+    asked = node["model"]
+    if asked is not None and asked not in policy.allowed:
+        node["model"] = None
+        allowed = ", ".join(f"`{m}`" for m in sorted(policy.allowed))
+        notes.append(
+            f"`{role}.model`: `{asked}` is not one this installation allows ({allowed}; "
+            f"`LOOPBOT_ALLOWED_MODELS`), so the operator's default `{default}` is used"
+        )
+    effort = node["effort"]
+    capped = clamp_effort(effort, policy.max_effort)
+    if capped != effort:
+        node["effort"] = capped
+        notes.append(
+            f"`{role}.effort`: {effort} asked, lowered to {capped} "
+            "(the operator's ceiling, `LOOPBOT_MAX_EFFORT`)"
+        )
+    return notes
 
 
 def wall_hours(config: RepoConfig, ceilings: Ceilings) -> float:

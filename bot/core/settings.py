@@ -8,6 +8,7 @@ the variable, never a traceback.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -15,9 +16,11 @@ from typing import Literal
 from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from bot.core.models import DEFAULT_MODEL, Effort, rank
 from bot.core.redis_url import check_url
 
 Role = Literal["web", "worker", "cli"]
+_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}$")
 
 
 class SettingsError(Exception):
@@ -44,8 +47,21 @@ class Settings(BaseSettings):
     github_max_retry_wait: float = Field(120.0, alias="LOOPBOT_GITHUB_MAX_RETRY_WAIT", ge=0)
     anthropic_api_key: SecretStr | None = Field(None, alias="ANTHROPIC_API_KEY")
     anthropic_base_url: AnyHttpUrl | None = Field(None, alias="ANTHROPIC_BASE_URL")
-    model: str = Field("claude-sonnet-4-6", alias="LOOPBOT_MODEL", min_length=1)
-    critic_model: str = Field("claude-sonnet-4-6", alias="LOOPBOT_CRITIC_MODEL", min_length=1)
+    model: str = Field(DEFAULT_MODEL, alias="LOOPBOT_MODEL", min_length=1)
+    critic_model: str = Field(DEFAULT_MODEL, alias="LOOPBOT_CRITIC_MODEL", min_length=1)
+    # The models a repository's loop.yml may choose (comma-separated); the three configured
+    # here are always allowed. A model outside the list is replaced by the default.
+    allowed_models_list: str = Field("", alias="LOOPBOT_ALLOWED_MODELS")
+    # The most effort a loop.yml may ask for; more is lowered to it.
+    max_effort: Effort = Field("high", alias="LOOPBOT_MAX_EFFORT")
+    # The effort asked when loop.yml names none; unset: the model's own default.
+    effort: Effort | None = Field(None, alias="LOOPBOT_EFFORT")
+    # A model the Models API cannot describe (it is down) is assumed to have this window
+    # and output limit (bot.core.models.fallback_spec).
+    context_window: int = Field(200_000, alias="LOOPBOT_CONTEXT_WINDOW", ge=1000)
+    max_output: int = Field(64_000, alias="LOOPBOT_MAX_OUTPUT", ge=1)
+    # The share of the model's window at which the agent's conversation is shrunk.
+    context_threshold: float = Field(0.7, alias="LOOPBOT_CONTEXT_THRESHOLD", ge=0.2, le=0.95)
     # No answer from the model within this many seconds counts as a stall.
     stall_timeout: float = Field(300.0, alias="LOOPBOT_STALL_TIMEOUT", gt=0)
     # SDK-level retries of 429, 529, 5xx and timeouts before a call counts as failed.
@@ -99,6 +115,19 @@ class Settings(BaseSettings):
         check_url(v)  # its message never contains the password
         return v
 
+    @field_validator("effort", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("allowed_models_list")
+    @classmethod
+    def _model_names(cls, v: str) -> str:
+        bad = [m for m in v.split(",") if m.strip() and not _MODEL_ID.match(m.strip())]
+        if bad:
+            raise ValueError(f"not model ids: {', '.join(b.strip() for b in bad)}")
+        return v
+
     @field_validator("github_private_key_path")
     @classmethod
     def _key_file_readable(cls, v: Path | None) -> Path | None:
@@ -114,7 +143,18 @@ class Settings(BaseSettings):
             raise ValueError("set only one of GITHUB_PRIVATE_KEY and GITHUB_PRIVATE_KEY_PATH")
         if "BEGIN" not in self.private_key_pem():
             raise ValueError("GitHub private key is not a PEM key (expected '-----BEGIN ...')")
+        if self.effort is not None and rank(self.effort) > rank(self.max_effort):
+            raise ValueError(
+                f"LOOPBOT_EFFORT={self.effort} is above LOOPBOT_MAX_EFFORT={self.max_effort}"
+            )
         return self
+
+    @property
+    def allowed_models(self) -> frozenset[str]:
+        """What a loop.yml may choose: the list, plus the models configured here."""
+        listed = {m.strip() for m in self.allowed_models_list.split(",") if m.strip()}
+        configured = {self.model, self.critic_model, self.fallback_model}
+        return frozenset(m for m in listed | configured if m)
 
     def private_key_pem(self) -> str:
         if self.github_private_key is not None:

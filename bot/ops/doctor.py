@@ -8,13 +8,19 @@ import subprocess
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import httpx
+import anthropic
 
+from bot.core.models import EFFORTS, ModelSpec, standing, thinking_params
 from bot.core.redis_url import mask_url, scrub
 from bot.core.settings import Settings, SettingsError, load_settings
 from bot.io.redis import connect
+
+if TYPE_CHECKING:
+    from jobs.models import ModelCatalog
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,7 @@ def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
         return checks
     checks.append(_redis_url(settings.redis_url))
     checks.append(_github(settings))
-    checks.append(_model(settings))
+    checks.extend(model_checks(settings))
     checks.append(_data_dir(settings))
     checks.append(ceilings_check(settings))
     checks.append(_worker_user(settings))
@@ -233,27 +239,118 @@ def _github(settings: Settings) -> Check:
         )
 
 
-def _model(settings: Settings) -> Check:
+def _client(settings: Settings) -> anthropic.Anthropic:
+    key = settings.anthropic_api_key
+    base = settings.anthropic_base_url
+    return anthropic.Anthropic(
+        api_key=key.get_secret_value() if key else None,
+        base_url=str(base).rstrip("/") if base else None,
+        max_retries=1,
+        timeout=10,
+    )
+
+
+def model_checks(settings: Settings, now: datetime | None = None) -> list[Check]:
+    """The model endpoint accepts the key; then each model loopbot is set to use, by
+    ``GET /v1/models/{id}``: unknown or retired fails, deprecated or retiring within 60
+    days warns, naming the date; the window and output limit are shown."""
+    from jobs.models import ModelCatalog, UnknownModel
+
     base = str(settings.anthropic_base_url or "https://api.anthropic.com").rstrip("/")
-    key = settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else ""
+    catalog = ModelCatalog(_client(settings), settings)
     try:
-        resp = httpx.get(
-            f"{base}/v1/models",
-            timeout=10,
-            headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
+        active = catalog.active()
+    except anthropic.APIStatusError as exc:
+        return [
+            Check(
+                "model endpoint",
+                False,
+                f"{base}: HTTP {exc.status_code}",
+                "check ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL if you use a proxy)",
+            )
+        ]
+    except anthropic.APIError as exc:
+        return [
+            Check(
+                "model endpoint",
+                False,
+                f"{base}: {exc}",
+                "check the network path to the Anthropic API",
+            )
+        ]
+    checks = [Check("model endpoint", True, f"{base} accepts the key")]
+    now = now or datetime.now(UTC)
+    roles = [("LOOPBOT_MODEL", settings.model), ("LOOPBOT_CRITIC_MODEL", settings.critic_model)]
+    if settings.fallback_model:
+        roles.append(("LOOPBOT_FALLBACK_MODEL", settings.fallback_model))
+    choose = f"one of: {', '.join(active)}" if active else "a model the Models API lists"
+    for env, model in roles:
+        name = f"model {env}"
+        try:
+            spec = catalog.spec(model)
+        except UnknownModel:
+            checks.append(
+                Check(name, False, f"{model}: unknown to {base}", f"set {env} to {choose}")
+            )
+            continue
+        if not spec.known:
+            checks.append(
+                Check(
+                    name,
+                    False,
+                    f"{model}: the Models API did not answer (see the log)",
+                    "check the network path to the Anthropic API",
+                )
+            )
+            continue
+        stands = standing(spec, now)
+        detail = (
+            f"{model}: {stands.why}; window {spec.window:,} tokens, "
+            f"max output {spec.max_output:,}, {_thinking(spec)}"
         )
-        if resp.status_code == 200:
-            return Check("model endpoint", True, f"{base} accepts the key")
+        effort = settings.effort
+        warn = stands.warn
+        sent = thinking_params(spec, effort).get("output_config", {}).get("effort")
+        if effort is not None and sent != effort:
+            detail += f"; LOOPBOT_EFFORT={effort} is not a level it takes: it is not sent"
+            warn = True
+        checks.append(Check(name, not stands.fail, detail, f"set {env} to {choose}", warn=warn))
+    checks.append(_allowed(settings, catalog, {m for _, m in roles}, now))
+    return checks
+
+
+def _thinking(spec: ModelSpec) -> str:
+    if not spec.adaptive:
+        return "no adaptive thinking (no thinking or effort is asked of it)"
+    levels = [e for e in EFFORTS if e in spec.efforts]
+    return f"adaptive thinking, effort {', '.join(levels)}" if levels else "adaptive thinking"
+
+
+def _allowed(settings: Settings, catalog: ModelCatalog, checked: set[str], now: datetime) -> Check:
+    """Every other model a loop.yml may choose (LOOPBOT_ALLOWED_MODELS) must exist too."""
+    from jobs.models import UnknownModel
+
+    others = sorted(settings.allowed_models - checked)
+    bad = []
+    for model in others:
+        try:
+            if standing(catalog.spec(model), now).fail:
+                bad.append(f"{model} (retired)")
+        except UnknownModel:
+            bad.append(f"{model} (unknown)")
+    if bad:
         return Check(
-            "model endpoint",
+            "allowed models",
             False,
-            f"{base}: HTTP {resp.status_code}",
-            "check ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL if you use a proxy)",
+            f"LOOPBOT_ALLOWED_MODELS names models the API cannot run: {', '.join(bad)}",
+            "remove them from LOOPBOT_ALLOWED_MODELS",
         )
-    except httpx.HTTPError as exc:
-        return Check(
-            "model endpoint", False, f"{base}: {exc}", "check the network path to the Anthropic API"
-        )
+    listed = ", ".join(sorted(settings.allowed_models))
+    return Check(
+        "allowed models",
+        True,
+        f"a loop.yml may choose {listed}; effort up to {settings.max_effort} (LOOPBOT_MAX_EFFORT)",
+    )
 
 
 def _data_dir(settings: Settings) -> Check:

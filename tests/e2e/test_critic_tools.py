@@ -393,7 +393,9 @@ def test_the_tool_call_cap_answers_every_call_it_refuses(
 def test_the_cost_cap_stops_before_a_call_that_could_cross_it(
     model: AnthropicServer, client: anthropic.Anthropic, head: ReviewCheckout
 ) -> None:
-    dear = {"input_tokens": 100_000, "output_tokens": 50}  # $0.30 a call at Sonnet prices
+    # claude-test is priced as the most expensive listed model ($10 / $50): $1 a call.
+    dear = {"input_tokens": 100_000, "output_tokens": 50}
+    cap = 10 / 3
 
     def greedy(body: dict[str, Any]) -> Reply:
         if body["tool_choice"] == {"type": "none"}:
@@ -402,18 +404,18 @@ def test_the_cost_cap_stops_before_a_call_that_could_cross_it(
 
     model.responder = greedy
     seen: list[Any] = []
-    out = review(client, head, ReviewLimits(max_cost_usd=1.0), seen=seen)
+    out = review(client, head, ReviewLimits(max_cost_usd=cap), seen=seen)
 
-    # After one $0.30 step the next could cost ~$0.50 (all of it read again, a full
-    # max_tokens written): a step and the report could pass $1, the report alone cannot.
+    # After one $1 step the next could cost ~$1.66 (all of it read again, a full
+    # max_tokens written): a step and the report could pass $3.33, the report alone cannot.
     assert out.stopped == "cost_cap" and "a step could cost" in out.detail
     assert [r["tool_choice"]["type"] for r in model.requests] == ["auto", "none"]
     assert json.loads(out.text) == REPORT
-    assert out.cost == pytest.approx(2 * (100_000 * 3 + 50 * 15) / 1e6)
-    assert out.cost <= 1.0 and len(seen) == 2
+    assert out.cost == pytest.approx(2 * (100_000 * 10 + 50 * 50) / 1e6)
+    assert out.cost <= cap and len(seen) == 2
     # The bound held: the report cost less than it could have.
     bound = worst_next("claude-test", model.requests[1], out.usage[0][1], [])
-    assert out.usage[1][1].cost_usd < bound <= 1.0 - out.usage[0][1].cost_usd
+    assert out.usage[1][1].cost_usd < bound <= cap - out.usage[0][1].cost_usd
 
 
 def test_a_cap_too_small_for_any_call_makes_none(

@@ -316,8 +316,8 @@ def test_cost_cap_is_checked_before_every_model_call(
     record = record_of(redis, n)
     assert (record.status, record.reason, record.turn) == (Status.FAILED, "budget_exhausted", 1)
     assert record.detail == capped[0]["detail"] and "$2.50" in record.detail
-    # Sonnet-priced: 1,000,000 * $3 + 10 * $15 per million tokens.
-    assert record.cost_usd == pytest.approx(3.00015)
+    # claude-test is no listed model: priced as the most expensive one, $10 in, $50 out.
+    assert record.cost_usd == pytest.approx(10.0005)
     # One model call; the second would cross the cap, so it was never sent. The turn's
     # one command ran and is committed; verify did not run and no pull request opened.
     assert len(model.requests) == 1 and len(model.script) == 1
@@ -449,8 +449,9 @@ def test_usage_and_cache_control_are_recorded(
         u.cache_read_tokens,
         u.messages,
     ) == (2000, 200, 4000, 10000, 2)
-    # Sonnet-priced: 2000*3 + 200*15 + 4000*3.75 + 10000*0.3 = 27000 per million.
-    assert abs(record.cost_usd - 0.027) < 1e-9
+    # Priced as the most expensive listed model: 2000*10 + 200*50 + 4000*12.5 + 10000*1
+    # (the dearest cache read, Fable 5's) = 90000 per million.
+    assert abs(record.cost_usd - 0.09) < 1e-9
     req = model.requests[1]
     assert req["system"][0]["cache_control"] == {"type": "ephemeral"}
     assert req["messages"][-1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
