@@ -11,19 +11,33 @@ at least as strict as the real API about what it is sent (``invalid``): a conver
 with a tool call left unanswered, or a tool result that answers no call, is a 400
 ``invalid_request_error`` in the API's words, before any script item is used, so a
 broken conversation the agent stored fails a test instead of passing it.
+
+It behaves like the real API where a harness can get the API wrong: a catalogue of
+models (``ModelSpec``; ``GET /v1/models``, unknown and retired ones a 404), each with its
+context window (``prompt is too long``, checked before the script is used), output limit,
+thinking types and effort levels; one deterministic token count (``count_tokens``) for the
+window, ``/v1/messages/count_tokens`` and usage; usage computed unless a ``Reply`` sets it,
+split by a prompt-cache simulation (``PromptCache``: breakpoints, the 20-block lookback,
+the minimum cacheable prefix, TTLs); and thinking blocks signed for their text and model,
+which must come back unchanged, to the same model, before the message's other blocks.
+Where unsure, it is harsher than the API, never kinder.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import itertools
 import json
 import logging
+import secrets
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.serving import BaseWSGIServer, make_server
@@ -37,10 +51,14 @@ Json = dict[str, Any]
 class Reply:
     content: list[Json]
     stop_reason: str = "end_turn"
-    usage: Json = field(default_factory=lambda: {"input_tokens": 100, "output_tokens": 50})
+    # None: computed from the request and the reply (``count_tokens``, the prompt cache).
+    usage: Json | None = None
     delay: float = 0.0
     model: str | None = None
     stop_details: Json | None = None  # a refusal's {"type": "refusal", "category", ...}
+    # The thinking block's text when the request turns thinking on; None: a generated one.
+    thinking: str | None = None
+    redacted: bool = False  # also a ``redacted_thinking`` block, after the thinking one
 
 
 @dataclass
@@ -58,6 +76,518 @@ _ids = itertools.count(1)
 # The output limit the server enforces on ``max_tokens`` (Sonnet 4.5's and Haiku 4.5's:
 # https://platform.claude.com/docs/en/about-claude/models/overview); more is a 400.
 MAX_OUTPUT_TOKENS = 64_000
+
+Lifecycle = Literal["active", "deprecated", "retired"]
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+THINKING_TYPES = ("adaptive", "enabled", "disabled", "between_tools")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model of the catalogue, as ``GET /v1/models/{id}`` describes it.
+
+    ``window`` is ``max_input_tokens``, ``max_output`` is ``max_tokens``; ``thinking`` the
+    ``thinking.type`` values a request may send, ``efforts`` the ``output_config.effort``
+    levels; ``min_cache_tokens`` the shortest prefix the prompt cache stores.
+    """
+
+    id: str
+    display_name: str = ""
+    window: int = 200_000
+    max_output: int = MAX_OUTPUT_TOKENS
+    lifecycle: Lifecycle = "active"
+    deprecated_at: str | None = None
+    retires_at: str | None = None
+    thinking: frozenset[str] = frozenset({"adaptive", "disabled"})
+    efforts: tuple[str, ...] = ("low", "medium", "high")
+    min_cache_tokens: int = 1024
+    created_at: str = "2025-01-01T00:00:00Z"
+    line: str | None = None
+
+
+def default_models() -> dict[str, ModelSpec]:
+    """The catalogue a new server starts with: every model name the tests, the demo and the
+    benchmarks send, and one of each lifecycle and thinking style."""
+    budget_only = frozenset({"enabled", "disabled"})
+    specs = [
+        ModelSpec("claude-test", "Claude Test", line="sonnet"),
+        ModelSpec(
+            "claude-sonnet-5-5",
+            "Claude Sonnet 5.5",
+            window=1_000_000,
+            max_output=128_000,
+            efforts=EFFORTS,
+            created_at="2026-06-01T00:00:00Z",
+            line="sonnet",
+        ),
+        ModelSpec(
+            "claude-sonnet-4-6",
+            "Claude Sonnet 4.6",
+            thinking=frozenset({"adaptive", "enabled", "disabled"}),
+            efforts=("low", "medium", "high", "max"),
+            min_cache_tokens=2048,
+            created_at="2026-02-17T00:00:00Z",
+            line="sonnet",
+        ),
+        ModelSpec(
+            "claude-haiku-4-5",
+            "Claude Haiku 4.5",
+            thinking=budget_only,
+            efforts=(),
+            min_cache_tokens=4096,
+            created_at="2025-10-01T00:00:00Z",
+            line="haiku",
+        ),
+        ModelSpec(
+            "claude-sonnet-4-5",
+            "Claude Sonnet 4.5",
+            lifecycle="deprecated",
+            deprecated_at="2026-05-29T00:00:00Z",
+            retires_at="2026-11-30T00:00:00Z",
+            thinking=budget_only,
+            efforts=(),
+            created_at="2025-09-29T00:00:00Z",
+            line="sonnet",
+        ),
+        ModelSpec(
+            "claude-3-5-haiku-20241022",
+            "Claude Haiku 3.5",
+            max_output=8192,
+            lifecycle="retired",
+            deprecated_at="2025-12-19T00:00:00Z",
+            retires_at="2026-02-19T00:00:00Z",
+            thinking=frozenset({"disabled"}),
+            efforts=(),
+            min_cache_tokens=2048,
+            created_at="2024-10-22T00:00:00Z",
+            line="haiku",
+        ),
+    ]
+    return {s.id: s for s in specs}
+
+
+def model_info(spec: ModelSpec, window: int | None = None) -> Json:
+    """``spec`` in the shape of the SDK's ``ModelInfo`` (every capability key present)."""
+
+    def sup(flag: bool) -> Json:
+        return {"supported": flag}
+
+    return {
+        "type": "model",
+        "id": spec.id,
+        "display_name": spec.display_name or spec.id,
+        "created_at": spec.created_at,
+        "max_input_tokens": window if window is not None else spec.window,
+        "max_tokens": spec.max_output,
+        "lifecycle": spec.lifecycle,
+        "deprecated_at": spec.deprecated_at,
+        "retires_at": spec.retires_at,
+        "line": spec.line,
+        "capabilities": {
+            "batch": sup(True),
+            "citations": sup(True),
+            "code_execution": sup(False),
+            "context_management": {"supported": False},
+            "effort": {
+                "supported": bool(spec.efforts),
+                **{e: sup(e in spec.efforts) for e in EFFORTS},
+            },
+            "image_input": sup(True),
+            "pdf_input": sup(True),
+            "server_tools": {
+                "supported": False,
+                "code_execution": sup(False),
+                "web_search": sup(False),
+            },
+            "structured_outputs": sup(True),
+            "thinking": {
+                "supported": bool(spec.thinking & {"adaptive", "enabled"}),
+                "types": {t: sup(t in spec.thinking) for t in THINKING_TYPES},
+            },
+        },
+    }
+
+
+# -- the token count ---------------------------------------------------------------------
+
+BLOCK_OVERHEAD = 3  # tokens per content block, on top of its text
+MESSAGE_OVERHEAD = 3  # tokens per message (its role and turn markers)
+
+
+def _canon(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _text_tokens(s: str) -> int:
+    return -(-len(s) // 4)  # about four characters a token, rounded up
+
+
+def _uncached(block: Json) -> Json:
+    return {k: v for k, v in block.items() if k != "cache_control"}
+
+
+def block_tokens(block: Any) -> int:
+    """The tokens of one content block: what it says (text, a call's name and input, a
+    result's content, thinking) at four characters a token, plus a small overhead."""
+    if not isinstance(block, dict):
+        return BLOCK_OVERHEAD + _text_tokens(block if isinstance(block, str) else _canon(block))
+    kind = block.get("type")
+    if kind == "text":
+        said = str(block.get("text", ""))
+    elif kind in ("tool_use", "server_tool_use"):
+        said = str(block.get("name", "")) + _canon(block.get("input", {}))
+    elif kind == "tool_result":
+        content = block.get("content")
+        if isinstance(content, list):
+            return BLOCK_OVERHEAD + sum(block_tokens(b) for b in content)
+        said = content if isinstance(content, str) else ""
+    elif kind == "thinking":
+        said = str(block.get("thinking", ""))
+    elif kind == "redacted_thinking":
+        said = str(block.get("data", ""))
+    else:  # images, documents, anything else: its JSON, which is never less
+        said = _canon({k: v for k, v in _uncached(block).items() if k != "type"})
+    return BLOCK_OVERHEAD + _text_tokens(said)
+
+
+@dataclass
+class _Unit:
+    """One cacheable position of the prompt, in prefix order (tools, system, messages)."""
+
+    key: str  # canonical text of the position, ``cache_control`` left out
+    tokens: int
+    path: str  # where it is in the request, for error messages
+    cache: Json | None = None  # its ``cache_control``, if it is a breakpoint
+    empty: bool = False  # an empty text block, which cannot be a breakpoint
+
+
+def _empty_text(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") == "text" and not block.get("text")
+
+
+def _units(body: Json) -> list[_Unit]:
+    units: list[_Unit] = []
+    tools = body.get("tools")
+    for t, tool_def in enumerate(tools if isinstance(tools, list) else []):
+        if isinstance(tool_def, dict):
+            key = _canon(_uncached(tool_def))
+            units.append(
+                _Unit("t" + key, _text_tokens(key), f"tools.{t}", tool_def.get("cache_control"))
+            )
+    # A string is one text block, as the API reads it: the same prefix either way.
+    system = body.get("system")
+    if isinstance(system, str):
+        system = [{"type": "text", "text": system}] if system else []
+    if isinstance(system, list):
+        for k, block in enumerate(system):
+            if isinstance(block, dict):
+                units.append(
+                    _Unit(
+                        "s" + _canon(_uncached(block)),
+                        block_tokens(block),
+                        f"system.{k}",
+                        block.get("cache_control"),
+                        _empty_text(block),
+                    )
+                )
+    # What changes the cached messages without changing them (the API's invalidation table).
+    settings = _canon({"thinking": body.get("thinking"), "tool_choice": body.get("tool_choice")})
+    msgs = body.get("messages")
+    for i, msg in enumerate(msgs if isinstance(msgs, list) else []):
+        if not isinstance(msg, dict):
+            continue
+        head = f"m{settings if i == 0 else ''}|{msg.get('role')}|"
+        content = msg.get("content")
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}] if content else []
+        blocks = content if isinstance(content, list) else []
+        if not blocks:
+            units.append(_Unit(head, MESSAGE_OVERHEAD, f"messages.{i}"))
+        for k, block in enumerate(blocks):
+            cache = block.get("cache_control") if isinstance(block, dict) else None
+            key = _canon(_uncached(block) if isinstance(block, dict) else block)
+            units.append(
+                _Unit(
+                    (head if k == 0 else "b|") + key,
+                    block_tokens(block) + (MESSAGE_OVERHEAD if k == 0 else 0),
+                    f"messages.{i}.content.{k}",
+                    cache,
+                    _empty_text(block),
+                )
+            )
+    return units
+
+
+def count_tokens(body: Json) -> int:
+    """The input tokens of a Messages request, as this server counts them everywhere (the
+    context window, ``/v1/messages/count_tokens``, computed usage).
+
+    Deterministic, monotonic (more content is never fewer tokens) and never more than a
+    quarter of the request's JSON (``len(json.dumps(body)) // 4``): the text is counted at
+    four characters a token, the JSON around it only as a few tokens a block.
+    """
+    return sum(u.tokens for u in _units(body)) if isinstance(body, dict) else 0
+
+
+def reply_tokens(content: list[Json], thinking: str = "") -> int:
+    """The output tokens of a reply: its blocks, and ``thinking``, the text of its thinking
+    (billed in full even when the reply shows none of it)."""
+    said = sum(block_tokens(b) for b in content if b.get("type") != "thinking")
+    return max(1, said + (_text_tokens(thinking) if thinking else 0))
+
+
+# -- thinking signatures -----------------------------------------------------------------
+
+# One secret for every server, as the real API's signatures outlive any one server: a
+# conversation stored before a restart of the stand-in still verifies.
+SECRET = b"loopbot-local-anthropic-thinking-signatures"
+
+
+def thinking_signature(model: str, thinking: str, secret: bytes = SECRET) -> str:
+    """The signature of a thinking block: base64 HMAC-SHA256 of the model and the text."""
+    mac = hmac.new(secret, f"{model}\0{thinking}".encode(), hashlib.sha256).digest()
+    return base64.b64encode(mac).decode()
+
+
+def redacted_data(model: str, secret: bytes = SECRET) -> str:
+    """Opaque ``redacted_thinking`` data this server can recognise later (for ``model``)."""
+    nonce = secrets.token_hex(12)
+    mac = hmac.new(secret, f"redacted\0{model}\0{nonce}".encode(), hashlib.sha256).hexdigest()
+    return base64.b64encode(f"{nonce}.{mac}".encode()).decode()
+
+
+def _redacted_valid(model: str, data: Any, secret: bytes = SECRET) -> bool:
+    try:
+        nonce, mac = base64.b64decode(str(data), validate=True).decode().split(".", 1)
+    except ValueError:
+        return False
+    want = hmac.new(secret, f"redacted\0{model}\0{nonce}".encode(), hashlib.sha256).hexdigest()
+    return hmac.compare_digest(mac, want)
+
+
+def _thinking_on(body: Json) -> bool:
+    cfg = body.get("thinking")
+    return isinstance(cfg, dict) and cfg.get("type") in ("enabled", "adaptive")
+
+
+def thinking_invalid(body: Json, spec: ModelSpec) -> str | None:
+    """Why the API would reject ``body``'s thinking or effort for ``spec``, in its words.
+
+    The ``thinking`` type must be one the model accepts (``enabled`` with a budget of at
+    least 1024 below ``max_tokens``), ``output_config.effort`` one of its levels; every
+    ``thinking`` block sent back must carry the signature this server gave it, for its text
+    and the request's model, and come before the message's other blocks.
+    """
+    cfg = body.get("thinking")
+    if cfg is not None:
+        kind = cfg.get("type") if isinstance(cfg, dict) else None
+        if kind not in THINKING_TYPES:
+            return (
+                f"thinking: Input tag '{kind}' found using 'type' does not match any of the "
+                "expected tags: 'adaptive', 'enabled', 'disabled', 'between_tools'"
+            )
+        assert isinstance(cfg, dict)
+        if kind not in spec.thinking:
+            if kind == "adaptive":
+                return "adaptive thinking is not supported on this model"
+            if "adaptive" in spec.thinking:
+                return (
+                    f'"thinking.type.{kind}" is not supported for this model. Use '
+                    '"thinking.type.adaptive" and "output_config.effort" to control thinking '
+                    "behavior."
+                )
+            return f'"thinking.type.{kind}" is not supported for this model.'
+        if kind == "enabled":
+            budget = cfg.get("budget_tokens")
+            if not isinstance(budget, int) or budget < 1024:
+                return (
+                    "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
+                )
+            most = body.get("max_tokens")  # count_tokens is sent none
+            if isinstance(most, int) and budget >= most:
+                return (
+                    "`max_tokens` must be greater than `thinking.budget_tokens`. Please consult "
+                    "our documentation at https://docs.claude.com/en/docs/build-with-claude/"
+                    "extended-thinking#max-tokens-and-context-window-size"
+                )
+        choice = body.get("tool_choice")
+        forced = isinstance(choice, dict) and choice.get("type") in ("any", "tool")
+        if kind in ("enabled", "adaptive") and forced:
+            return "Thinking may not be enabled when tool_choice forces tool use."
+    config = body.get("output_config")
+    effort = config.get("effort") if isinstance(config, dict) else None
+    if effort is not None:
+        if effort not in EFFORTS:
+            return "output_config.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max'"
+        if not spec.efforts:
+            return "This model does not support the effort parameter."
+        if effort not in spec.efforts:
+            return (
+                f"This model does not support effort level '{effort}'. Supported levels: "
+                f"{', '.join(sorted(spec.efforts))}."
+            )
+    return _thinking_blocks_invalid(body, spec)
+
+
+def _thinking_blocks_invalid(body: Json, spec: ModelSpec) -> str | None:
+    msgs = body.get("messages")
+    msgs = msgs if isinstance(msgs, list) else []
+    for i, msg in enumerate(msgs):
+        other = False
+        for k, block in enumerate(_blocks(msg)):
+            kind = block.get("type")
+            if kind not in ("thinking", "redacted_thinking"):
+                other = True
+                continue
+            where = f"messages.{i}.content.{k}"
+            if msg.get("role") != "assistant":
+                return f"{where}: `{kind}` blocks are only allowed in `assistant` messages"
+            if other:
+                return (
+                    f"{where}: `{kind}` blocks must come before the `text` and `tool_use` "
+                    "blocks of their message"
+                )
+            if "cache_control" in block:
+                return f"{where}.cache_control: `{kind}` blocks cannot be cached directly"
+            if kind == "thinking":
+                sig = thinking_signature(spec.id, str(block.get("thinking", "")))
+                if not hmac.compare_digest(str(block.get("signature", "")), sig):
+                    return f"{where}: Invalid `signature` in `thinking` block"
+            elif not _redacted_valid(spec.id, block.get("data")):
+                return f"{where}: Invalid `data` in `redacted_thinking` block"
+    # Mid tool loop with thinking on, the last assistant turn must open with its thinking.
+    if _thinking_on(body) and len(msgs) >= 2:
+        last, before = msgs[-1], msgs[-2]
+        looping = last.get("role") == "user" and any(
+            b.get("type") == "tool_result" for b in _blocks(last)
+        )
+        if looping and before.get("role") == "assistant":
+            first = (_blocks(before) or [{"type": "none"}])[0].get("type")
+            if first not in ("thinking", "redacted_thinking"):
+                return (
+                    f"messages.{len(msgs) - 2}.content.0.type: Expected `thinking` or "
+                    f"`redacted_thinking`, but found `{first}`. When `thinking` is enabled, a "
+                    "final `assistant` message must start with a thinking block (preceeding "
+                    "the lastmost set of `tool_use` and `tool_result` blocks). We recommend "
+                    "you include thinking blocks from previous turns. To avoid this "
+                    "requirement, disable `thinking`. Please consult our documentation at "
+                    "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
+                )
+    return None
+
+
+# -- the prompt cache --------------------------------------------------------------------
+
+MAX_CACHE_POINTS = 4
+CACHE_LOOKBACK = 20  # positions checked before each breakpoint, after its own
+CACHE_TTL = {"5m": 300.0, "1h": 3600.0}
+
+
+def _breakpoints(body: Json, units: list[_Unit]) -> tuple[list[int], str | None]:
+    """The positions that are cache breakpoints, or why the API would reject them."""
+    points = [n for n, u in enumerate(units) if u.cache is not None]
+    nested = 0
+    msgs = body.get("messages")
+    for msg in msgs if isinstance(msgs, list) else []:
+        for block in _blocks(msg if isinstance(msg, dict) else {}):
+            content = block.get("content")
+            if block.get("type") == "tool_result" and isinstance(content, list):
+                nested += sum(1 for b in content if isinstance(b, dict) and "cache_control" in b)
+    top = body.get("cache_control")
+    if top is not None and units and units[-1].cache is None:
+        units[-1].cache = top  # automatic caching: the last cacheable block
+        points.append(len(units) - 1)
+    found = len(points) + nested
+    if found > MAX_CACHE_POINTS:
+        return points, (
+            f"A maximum of {MAX_CACHE_POINTS} blocks with cache_control may be provided. "
+            f"Found {found}."
+        )
+    seen_short = False
+    for n in points:
+        cache = units[n].cache
+        if not isinstance(cache, dict) or cache.get("type") != "ephemeral":
+            return points, f"{units[n].path}.cache_control.type: Input should be 'ephemeral'"
+        ttl = cache.get("ttl", "5m")
+        if ttl not in CACHE_TTL:
+            return points, f"{units[n].path}.cache_control.ttl: Input should be '5m' or '1h'"
+        if ttl == "1h" and seen_short:
+            return points, (
+                f"{units[n].path}.cache_control: a `ttl='1h'` cache_control block must not "
+                "come after a `ttl='5m'` cache_control block"
+            )
+        seen_short = seen_short or ttl == "5m"
+        if units[n].empty:
+            return points, f"{units[n].path}: cache_control cannot be set for empty text blocks"
+    return points, None
+
+
+@dataclass
+class _Entry:
+    tokens: int
+    ttl: float
+    expires: float
+
+
+class PromptCache:
+    """The prompt cache of one server: prefixes, by a hash of the model and everything up
+    to and including a breakpoint (tools, system, messages; ``cache_control`` left out).
+
+    A request reads the longest prefix stored by an earlier one that ends at one of its
+    breakpoints or at one of the ``CACHE_LOOKBACK`` positions just before it, and stores
+    the prefix at each of its breakpoints that is at least the model's
+    ``min_cache_tokens`` long. An entry lives for its TTL (5 minutes
+    unless ``ttl: "1h"``) after it was last written or read.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.entries: dict[str, _Entry] = {}
+        self.clock = clock
+        self.lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self.lock:
+            self.entries.clear()
+
+    def use(self, model: ModelSpec, body: Json) -> tuple[int, int, str | None]:
+        """(cache read tokens, cache creation tokens, the 5m/1h TTL written) for ``body``."""
+        units = _units(body)
+        points, why = _breakpoints(body, units)
+        if why is not None or not points:
+            return 0, 0, None
+        digest = hashlib.sha256(model.id.encode()).digest()
+        hashes: list[str] = []
+        prefix: list[int] = []
+        total = 0
+        for u in units:
+            digest = hashlib.sha256(digest + u.key.encode()).digest()
+            hashes.append(digest.hex())
+            total += u.tokens
+            prefix.append(total)
+        now = self.clock()
+        with self.lock:
+            self.entries = {h: e for h, e in self.entries.items() if e.expires > now}
+            hit = -1
+            for b in points:
+                for n in range(b, max(-1, b - CACHE_LOOKBACK - 1), -1):
+                    if hashes[n] in self.entries:
+                        hit = max(hit, n)
+                        break
+            if hit >= 0:
+                entry = self.entries[hashes[hit]]
+                entry.expires = now + entry.ttl
+            read = prefix[hit] if hit >= 0 else 0
+            for b in points:
+                cache = units[b].cache or {}
+                ttl = CACHE_TTL[cache.get("ttl", "5m")]
+                if prefix[b] >= model.min_cache_tokens:
+                    old = self.entries.get(hashes[b])
+                    ttl = max(ttl, old.ttl if old else 0.0)  # a 1h entry stays 1h
+                    self.entries[hashes[b]] = _Entry(prefix[b], ttl, now + ttl)
+        last = points[-1]
+        if prefix[last] < model.min_cache_tokens or hit >= last:
+            return read, 0, None
+        return read, prefix[last] - read, (units[last].cache or {}).get("ttl", "5m")
 
 
 def text(s: str, **kw: Any) -> Reply:
@@ -140,6 +670,8 @@ def context_full(s: str = "", **kw: Any) -> Reply:
 
 
 def _blocks(msg: Json) -> list[Json]:
+    if not isinstance(msg, dict):
+        return []
     content = msg.get("content")
     if isinstance(content, list):
         return [b for b in content if isinstance(b, dict)]
@@ -152,26 +684,35 @@ def _tool_use_ids(msg: Json) -> list[str]:
     return [str(b.get("id")) for b in _blocks(msg) if b.get("type") == "tool_use"]
 
 
-def invalid(body: Json) -> str | None:
+def invalid(body: Json, spec: ModelSpec | None = None) -> str | None:
     """Why the real Messages API would reject ``body`` with a 400, in its words; or None.
 
     Checks what a harness can get wrong when it stores, cuts or resumes a conversation:
-    ``max_tokens`` within the model's output limit, no empty message but an optional
-    final assistant one, every tool_use answered by a tool_result in the very next
-    message, and every tool_result answering a tool_use of the message before.
+    ``max_tokens`` within the model's output limit (``spec.max_output``, else
+    ``MAX_OUTPUT_TOKENS``), no empty message but an optional final assistant one, every
+    tool_use answered by a tool_result in the very next message, and every tool_result
+    answering a tool_use of the message before.
     """
     limit = body.get("max_tokens")
     if not isinstance(limit, int) or limit < 1:
         return "max_tokens: Field required to be a positive integer"
-    if limit > MAX_OUTPUT_TOKENS:
+    most = spec.max_output if spec is not None else MAX_OUTPUT_TOKENS
+    if limit > most:
         return (
-            f"max_tokens: {limit} > {MAX_OUTPUT_TOKENS}, which is the maximum allowed "
+            f"max_tokens: {limit} > {most}, which is the maximum allowed "
             f"number of output tokens for {body.get('model')}"
         )
+    return conversation_invalid(body)
+
+
+def conversation_invalid(body: Json) -> str | None:
+    """``invalid`` without ``max_tokens``: what ``count_tokens`` checks too."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         return "messages: at least one message is required"
     for i, msg in enumerate(msgs):
+        if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
+            return f"messages.{i}: Input should be a message with role 'user' or 'assistant'"
         final_assistant = i == len(msgs) - 1 and msg.get("role") == "assistant"
         if not msg.get("content") and not final_assistant:
             return (
@@ -215,6 +756,14 @@ class AnthropicServer:
         self.requests: list[Json] = []
         self.arrivals: list[float] = []  # wall-clock time each request arrived
         self.headers: list[dict[str, str]] = []
+        self.input_tokens: list[int] = []  # ``count_tokens`` of each of ``requests``
+        self.responses: list[Json] = []  # every message answered (a 200), usage and all
+        self.models: dict[str, ModelSpec] = default_models()
+        self.window_override: int | None = None  # every model's window, when set
+        # What /v1/models says the window is, when it should differ from the one enforced:
+        # a client that believes a stale figure must still survive the real one.
+        self.advertised_window: int | None = None
+        self.cache = PromptCache()
         self.lock = threading.Lock()
         self._server: BaseWSGIServer | None = None
         self.url = ""
@@ -242,7 +791,102 @@ class AnthropicServer:
             self.script.clear()
             self.requests.clear()
             self.headers.clear()
+            self.input_tokens.clear()
+            self.responses.clear()
             self.responder = None
+        self.cache.clear()
+
+    def add_model(self, spec: ModelSpec) -> ModelSpec:
+        """Add ``spec`` to the catalogue, or replace the model of the same id."""
+        with self.lock:
+            self.models[spec.id] = spec
+        return spec
+
+    def window(self, spec: ModelSpec) -> int:
+        """The context window the server enforces for ``spec``."""
+        return self.window_override if self.window_override is not None else spec.window
+
+    def advertised(self, spec: ModelSpec) -> int:
+        """The context window the Models API reports for ``spec``."""
+        return self.advertised_window if self.advertised_window is not None else self.window(spec)
+
+    def _model(self, body: Json) -> ModelSpec | None:
+        """The model ``body`` names, if it can be called (known, not retired)."""
+        spec = self.models.get(str(body.get("model")))
+        return spec if spec is not None and spec.lifecycle != "retired" else None
+
+    def _rejected(self, body: Json, spec: ModelSpec, tokens: int) -> str | None:
+        """Why the API would answer 400 to ``body`` (before any script item is used)."""
+        if (why := invalid(body, spec)) is not None:
+            return why
+        if (why := _breakpoints(body, _units(body))[1]) is not None:
+            return why
+        if (why := thinking_invalid(body, spec)) is not None:
+            return why
+        if tokens > (most := self.window(spec)):
+            return f"prompt is too long: {tokens} tokens > {most} maximum"
+        return None
+
+    def _message(self, body: Json, spec: ModelSpec, item: Reply) -> Json:
+        """The Messages API's answer to ``body`` from ``item``: thinking first when the
+        request turns it on, usage as scripted or computed."""
+        number = next(_ids)
+        model = item.model or str(body.get("model", "claude-test"))
+        content = [dict(b) for b in item.content]
+        thought = ""
+        if _thinking_on(body):
+            omitted = body["thinking"].get("display") == "omitted"
+            for b in content:  # scripted thinking blocks: signed here unless they are
+                if b.get("type") == "thinking":
+                    thought += str(b.get("thinking", ""))
+                    b.setdefault("signature", thinking_signature(model, str(b.get("thinking", ""))))
+            if not any(b.get("type") in ("thinking", "redacted_thinking") for b in content):
+                thought = item.thinking or f"Reading the request before answering (#{number})."
+                shown = "" if omitted else thought
+                opening: list[Json] = [
+                    {
+                        "type": "thinking",
+                        "thinking": shown,
+                        "signature": thinking_signature(model, shown),
+                    }
+                ]
+                if item.redacted:
+                    opening.append({"type": "redacted_thinking", "data": redacted_data(model)})
+                content = opening + content
+        read, created, ttl = self.cache.use(spec, body)
+        if item.usage is None:
+            total = count_tokens(body)
+            usage: Json = {
+                "input_tokens": total - read - created,
+                "output_tokens": reply_tokens(content, thought),
+                "cache_creation_input_tokens": created,
+                "cache_read_input_tokens": read,
+                "cache_creation": {
+                    "ephemeral_5m_input_tokens": created if ttl == "5m" else 0,
+                    "ephemeral_1h_input_tokens": created if ttl == "1h" else 0,
+                },
+            }
+        else:
+            usage = {
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+                **item.usage,
+            }
+        message = {
+            "id": f"msg_{number:08d}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": content,
+            "stop_reason": item.stop_reason,
+            "stop_sequence": None,
+            "usage": usage,
+        }
+        if item.stop_details is not None:
+            message["stop_details"] = item.stop_details
+        return message
 
     def _next(self, body: Json) -> Item:
         with self.lock:
@@ -257,17 +901,30 @@ class AnthropicServer:
         app = Flask("local-anthropic")
         srv = self
 
-        @app.post("/v1/messages")
-        def messages() -> tuple[Response, int]:
+        def unauthorized() -> tuple[Response, int] | None:
             if not request.headers.get("x-api-key") and not request.headers.get("Authorization"):
                 return _err(401, "authentication_error", "missing x-api-key")
+            return None
+
+        @app.post("/v1/messages")
+        def messages() -> tuple[Response, int]:
+            if (denied := unauthorized()) is not None:
+                return denied
             body = request.get_json(force=True)
+            tokens = count_tokens(body)
             with srv.lock:
                 srv.arrivals.append(time.time())
                 srv.requests.append(body)
                 srv.headers.append(dict(request.headers))
-            if (why := invalid(body)) is not None:
-                return _err(400, "invalid_request_error", why)  # the script is not used
+                srv.input_tokens.append(tokens)
+            if not isinstance(body, dict):
+                return _err(400, "invalid_request_error", "the body must be a JSON object")
+            # Every rejection comes before the script is used, as the API's validation does.
+            spec = srv._model(body)
+            if spec is None:
+                return _err(404, "not_found_error", f"model: {body.get('model')}")
+            if (why := srv._rejected(body, spec, tokens)) is not None:
+                return _err(400, "invalid_request_error", why)
             item = srv._next(body)
             if item.delay:
                 time.sleep(item.delay)
@@ -276,36 +933,69 @@ class AnthropicServer:
                 for k, v in item.headers.items():
                     resp.headers[k] = v
                 return resp, status
-            usage = {
-                "input_tokens": 0,
-                "output_tokens": 0,
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
-                **item.usage,
-            }
-            message = {
-                "id": f"msg_{next(_ids):08d}",
-                "type": "message",
-                "role": "assistant",
-                "model": item.model or body.get("model", "claude-test"),
-                "content": item.content,
-                "stop_reason": item.stop_reason,
-                "stop_sequence": None,
-                "usage": usage,
-            }
-            if item.stop_details is not None:
-                message["stop_details"] = item.stop_details
+            message = srv._message(body, spec, item)
+            with srv.lock:
+                srv.responses.append(message)
             return jsonify(message), 200
 
         @app.post("/v1/messages/count_tokens")
         def count() -> tuple[Response, int]:
+            if (denied := unauthorized()) is not None:
+                return denied
             body = request.get_json(force=True)
-            return jsonify({"input_tokens": len(json.dumps(body)) // 4}), 200
+            if not isinstance(body, dict):
+                return _err(400, "invalid_request_error", "the body must be a JSON object")
+            spec = srv._model(body)
+            if spec is None:
+                return _err(404, "not_found_error", f"model: {body.get('model')}")
+            why = conversation_invalid(body) or _breakpoints(body, _units(body))[1]
+            if why is None:
+                why = thinking_invalid(body, spec)
+            if why is not None:
+                return _err(400, "invalid_request_error", why)
+            return jsonify({"input_tokens": count_tokens(body)}), 200
+
+        @app.get("/v1/models/<path:model_id>")
+        def model(model_id: str) -> tuple[Response, int]:
+            if (denied := unauthorized()) is not None:
+                return denied
+            spec = srv.models.get(model_id)
+            if spec is None:
+                return _err(404, "not_found_error", f"model: {model_id}")
+            return jsonify(model_info(spec, srv.advertised(spec))), 200
 
         @app.get("/v1/models")
         def models() -> tuple[Response, int]:
+            if (denied := unauthorized()) is not None:
+                return denied
+            # Newest first, as the API lists them; ``after_id``/``before_id`` page through.
+            specs = sorted(srv.models.values(), key=lambda m: m.created_at, reverse=True)
+            ids = [m.id for m in specs]
+            try:
+                limit = int(request.args.get("limit", 20))
+            except ValueError:
+                limit = 0
+            if not 1 <= limit <= 1000:
+                return _err(400, "invalid_request_error", "limit: must be between 1 and 1000")
+            after, before = request.args.get("after_id"), request.args.get("before_id")
+            for given in (after, before):
+                if given is not None and given not in ids:
+                    return _err(404, "not_found_error", f"model: {given}")
+            if before is not None:
+                end = ids.index(before)
+                page = specs[max(0, end - limit) : end]
+                more = end - limit > 0
+            else:
+                start = ids.index(after) + 1 if after is not None else 0
+                page = specs[start : start + limit]
+                more = start + limit < len(specs)
             return jsonify(
-                {"data": [{"id": "claude-test", "type": "model"}], "has_more": False}
+                {
+                    "data": [model_info(m, srv.advertised(m)) for m in page],
+                    "has_more": more,
+                    "first_id": page[0].id if page else None,
+                    "last_id": page[-1].id if page else None,
+                }
             ), 200
 
         return app

@@ -17,6 +17,7 @@ import pytest
 from redis import Redis
 
 from bot.core import repo_config
+from bot.core.pricing import price_of
 from bot.core.record import LoopRecord, Status, Usage
 from bot.core.rules import budget
 from bot.core.rules.budget import Budget, Call, Spent
@@ -36,7 +37,9 @@ CEILINGS = repo_config.Ceilings(
     max_cost_usd=25.0, max_turns=50, max_hours=12.0, max_tokens=1_000_000, max_total_turns=100
 )
 LIMITS = Budget(usd=10.0, tokens=500_000, turns=40, hours=2.0, ceilings=CEILINGS)
-PRICE_IN, PRICE_OUT = 3.0 / 1e6, 15.0 / 1e6  # claude-test is priced as Sonnet
+# claude-test is no listed model, so it is priced as the most expensive one ($10 / $50 per
+# million tokens, 10/3 of the Sonnet 4 prices these dollar limits were first set for).
+PRICE_IN, PRICE_OUT = (p / 1e6 for p in price_of("claude-test"))
 
 
 def _record(**fields: Any) -> LoopRecord:
@@ -162,15 +165,15 @@ def test_precall_counts_near_the_edge_and_refuses_when_it_cannot(model: Anthropi
         "max_tokens": 1000,
         "messages": [{"role": "user", "content": "word " * 20_000}],
     }
-    bound = budget.input_bound(request)  # ~102k tokens: $0.38 at cache-write price
+    bound = budget.input_bound(request)  # ~102k tokens: $1.28 at cache-write price
     counted = len(json.dumps({k: v for k, v in request.items() if k != "max_tokens"})) // 4
-    limits = Budget(usd=0.20, tokens=10**9, turns=10, hours=1.0)
+    limits = Budget(usd=0.60, tokens=10**9, turns=10, hours=1.0)
     assert budget.before_call(limits, Spent(), budget.worst_call("claude-test", bound, 1000))
-    # The cheap bound does not fit; the exact count (~25k tokens, $0.11) does.
+    # The cheap bound does not fit; the exact count (~25k tokens, $0.36) does.
     assert counted < bound
     assert precall.check(client, request, limits, Spent()) is None
-    # With $0.10 already spent the counted call does not fit either.
-    out = precall.check(client, request, limits, Spent(usd=0.10))
+    # With $0.30 already spent the counted call does not fit either.
+    out = precall.check(client, request, limits, Spent(usd=0.30))
     assert out is not None and out.budget == "dollars"
     # No counter to ask (the server is gone): the bound stands and nothing is sent.
     model.stop()
@@ -214,7 +217,7 @@ EXPLORE = ["ls", "cat calc.py", "cat test_calc.py", "grep -n add calc.py", "wc -
 
 def _counted(body: dict[str, Any]) -> int:
     """The input tokens of ``body`` as the local server's count_tokens counts them."""
-    return len(json.dumps({k: v for k, v in body.items() if k != "max_tokens"})) // 4
+    return m.count_tokens(body)
 
 
 def stubborn(body: dict[str, Any]) -> m.Reply:
@@ -260,7 +263,7 @@ def test_dollars_stop_before_the_call_that_would_cross(
     env: dict[str, str],
 ) -> None:
     model.responder = stubborn
-    n = _start(github, drain, NO_REVIEW.format(max_turns=5, extra="max_cost_usd: 0.55\n"))
+    n = _start(github, drain, NO_REVIEW.format(max_turns=5, extra="max_cost_usd: 1.83\n"))
     store = Store(redis)
     r = store.get(f"{REPO}#{n}")
     assert r is not None
@@ -269,16 +272,16 @@ def test_dollars_stop_before_the_call_that_would_cross(
     # Stopped inside the first turn, after several calls, and never past the budget.
     assert r.total_turns == 1 and len(model.requests) >= 3
     assert len(model.requests) == _calls(r)  # every call that was made is counted
-    assert r.cost_usd <= 0.55
+    assert r.cost_usd <= 1.83
     # The call it refused would have crossed: this model writes to its cap every time.
     last_in = _counted(model.requests[-1])
-    assert r.cost_usd + last_in * PRICE_IN + 8192 * PRICE_OUT > 0.55
+    assert r.cost_usd + last_in * PRICE_IN + 8192 * PRICE_OUT > 1.83
     capped = [e["data"] for e in store.events(f"{REPO}#{n}") if e["kind"] == "turn_capped"]
     assert capped[-1]["reason"] == "budget_exhausted"
     # A person is asked, with the numbers, and the work so far is on the branch.
     assert "loop:needs-human" in github.repo(REPO).issues[n].labels
     body = _status_comment(github)
-    assert f"budget: ${r.cost_usd:.2f} of $0.55 · tokens" in body and "turns 1 of 200" in body
+    assert f"budget: ${r.cost_usd:.2f} of $1.83 · tokens" in body and "turns 1 of 200" in body
     assert "dollar budget" in body
     # The dashboard's loop page shows the same numbers.
     app = create_app(
@@ -286,7 +289,7 @@ def test_dollars_stop_before_the_call_that_would_cross(
     ).test_client()
     shown = app.get(f"/api/loops/{REPO}/{n}", headers={"Authorization": "Bearer t0ken"}).json
     assert shown["budget_line"] == budget.line(r) and shown["budget_line"] in body
-    assert shown["budget"]["dollars"] == {"spent": r.cost_usd, "limit": 0.55}
+    assert shown["budget"]["dollars"] == {"spent": r.cost_usd, "limit": 1.83}
     assert shown["budget"]["turns"] == {"spent": 1, "limit": 200}
     # A restart does not refill it, and the model hears nothing more.
     comment(github, "writer", n, "/loop-restart")
@@ -394,7 +397,7 @@ def test_the_critic_call_is_held_to_the_budget(
         m.replace("calc.py", "return a - b", "return a + b", usage=heavy),
         m.text("Fixed add to use +.", usage=heavy),
     )
-    yml = "verify: python3 -m unittest -q\nmax_cost_usd: 0.235\n"
+    yml = "verify: python3 -m unittest -q\nmax_cost_usd: 0.78\n"
     n = _start(github, drain, yml)
     r = Store(redis).get(f"{REPO}#{n}")
     assert r is not None
@@ -402,5 +405,5 @@ def test_the_critic_call_is_held_to_the_budget(
     assert (r.status, r.reason) == (Status.FAILED, "budget_exhausted"), r
     assert r.detail.startswith("dollar budget: ")
     assert len(model.requests) == 2  # ...and the critic never called the model
-    assert r.cost_usd <= 0.235
+    assert r.cost_usd <= 0.78
     assert "loop:needs-human" in github.repo(REPO).issues[n].labels

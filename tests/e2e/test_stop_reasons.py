@@ -54,6 +54,11 @@ def output_charged(redis: Redis, n: int) -> int:
     return sum(u.output_tokens for k, u in usage.items() if k.endswith("/agent"))
 
 
+def billed(model: AnthropicServer) -> int:
+    """Output tokens the local model reported over every reply it sent."""
+    return sum(int(r["usage"]["output_tokens"]) for r in model.responses)
+
+
 def tool_uses(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         b
@@ -90,7 +95,9 @@ def test_cut_mid_tool_call_is_retried_with_a_larger_limit(
     assert "I'll fix add." not in texts(stored)
     assert [u["input"] for u in tool_uses(stored)] == [FIX.content[-1]["input"]]
     assert_every_tool_use_answered(stored)
-    assert output_charged(redis, n) == MAX_TOKENS + 50 + 50  # the dropped reply is paid for
+    # The dropped reply is paid for: every reply the model sent is charged.
+    assert model.responses[0]["usage"]["output_tokens"] == MAX_TOKENS
+    assert output_charged(redis, n) == billed(model)
     (done,) = events(redis, n, "turn_completed")
     assert (done["end"], done["steps"], done["tool_calls"]) == ("finished", 3, 1)
 
@@ -115,7 +122,11 @@ def test_cut_mid_tool_call_twice_ends_the_turn_without_the_call(
     stored = conversation(redis, n)
     assert [u["name"] for u in tool_uses(stored)] == ["str_replace_based_edit_tool"]
     assert_every_tool_use_answered(stored)
-    assert output_charged(redis, n) == MAX_TOKENS + 2 * MAX_TOKENS + 50 + 50
+    assert [r["usage"]["output_tokens"] for r in model.responses[:2]] == [
+        MAX_TOKENS,
+        2 * MAX_TOKENS,
+    ]
+    assert output_charged(redis, n) == billed(model)
 
 
 def test_cut_text_is_kept_and_the_model_asked_to_continue(
@@ -147,7 +158,12 @@ def test_pause_turn_sends_the_reply_back_as_it_is(
     assert len(resumed["messages"]) == len(paused["messages"]) + 1
     last = resumed["messages"][-1]
     assert last["role"] == "assistant"
-    assert [b["text"] for b in last["content"]] == ["Let me look at calc.py first."]
+    # Exactly as the model sent it, its signed thinking block included.
+    sent_back = [{k: v for k, v in b.items() if k != "cache_control"} for b in last["content"]]
+    assert sent_back == model.responses[0]["content"]
+    assert [b["text"] for b in last["content"] if b["type"] == "text"] == [
+        "Let me look at calc.py first."
+    ]
     (done,) = events(redis, n, "turn_completed")
     assert done["steps"] == 3  # the pause counts as a step: step_cap bounds it
 
@@ -181,7 +197,8 @@ def test_refusal_ends_the_loop_and_drops_the_reply(
     assert "Here is how to" not in texts(stored)
     assert stored[-1]["role"] == "user"  # ends on the tool result the refused reply followed
     assert_every_tool_use_answered(stored)
-    assert output_charged(redis, n) == 50 + 7  # the refused reply is billed, so charged
+    assert model.responses[1]["usage"]["output_tokens"] == 7
+    assert output_charged(redis, n) == billed(model)  # the refused reply is billed, so charged
     body = status_comment(github)["body"]
     assert "model_refused" in body and "declined" in body and "/loop-restart" in body
     assert "Here is how to" not in body
