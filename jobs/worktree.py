@@ -39,7 +39,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -675,6 +675,45 @@ class Worktrees:
                 except ValueError:
                     continue
         return out
+
+
+MAX_READ_BYTES = 1 << 20  # files_at: larger files are not read
+
+
+def files_at(
+    mirror: Path, commit: str, paths: Sequence[str], max_bytes: int = MAX_READ_BYTES
+) -> dict[str, str]:
+    """The text of each of ``paths`` that is a regular file at ``commit``, read from the
+    bare ``mirror``: never from a worktree, where the agent writes. Absent paths,
+    directories, symbolic links, submodules and files over ``max_bytes`` are left out.
+    Paths are literal (no pathspec magic or globs)."""
+    wanted = set(paths)
+    found: dict[str, str] = {}
+    ordered = sorted(wanted)
+    for start in range(0, len(ordered), 200):  # keeps each command line short
+        listing = git(
+            mirror,
+            "--literal-pathspecs",
+            "ls-tree",
+            "-z",
+            "--long",
+            commit,
+            "--",
+            *ordered[start : start + 200],
+        )
+        for entry in (e for e in listing.split("\0") if e):
+            meta, _, path = entry.partition("\t")
+            fields = meta.split()
+            if (
+                path in wanted
+                and len(fields) == 4
+                and fields[0] in ("100644", "100755")
+                and fields[1] == "blob"
+                and fields[3].isdigit()
+                and int(fields[3]) <= max_bytes
+            ):
+                found[path] = git(mirror, "cat-file", "blob", fields[2])
+    return found
 
 
 def _walk_lstat(top: Path) -> Iterator[tuple[Path, os.stat_result]]:

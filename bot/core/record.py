@@ -139,6 +139,11 @@ class LoopRecord(BaseModel):
     active_seconds: float = 0.0  # banked by the store at each write of an active record
     budget_limits: dict[str, float] = Field(default_factory=dict)  # name -> limit in force
     receipt_comment_id: int | None = None  # the merge gate's receipt on the pull request
+    # What the agent's conversation has been given, each once (bot/core/rules/discussion.py,
+    # bot/core/rules/nested_guidance.py): the ids of the issue's comments (maintainers'
+    # comments shown, or left out for room) and the nested AGENTS.md paths.
+    comments_delivered: list[int] = Field(default_factory=list)
+    guidance_delivered: list[str] = Field(default_factory=list)
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
 
