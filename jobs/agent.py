@@ -25,13 +25,14 @@ import anthropic
 from bot.core.pricing import usage_from
 from bot.core.record import Usage
 from bot.core.rules import agent_stop as rules
-from bot.core.rules import budget
+from bot.core.rules import budget, context
 from bot.core.rules.agent_stop import End, Go, Stop
 from bot.core.rules.budget import Budget, Spent
 from jobs import precall
 from jobs.tools import TOOLS, ToolBox
 
 MAX_TOKENS = 8192
+THINKING_BLOCKS = ("thinking", "redacted_thinking")
 
 SYSTEM = """\
 You are loopbot, an autonomous software engineer working on one GitHub issue.
@@ -105,6 +106,20 @@ def add_user_text(messages: list[dict[str, Any]], text: str) -> None:
         messages[-1]["content"] = content
     else:
         messages.append({"role": "user", "content": [{"type": "text", "text": text}]})
+
+
+def strip_thinking(messages: list[dict[str, Any]]) -> int:
+    """Remove thinking blocks from the assistant messages, in place; how many went. A
+    message left with nothing says so in a text block (only a final one may be empty)."""
+    dropped = 0
+    for msg in messages:
+        content = msg.get("content")
+        if msg.get("role") != "assistant" or not isinstance(content, list):
+            continue
+        kept = [b for b in content if b.get("type") not in THINKING_BLOCKS]
+        dropped += len(content) - len(kept)
+        msg["content"] = kept or [{"type": "text", "text": "(thought without writing)"}]
+    return dropped
 
 
 def _stop_of(decision: Go | Stop) -> Stop | None:
@@ -181,9 +196,23 @@ class Agent:
         cancelled: Callable[[], bool] = lambda: False,
         draining: Callable[[], bool] = lambda: False,
         resources: Callable[[], str | None] = lambda: None,
+        window: int = 200_000,
+        threshold: float = context.THRESHOLD,
+        params_for: Callable[[str], dict[str, Any]] = lambda model: {},
+        max_tokens: int = MAX_TOKENS,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.client = client
         self.model = model
+        # The model's context window (the Models API's max_input_tokens) and the share of
+        # it past which the conversation is shrunk before a call (bot/core/rules/context.py).
+        self.window = window
+        self.threshold = threshold
+        self.gauge = context.Gauge()
+        self.params_for = params_for  # thinking and effort for a model (bot.core.models)
+        self.max_tokens = max_tokens
+        self.on_event = on_event or (lambda kind, data: None)
+        self._last_model: str | None = None  # whose thinking blocks the conversation holds
         self.fallback_model = fallback_model
         self.tools = tools
         self.system = SYSTEM.format(
@@ -221,10 +250,63 @@ class Agent:
                 {"type": "text", "text": self.system, "cache_control": {"type": "ephemeral"}}
             ],
             "messages": with_cache_points(messages),
+            **self.params_for(model),
         }
         if with_tools:
             kwargs["tools"] = TOOLS
         return kwargs
+
+    def _switch_model(self, messages: list[dict[str, Any]], model: str) -> None:
+        """Thinking blocks are tied to the model that wrote them: before another model is
+        called on this conversation, they go (the API accepts a past turn without them)."""
+        switched = self._last_model is not None and self._last_model != model
+        if switched and strip_thinking(messages):
+            self.on_event("thinking_dropped", {"model": model, "was": self._last_model})
+        self._last_model = model
+
+    def _fixed_size(self, with_tools: bool, model: str) -> int:
+        """Characters of a request without its messages (system, tools, parameters)."""
+        return context.chars(self._request([], with_tools, model))
+
+    def _shrink(
+        self,
+        messages: list[dict[str, Any]],
+        fixed: int,
+        reason: str,
+        estimate: int,
+    ) -> bool:
+        """Shrink ``messages`` in place toward the target share of the window; an event
+        says what was done with the sizes before and after. False: nothing came off."""
+        target = int(self.window * context.TARGET)
+
+        def fits(candidate: list[dict[str, Any]]) -> bool:
+            return self.gauge.estimate(fixed + context.chars(candidate)) <= target
+
+        before = len(messages)
+        shrunk = context.shrink(messages, fits)
+        after = self.gauge.estimate(fixed + context.chars(shrunk.messages))
+        if shrunk.level == "none" or after >= estimate:
+            self.on_event(
+                "context_full", {"reason": reason, "tokens": estimate, "window": self.window}
+            )
+            return False
+        messages[:] = shrunk.messages
+        self.on_event(
+            "context_shrunk",
+            {
+                "reason": reason,
+                "level": shrunk.level,
+                "tokens_before": estimate,
+                "tokens_after": after,
+                "messages_before": before,
+                "messages_after": len(messages),
+                "cleared": shrunk.cleared,
+                "summarised": shrunk.summarised,
+                "clipped": shrunk.clipped,
+                "window": self.window,
+            },
+        )
+        return True
 
     def _over_budget(
         self,
@@ -260,7 +342,9 @@ class Agent:
         with_tools = not rules.text_only(limits.step_cap)
         started = time.monotonic()
         counted: tuple[int, int] | None = None
-        max_tokens = MAX_TOKENS  # raised once to retry a reply cut mid-tool-call
+        max_tokens = self.max_tokens  # raised once to retry a reply cut mid-tool-call
+        too_long = 0  # "prompt is too long" answers in a row
+        resent_unsigned = False  # a conversation sent again without its thinking blocks
         while True:
             stop = _stop_of(
                 rules.before_call(
@@ -272,6 +356,15 @@ class Agent:
             )
             if stop is not None:
                 return _ended(outcome, stop)
+            self._switch_model(messages, model)
+            fixed = self._fixed_size(with_tools, model)
+            size = fixed + context.chars(messages)
+            estimate = self.gauge.estimate(size)
+            if context.over(estimate, self.window, self.threshold) and self._shrink(
+                messages, fixed, "threshold", estimate
+            ):
+                counted = None  # the conversation was rewritten: the budget's bound restarts
+                size = fixed + context.chars(messages)
             request = self._request(messages, with_tools, model, max_tokens)
             why = self._over_budget(
                 request, limits, outcome, time.monotonic() - started, counted, messages
@@ -290,6 +383,27 @@ class Agent:
                 if (stop := _stop_of(rules.after_stall(stalls))) is not None:
                     return _ended(outcome, stop)
                 continue  # retry the same request
+            except anthropic.BadRequestError as exc:
+                outcome.model_seconds += time.monotonic() - called
+                found = context.too_long(str(exc))
+                if found is not None:
+                    # Never fatal: the API said how big the prompt is and what fits, so the
+                    # gauge learns the real ratio and the conversation shrinks below it.
+                    too_long += 1
+                    self.gauge = self.gauge.measured(found[0], size)
+                    self.window = min(self.window, found[1])
+                    if too_long <= 2 and self._shrink(messages, fixed, "prompt_too_long", found[0]):
+                        counted = None
+                        continue
+                    return _ended(outcome, rules.ContextWindow())
+                if "signature" in str(exc) and not resent_unsigned:
+                    # Thinking blocks another model (or an older deployment) wrote: the
+                    # API rejects them; a past turn is valid without them.
+                    resent_unsigned = True
+                    if strip_thinking(messages):
+                        self.on_event("thinking_dropped", {"model": model, "was": "unknown"})
+                        continue
+                raise
             except anthropic.InternalServerError:
                 # The SDK already retried 5xx and 529; try the fallback model once if set.
                 if self.fallback_model and model != self.fallback_model:
@@ -298,10 +412,12 @@ class Agent:
                 raise
             outcome.model_seconds += time.monotonic() - called
             stalls = 0
+            too_long = 0
             outcome.steps += 1  # every call is a step, dropped replies too: retries are bounded
             used = usage_from(resp.model or model, resp.usage)
             outcome.usage.append((resp.model or model, used))  # charged, kept or not
             read = used.input_tokens + used.cache_read_tokens + used.cache_write_tokens
+            self.gauge = self.gauge.measured(read, size)  # the tokenizer's real ratio
             counted = (read, len(messages))  # until the reply is kept (with its output)
             blocks = [b.model_dump(exclude_none=True) for b in resp.content]
             calls = [b for b in blocks if b.get("type") == "tool_use"]
@@ -311,17 +427,23 @@ class Agent:
                 tool_calls=len(calls),
                 cut_in_call=bool(blocks) and blocks[-1].get("type") == "tool_use",
                 max_tokens=max_tokens,
-                retried=max_tokens != MAX_TOKENS,
+                retried=max_tokens != self.max_tokens,
                 explanation=_explanation(resp),
             )
-            max_tokens = MAX_TOKENS  # back to the usual limit once a reply is kept
+            max_tokens = self.max_tokens  # back to the usual limit once a reply is kept
             match decision:
                 case rules.Retry(max_tokens=bigger):
                     # The cut call's input is partial: never run or store it; ask again.
                     self.on_step(outcome.steps, f"cut mid-tool-call: retry at {bigger}")
                     max_tokens = bigger
                     continue
-                case rules.Refused() | rules.ContextWindow() | rules.OutputLimit() as stop:
+                case rules.ContextWindow() as stop:
+                    # The reply filled the window and is cut: drop it, shrink, ask again.
+                    if self._shrink(messages, fixed, "window_exceeded", read + used.output_tokens):
+                        counted = None
+                        continue
+                    return _ended(outcome, stop)
+                case rules.Refused() | rules.OutputLimit() as stop:
                     return _ended(outcome, stop)  # the reply is not kept
                 case rules.Resume():
                     counted = _keep(messages, blocks, outcome, read + used.output_tokens)

@@ -14,14 +14,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, assert_never
 
 import anthropic
 
 from bot.core import repo_config
 from bot.core.ids import LoopId
+from bot.core.models import ModelSpec, thinking_params
 from bot.core.record import ACTIVE, LoopRecord, Reason, Status
-from bot.core.rules import budget, intake
+from bot.core.rules import budget, discussion, intake, nested_guidance
 from bot.core.rules import turns as transitions
 from bot.core.rules.lifecycle import Requeue
 from bot.core.text import messages, prompts
@@ -32,10 +34,11 @@ from bot.io.store import FencedStore, LeaseLost, Store
 from jobs import evidence, lifecycle
 from jobs.agent import MAX_TOKENS, Agent, Limits, Outcome
 from jobs.drain import DRAIN
+from jobs.models import UnknownModel
 from jobs.runtime import Runtime, current, instrumented
 from jobs.sandbox.bwrap import Sandbox, SandboxUnavailable
 from jobs.tools import ToolBox
-from jobs.worktree import Checkout, GitError, Worktrees
+from jobs.worktree import Checkout, GitError, Worktrees, files_at
 
 log = get_logger("loopbot.loop")
 
@@ -269,9 +272,29 @@ class LoopRunner:
             self._sync_base(base, token)
         if not record.base_verify:
             self._base_verify(checkout)
+        model = config.agent_model(self.rt.ceilings)
+        try:
+            spec = self.rt.models.spec(model)
+        except UnknownModel:
+            return self._finish(
+                Status.FAILED,
+                Reason.BAD_CONFIG,
+                f"the model `{model}` is unknown to the Anthropic API (see `loopbot doctor`)",
+            )
+        effort = config.agent_effort(self.rt.ceilings)
+        self.store.event(
+            self.key,
+            "model",
+            model=model,
+            window=spec.window,
+            max_output=spec.max_output,
+            thinking="adaptive" if spec.adaptive else "off",
+            effort=effort,
+            known=spec.known,
+        )
         agent = Agent(
             self.rt.model,
-            self.rt.settings.model,
+            model,
             ToolBox(checkout.path, sandbox),
             verify=config.verify,
             network=bool(config.sandbox.network),
@@ -281,10 +304,26 @@ class LoopRunner:
             draining=DRAIN.is_set,
             on_step=lambda n, what: self.store.event(self.key, "step", step=n, tool=what),
             resources=sandbox.worktree_problem,
+            on_event=lambda kind, data: self.store.event(self.key, kind, **data),
+            window=spec.window,
+            threshold=self.rt.settings.context_threshold,
+            params_for=self._params_for(effort),
+            max_tokens=_max_tokens(spec),
         )
         if self.guidance:
             agent.system += "\n\n" + self.guidance
         return self._turns(agent, base)
+
+    def _params_for(self, effort: str | None) -> Callable[[str], dict[str, Any]]:
+        """Thinking and effort for each model the agent calls (its fallback too)."""
+
+        def params(model: str) -> dict[str, Any]:
+            try:
+                return thinking_params(self.rt.models.spec(model), effort)
+            except UnknownModel:
+                return {}  # the call itself then says the model is unknown
+
+        return params
 
     def _turns(self, agent: Agent, base: str) -> str:
         conversation = self.store.conversation(self.key)
@@ -318,7 +357,7 @@ class LoopRunner:
                     pass
                 case _:
                     assert_never(step)
-            smallest = budget.smallest_call(self.rt.settings.model, MAX_TOKENS)
+            smallest = budget.smallest_call(agent.model, MAX_TOKENS)
             if out := budget.before_turn(self.budget, budget.Spent.of(record), smallest):
                 return self._finish(Status.FAILED, Reason.BUDGET, out.detail)
             turn = step.turn
@@ -333,6 +372,7 @@ class LoopRunner:
             )
             self.store.count("turns")
             self._status_comment()
+            news = self._news(record, base, first=not conversation)
             if not conversation:
                 title, body = intake.approved_text(record, issue.title, issue.body)
                 prompt = prompts.issue_prompt(
@@ -342,6 +382,7 @@ class LoopRunner:
                     body,
                     self.config.verify,
                     record.base_verify,
+                    extra=news.sections,
                 )
             else:
                 prompt = prompts.continuation(
@@ -349,6 +390,7 @@ class LoopRunner:
                     failure or "Continue.",
                     self.store.take_feedback(self.key),
                     self._blocking_findings(record),
+                    extra=news.sections,
                 )
             limits = Limits(
                 step_cap=self.config.step_cap,
@@ -363,6 +405,7 @@ class LoopRunner:
                 # Presumed dead and taken over: the other worker owns the record now.
                 return LEASE_LOST
             self.store.save_conversation(self.key, conversation)
+            self._delivered(news, turn)  # only once the prompt is in the saved conversation
             self._record_usage(outcome)
             if outcome.end not in ("finished", "text_only", "shutdown"):
                 self.store.event(
@@ -469,6 +512,78 @@ class LoopRunner:
                     + "): they never reach the commit, so verify ran without them."
                 )
             self._status_comment()
+
+    def _news(self, record: LoopRecord, base: str, *, first: bool) -> _News:
+        """What the agent has not been given yet, as prompt sections: the maintainers'
+        comments on the issue, and the nested AGENTS.md for the files it changed.
+
+        In the first prompt (``first``: an empty conversation) everything counts as new,
+        whatever the record says was delivered: a conversation lost with its worker took
+        what it was given with it.
+        """
+        comments = self._discussion(set() if first else set(record.comments_delivered))
+        guidance = self._nested_guidance(set() if first else set(record.guidance_delivered))
+        return _News(
+            first=first,
+            comments=comments,
+            guidance=tuple(guidance),
+            sections=(
+                prompts.discussion(comments, first=first),
+                prompts.nested_guidance(guidance, base),
+            ),
+        )
+
+    def _discussion(self, delivered: set[int]) -> discussion.Selection:
+        """The issue's comments not delivered yet that may go to the agent: by people who
+        can write (asked once per author per turn, and only for comments that pass the
+        other rules), within the prompt's room (bot/core/rules/discussion.py)."""
+        pending = discussion.candidates(self.gh.comments(self.repo, self.issue_number), delivered)
+        writes = {
+            login: self.gh.can_write(self.repo, login) for login in discussion.authors(pending)
+        }
+        return discussion.fit(discussion.by_writers(pending, writes))
+
+    def _nested_guidance(self, delivered: set[str]) -> list[nested_guidance.Guidance]:
+        """The nearest AGENTS.md below the root for each file the branch changed, not
+        delivered yet, read from the default branch in the mirror (``checkout.base_sha``):
+        never from the worktree, where the agent may have written its own."""
+        checkout = self.checkout
+        if not self.worktrees.changed_since_base(checkout):
+            return []
+        changed = self.worktrees.changed_files(checkout)
+        wanted = nested_guidance.candidates(changed)
+        if not wanted:
+            return []
+        present = files_at(checkout.mirror, checkout.base_sha, wanted)
+        new = [p for p in nested_guidance.nearest(changed, present) if p not in delivered]
+        return nested_guidance.fit({p: present[p] for p in new})
+
+    def _delivered(self, news: _News, turn: int) -> None:
+        """Record what the turn's prompt gave the agent, so no later prompt repeats it;
+        the events name the comments and files, never their text."""
+        comment_ids, paths = news.comments.ids, [g.path for g in news.guidance]
+        if not comment_ids and not paths and not news.first:
+            return
+
+        def apply(r: LoopRecord) -> None:
+            # A first prompt starts the record's lists over: its conversation is new.
+            old_ids = [] if news.first else r.comments_delivered
+            old_paths = [] if news.first else r.guidance_delivered
+            r.comments_delivered = sorted({*old_ids, *comment_ids})
+            r.guidance_delivered = sorted({*old_paths, *paths})
+
+        self.store.update(self.key, apply)
+        if comment_ids:
+            self.store.event(
+                self.key,
+                "discussion",
+                turn=turn,
+                count=len(news.comments.shown),
+                ids=[c.id for c in news.comments.shown],
+                left_out=list(news.comments.dropped),
+            )
+        if paths:
+            self.store.event(self.key, "nested_guidance", turn=turn, paths=paths)
 
     def _base_verify(self, checkout: Checkout) -> None:
         """Run verify on the base commit before the agent's first change (or take the
@@ -775,6 +890,16 @@ class LoopRunner:
         self._check_runs[record.head_sha] = run.id
 
 
+@dataclass(frozen=True)
+class _News:
+    """What one turn's prompt gives the agent for the first time (``LoopRunner._news``)."""
+
+    first: bool  # the conversation's first prompt
+    comments: discussion.Selection
+    guidance: tuple[nested_guidance.Guidance, ...]
+    sections: tuple[str, ...]  # as the prompt shows them; "" for an empty one
+
+
 class _Background:
     """Run ``fn`` on a thread; ``join()`` waits and re-raises what it raised."""
 
@@ -793,6 +918,14 @@ class _Background:
         self._thread.join()
         if self._error is not None:
             raise self._error
+
+
+def _max_tokens(spec: ModelSpec) -> int:
+    """The agent's output limit per call, never above what the model allows. Thinking
+    shares it with the answer; a reply cut by it is continued or retried larger
+    (``bot.core.rules.agent_stop``), so the usual limit stays small for the budget's
+    worst case."""
+    return min(MAX_TOKENS, spec.max_output)
 
 
 def _start_turn(turn: int) -> Callable[[LoopRecord], None]:

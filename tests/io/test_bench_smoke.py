@@ -28,13 +28,14 @@ SMOKE = {
     "scale.py": rf"/metrics scrape\s+{NUM}",
     "worktree.py": rf"loopbot, recycled spare\s+{NUM} ms",
     "webhook.py": rf"loopbot\s+{NUM}\s+{NUM}\s+{NUM}\n",
+    "tokens.py": rf"cache share\s+{NUM}% on steps 2\+",
 }
 
 # Modules in bench/ that are not scripts, and the smoke runs that exercise them.
 HELPERS = {
     "__init__.py": [],
     "_smoke.py": list(SMOKE),  # the --smoke option itself
-    "_env.py": ["loop_overhead.py", "first_request.py"],  # servers and a runtime
+    "_env.py": ["loop_overhead.py", "first_request.py", "tokens.py"],  # servers, a runtime
     "bare_app.py": ["webhook.py"],  # the comparison apps, under gunicorn and in-process
 }
 

@@ -584,3 +584,35 @@ def test_status_comment_bounds_a_long_checklist() -> None:
     items = [line for line in body.splitlines() if line.startswith("- [")]
     assert len(items) == messages.TIMELINE_LIMIT
     assert items[0] == "- [x] … 29 earlier steps" and items[-1] == "- [x] step 39"
+
+
+def test_a_shrink_moves_earlier_turn_starts_with_the_brief() -> None:
+    # Turn 2 began at message 6; in it, the first 5 messages were folded into a brief, so
+    # turn 2 now begins at message 2 of the stored conversation.
+    brief = user(text("[loopbot: conversation brief]{} BRIEF-TEXT"))
+    shrunk = [brief, *CONVERSATION[5:]]
+    events = [
+        *EVENTS[:8],
+        ev(8, "turn_started", turn=2, messages=6),
+        ev(
+            9,
+            "context_shrunk",
+            level="brief",
+            summarised=5,
+            tokens_before=50_000,
+            tokens_after=20_000,
+            window=60_000,
+            messages_before=9,
+            messages_after=5,
+        ),
+    ]
+    entries = build(shrunk, events)
+    titles = {e["title"]: e for e in entries}
+    assert any("context shrunk (older turns folded into a brief)" in t for t in titles)
+    assert "about 50,000 → 20,000 tokens of a 60,000 window" in json.dumps(
+        entries, ensure_ascii=False
+    )
+    # Without the move, turn 2 would begin past the end and own nothing.
+    assert titles["Added a test."]["turn"] == 2, shape(entries)
+    assert titles["Fixed add()."]["turn"] == 1, shape(entries)
+    assert titles["[loopbot: conversation brief]{} BRIEF-TEXT"]["turn"] == 1

@@ -161,8 +161,8 @@ class Refused:
 @dataclass(frozen=True)
 class ContextWindow:
     """The reply filled the model's context window (``model_context_window_exceeded``):
-    it is cut, so it is dropped. Shrinking the conversation so the turn can go on is not
-    done here (another part of issue 12)."""
+    it is cut, so it is dropped. The agent shrinks the conversation and asks again
+    (``bot.core.rules.context``); the turn ends here only when nothing more comes off."""
 
     end: ClassVar[Literal["context_window"]] = "context_window"
     detail: ClassVar[str] = "the conversation reached the model's context window"

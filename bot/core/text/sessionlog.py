@@ -125,6 +125,11 @@ def _turn_spans(events: list[dict[str, Any]], length: int) -> dict[int, _Span]:
     for index, event in enumerate(events):
         data = event.get("data") or {}
         at = data.get("messages")
+        folded = data.get("summarised")
+        if event.get("kind") == "context_shrunk" and _is_int(folded) and _int(folded) > 0:
+            # The first ``folded`` messages became one brief: earlier starts move with it.
+            begun = [(i, _after_brief(s, _int(folded)), t) for i, s, t in begun]
+            floor = _after_brief(floor, _int(folded))
         if event.get("kind") == "turn_started" and _is_int(at):
             floor = min(max(floor, _int(at)), length)
             begun.append((index, floor, _int(data.get("turn"))))
@@ -134,6 +139,11 @@ def _turn_spans(events: list[dict[str, Any]], length: int) -> dict[int, _Span]:
         last_here = end > start or n + 1 == len(begun)
         spans[index] = _Span(start, end, turn, prompt_before=start > 0 and last_here)
     return spans
+
+
+def _after_brief(index: int, folded: int) -> int:
+    """Where message ``index`` sits once the first ``folded`` became one brief (0: in it)."""
+    return index - folded + 1 if index >= folded else 0
 
 
 def _results_by_call(conversation: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -442,7 +452,18 @@ def _describe_event(kind: str, data: dict[str, Any], state: _EventState) -> tupl
             return title, str(data.get("detail") or ""), data.get("status") == "completed"
         case "merged":
             return f"merged as {_short(data.get('sha'))}", "", True
+        case "context_shrunk":
+            return _shrunk_words(data), "", None
     return _plain_title(kind, data), _data_body(data), None
+
+
+def _shrunk_words(data: dict[str, Any]) -> str:
+    how = {"clear": "old tool results cleared", "brief": "older turns folded into a brief"}
+    level = str(data.get("level"))
+    return (
+        f"context shrunk ({how.get(level, level)}): about {_int(data.get('tokens_before')):,}"
+        f" → {_int(data.get('tokens_after')):,} tokens of a {_int(data.get('window')):,} window"
+    )
 
 
 def _verify_title(kind: str, data: dict[str, Any]) -> str:

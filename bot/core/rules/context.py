@@ -1,0 +1,392 @@
+"""Keeping an agent's conversation inside the model's context window: pure decisions.
+
+A loop runs up to 20 turns of up to 200 steps on one conversation, and a tool result can
+be 64 KB: left alone, the conversation outgrows any window and every call after that is
+``prompt is too long``. Before each call the agent estimates the request's input tokens
+(``Gauge``: the last size the API counted, scaled by the characters added since) and,
+past a threshold of the window, shrinks the conversation:
+
+1. **clear**: old tool results (all but the latest ``KEEP_RESULTS`` tool-result messages)
+   and large inputs of old tool calls (a whole file written) are replaced by a note of what
+   was there; the model can run the tool again;
+2. **brief**: if that is not enough, the older messages are replaced by one compact brief
+   that keeps the issue statement (the first prompt, which holds the approved text and its
+   acceptance criteria), the decisions the model wrote down, the files it touched, the
+   latest instructions (a verify failure, findings) and what was left out;
+3. **clip**: if the tail kept after the brief is still too big (one huge tool result),
+   the large results in it are clipped.
+
+Each level keeps the conversation valid for the Messages API: every ``tool_use`` keeps
+its ``tool_result`` in the next message, the brief is a user message followed by an
+assistant one, and the assistant messages kept are kept whole (thinking blocks and their
+signatures must go back exactly as the API sent them). Shrinking goes well below the
+threshold (``TARGET``), so it happens rarely: every shrink rewrites the prefix the prompt
+cache holds, and the next call pays to write it again.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = dict[str, Any]
+Fits = Callable[[list[Message]], bool]
+
+THRESHOLD = 0.7  # of the window: past this estimate, shrink before the call
+TARGET = 0.4  # of the window: what a shrink aims for, so the next one is far away
+KEEP_RESULTS = 3  # the latest tool-result messages kept whole when clearing
+CLEAR_MIN_CHARS = 400  # results shorter than this are not worth a note
+INPUT_MIN_CHARS = 1_000  # a tool call's string input longer than this is cleared
+CLIP_CHARS = 8_000  # what is left of one tool result in the tail after "clip"
+ISSUE_CHARS = 32_000  # the issue statement kept in the brief (the first prompt, fences whole)
+LATEST_CHARS = 6_000  # the latest instructions kept in the brief
+DECISION_CHARS = 400  # one decision (a paragraph the model wrote) in the brief
+MAX_DECISIONS = 30
+MAX_FILES = 200
+# Before the API has counted anything: about 3 characters per token, on the safe side of
+# what code and English tokenise to (3.5 to 4), so the first estimate is not too small.
+FIRST_RATIO = 1 / 3
+MARGIN = 1.05  # an estimate from a measured ratio still rounds up
+
+BRIEF_MARK = "[loopbot: conversation brief]"
+CLEARED = (
+    "[loopbot cleared this tool result to keep the conversation in the context window: "
+    "{what}, {n} characters. Run the tool again if you need it.]"
+)
+CLEARED_INPUT = "[cleared by loopbot: {n} characters]"
+CLIPPED = "\n[loopbot clipped this tool result here: {n} more characters]"
+_TOO_LONG = re.compile(r"prompt is too long: (\d+) tokens > (\d+) maximum")
+_EDIT_COMMANDS = ("create", "str_replace", "insert", "undo_edit")
+
+
+def chars(payload: Any) -> int:
+    """The size the gauge scales: characters of the JSON the request carries."""
+    return len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
+
+
+@dataclass(frozen=True)
+class Gauge:
+    """What is known of the tokenizer: the last request's input tokens as the API counted
+    them, and its size in characters. Scaling that ratio estimates the next request."""
+
+    tokens: int = 0
+    size: int = 0
+
+    @property
+    def ratio(self) -> float:
+        if self.tokens <= 0 or self.size <= 0:
+            return FIRST_RATIO
+        return self.tokens / self.size
+
+    def estimate(self, size: int) -> int:
+        return int(size * self.ratio * MARGIN) + 1
+
+    def measured(self, tokens: int, size: int) -> Gauge:
+        return Gauge(tokens, size) if tokens > 0 and size > 0 else self
+
+
+def over(estimate: int, window: int, threshold: float = THRESHOLD) -> bool:
+    """Shrink before the call: the estimate passes the threshold of the window."""
+    return estimate > window * threshold
+
+
+def too_long(message: str) -> tuple[int, int] | None:
+    """``(tokens, maximum)`` from the API's ``prompt is too long: N tokens > M maximum``."""
+    found = _TOO_LONG.search(message)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+@dataclass(frozen=True)
+class Shrunk:
+    """A shrink's result: the new conversation and what was done, for the event."""
+
+    messages: list[Message]
+    level: str  # "clear", "brief" or "clip"; "none" when nothing could be removed
+    cleared: int = 0  # tool results and inputs replaced by a note
+    summarised: int = 0  # messages folded into the brief
+    clipped: int = 0  # tool results clipped in the tail
+
+
+def shrink(messages: Sequence[Message], fits: Fits, keep_results: int = KEEP_RESULTS) -> Shrunk:
+    """The conversation made small enough that ``fits(messages)`` holds, level by level.
+
+    ``fits`` is the caller's test (its estimate against the target). The input is not
+    changed. When no level gets there, the smallest conversation made is returned: the
+    caller sends it and, if the API still says too long, ends the turn.
+    """
+    cleared, n = clear(messages, keep_results)
+    if fits(cleared):
+        return Shrunk(cleared, "clear", cleared=n)
+    briefed, folded = brief(cleared, fits)
+    if folded and fits(briefed):
+        return Shrunk(briefed, "brief", cleared=n, summarised=folded)
+    clipped, c = clip(briefed)
+    level = "clip" if c else ("brief" if folded else ("clear" if n else "none"))
+    return Shrunk(clipped, level, cleared=n, summarised=folded, clipped=c)
+
+
+# -- level 1: clear old tool results -----------------------------------------------------------
+
+
+def _is_results(msg: Message) -> bool:
+    content = msg.get("content")
+    return (
+        msg.get("role") == "user"
+        and isinstance(content, list)
+        and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+    )
+
+
+def _result_text(block: Message) -> str:
+    content = block.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(b.get("text", ""))
+            for b in content
+            if isinstance(b, dict) and b.get("type") == "text"
+        )
+    return ""
+
+
+def _calls_by_id(messages: Sequence[Message]) -> dict[str, Message]:
+    out: dict[str, Message] = {}
+    for msg in messages:
+        if msg.get("role") != "assistant" or not isinstance(msg.get("content"), list):
+            continue
+        for block in msg["content"]:
+            if isinstance(block, dict) and block.get("type") == "tool_use":
+                out[str(block.get("id"))] = block
+    return out
+
+
+def describe(call: Message | None) -> str:
+    """A short name for a tool call: ``bash: pytest -q`` or ``view src/app.py``."""
+    if call is None:
+        return "a tool call"
+    args = call.get("input") or {}
+    if call.get("name") == "bash":
+        command = " ".join(str(args.get("command", "")).split())
+        return "bash: " + (command[:120] + "…" if len(command) > 120 else command)
+    what = str(args.get("command", call.get("name", "tool")))
+    path = args.get("path")
+    return f"{what} {path}" if path else what
+
+
+def clear(
+    messages: Sequence[Message], keep_results: int = KEEP_RESULTS
+) -> tuple[list[Message], int]:
+    """Old tool results and large old tool inputs replaced by notes; the latest
+    ``keep_results`` tool-result messages (and the calls they answer) kept whole."""
+    out = copy.deepcopy(list(messages))
+    result_msgs = [i for i, m in enumerate(out) if _is_results(m)]
+    keep_from = result_msgs[-keep_results] if len(result_msgs) >= keep_results else 0
+    if keep_results <= 0:
+        keep_from = len(out)
+    calls = _calls_by_id(out)
+    n = 0
+    for i in result_msgs:
+        if i >= keep_from:
+            break
+        for block in out[i]["content"]:
+            if not isinstance(block, dict) or block.get("type") != "tool_result":
+                continue
+            text = _result_text(block)
+            if len(text) < CLEAR_MIN_CHARS or text.startswith("[loopbot cleared"):
+                continue
+            what = describe(calls.get(str(block.get("tool_use_id"))))
+            block["content"] = CLEARED.format(what=what, n=len(text))
+            n += 1
+    # The calls' own inputs: a file written whole is as big as the file. The calls the
+    # kept results answer sit just before them, and are kept too.
+    for msg in out[: max(keep_from - 1, 0)]:
+        if msg.get("role") != "assistant" or not isinstance(msg.get("content"), list):
+            continue
+        for block in msg["content"]:
+            if not isinstance(block, dict) or block.get("type") != "tool_use":
+                continue
+            args = block.get("input")
+            if not isinstance(args, dict):
+                continue
+            for key, value in list(args.items()):
+                if isinstance(value, str) and len(value) > INPUT_MIN_CHARS:
+                    args[key] = CLEARED_INPUT.format(n=len(value))
+                    n += 1
+    return out, n
+
+
+# -- level 2: the brief ------------------------------------------------------------------------
+
+
+def _texts(msg: Message) -> list[str]:
+    content = msg.get("content")
+    if isinstance(content, str):
+        return [content]
+    if not isinstance(content, list):
+        return []
+    return [
+        str(b.get("text", ""))
+        for b in content
+        if isinstance(b, dict) and b.get("type") == "text" and b.get("text")
+    ]
+
+
+def _clip(text: str, limit: int) -> str:
+    return (
+        text if len(text) <= limit else text[:limit] + f"\n[… {len(text) - limit} more characters]"
+    )
+
+
+@dataclass
+class _Notes:
+    issue: str = ""
+    decisions: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    latest: str = ""
+    earlier: int = 0  # messages summarised before (a brief already in the conversation)
+
+
+def _parse_brief(text: str) -> _Notes:
+    """What an earlier brief kept (it is JSON after its mark), so briefs nest."""
+    try:
+        data = json.loads(text[len(BRIEF_MARK) :].split("\n\n", 1)[0])
+    except (ValueError, IndexError):
+        return _Notes(issue=text[len(BRIEF_MARK) :])
+    return _Notes(
+        issue=str(data.get("issue", "")),
+        decisions=[str(d) for d in data.get("decisions", [])],
+        files=[str(f) for f in data.get("files", [])],
+        latest=str(data.get("latest", "")),
+        earlier=int(data.get("summarised", 0)),
+    )
+
+
+def notes_of(dropped: Sequence[Message]) -> _Notes:
+    """The brief's content from the messages it replaces."""
+    notes = _Notes()
+    for i, msg in enumerate(dropped):
+        texts = _texts(msg)
+        if msg.get("role") == "user":
+            if i == 0 and texts and texts[0].startswith(BRIEF_MARK):
+                earlier = _parse_brief(texts[0])
+                notes.issue = earlier.issue
+                notes.decisions.extend(earlier.decisions)
+                notes.files.extend(earlier.files)
+                notes.latest = earlier.latest
+                notes.earlier = earlier.earlier
+                texts = texts[1:]
+            elif i == 0:
+                notes.issue = "\n".join(texts)
+                continue
+            if texts:
+                notes.latest = "\n".join(texts)  # a turn's prompt: verify output, findings
+            continue
+        for text in texts:
+            notes.decisions.append(_clip(" ".join(text.split()), DECISION_CHARS))
+        content = msg.get("content")
+        for block in content if isinstance(content, list) else []:
+            if not isinstance(block, dict) or block.get("type") != "tool_use":
+                continue
+            args = block.get("input") or {}
+            if (
+                block.get("name") == "str_replace_based_edit_tool"
+                and args.get("command") in _EDIT_COMMANDS
+                and isinstance(args.get("path"), str)
+            ):
+                notes.files.append(args["path"])
+    notes.earlier += len(dropped)
+    return notes
+
+
+def render_brief(notes: _Notes) -> str:
+    """The brief: a JSON record (read back by the next shrink) and the same in prose."""
+    decisions = notes.decisions[-MAX_DECISIONS:]
+    files = list(dict.fromkeys(notes.files))[-MAX_FILES:]
+    issue = _clip(notes.issue, ISSUE_CHARS)
+    latest = _clip(notes.latest, LATEST_CHARS)
+    record = {
+        "issue": issue,
+        "decisions": decisions,
+        "files": files,
+        "latest": latest,
+        "summarised": notes.earlier,
+    }
+    prose = [
+        "This conversation grew past the model's context window, so loopbot replaced its "
+        f"first {notes.earlier} messages with this brief. Your work so far is committed in "
+        "the worktree: read the files again rather than relying on memory.",
+        "## The issue (as first given to you)\n" + issue,
+    ]
+    if files:
+        prose.append("## Files you changed so far\n" + "\n".join(f"- {f}" for f in files))
+    if decisions:
+        prose.append(
+            "## What you wrote along the way (latest last)\n"
+            + "\n".join(f"- {d}" for d in decisions)
+        )
+    if latest:
+        prose.append("## The latest instructions before this point\n" + latest)
+    return BRIEF_MARK + json.dumps(record, ensure_ascii=False) + "\n\n" + "\n\n".join(prose)
+
+
+def _cut_points(messages: Sequence[Message]) -> list[int]:
+    """Where the kept tail may begin: an assistant message after a user one (never the
+    first message). The tail then holds every tool_use with its tool_result."""
+    return [
+        i
+        for i in range(1, len(messages))
+        if messages[i].get("role") == "assistant" and messages[i - 1].get("role") == "user"
+    ]
+
+
+def brief(messages: Sequence[Message], fits: Fits) -> tuple[list[Message], int]:
+    """The oldest messages folded into one brief, as few as make ``fits`` hold (or as many
+    as may be folded: the latest assistant message and what follows it always stay)."""
+    # Folding the first message alone (the issue prompt, or an earlier brief) into a brief
+    # changes nothing: the brief holds it whole.
+    points = [p for p in _cut_points(messages) if p > 1]
+    if not points:
+        return list(messages), 0
+
+    def folded_at(cut: int) -> list[Message]:
+        head: Message = {
+            "role": "user",
+            "content": [{"type": "text", "text": render_brief(notes_of(messages[:cut]))}],
+        }
+        return [head, *copy.deepcopy(list(messages[cut:]))]
+
+    # Folding more leaves less: search for the earliest cut that fits, so as much of the
+    # recent work as possible stays verbatim.
+    lo, hi = 0, len(points) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(folded_at(points[mid])):
+            hi = mid
+        else:
+            lo = mid + 1
+    return folded_at(points[lo]), points[lo]
+
+
+# -- level 3: clip what is left ----------------------------------------------------------------
+
+
+def clip(messages: Sequence[Message], limit: int = CLIP_CHARS) -> tuple[list[Message], int]:
+    """Tool results longer than ``limit`` cut to it, with a note of what is missing."""
+    out = copy.deepcopy(list(messages))
+    n = 0
+    for msg in out:
+        if not _is_results(msg):
+            continue
+        for block in msg["content"]:
+            if not isinstance(block, dict) or block.get("type") != "tool_result":
+                continue
+            text = _result_text(block)
+            if len(text) > limit:
+                block["content"] = text[:limit] + CLIPPED.format(n=len(text) - limit)
+                n += 1
+    return out, n
