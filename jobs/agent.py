@@ -90,8 +90,10 @@ def with_cache_points(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 {"type": "text", "text": content, "cache_control": {"type": "ephemeral"}}
             ]
             break
-        if isinstance(content, list) and content:
-            content[-1]["cache_control"] = {"type": "ephemeral"}
+        # Thinking blocks cannot carry a cache mark (the API refuses it).
+        marked = [b for b in content or [] if b.get("type") not in THINKING_BLOCKS]
+        if marked:
+            marked[-1]["cache_control"] = {"type": "ephemeral"}
             break
     return out
 
@@ -197,6 +199,7 @@ class Agent:
         draining: Callable[[], bool] = lambda: False,
         resources: Callable[[], str | None] = lambda: None,
         window: int = 200_000,
+        window_of: Callable[[str], int] | None = None,
         threshold: float = context.THRESHOLD,
         params_for: Callable[[str], dict[str, Any]] = lambda model: {},
         max_tokens: int = MAX_TOKENS,
@@ -207,12 +210,16 @@ class Agent:
         # The model's context window (the Models API's max_input_tokens) and the share of
         # it past which the conversation is shrunk before a call (bot/core/rules/context.py).
         self.window = window
+        self.window_of = window_of or (lambda model: window)  # the fallback model's too
+        self._learned: dict[str, int] = {}  # windows the API named in "prompt is too long"
         self.threshold = threshold
         self.gauge = context.Gauge()
         self.params_for = params_for  # thinking and effort for a model (bot.core.models)
         self.max_tokens = max_tokens
         self.on_event = on_event or (lambda kind, data: None)
-        self._last_model: str | None = None  # whose thinking blocks the conversation holds
+        # The model that last wrote to the conversation (its thinking blocks are tied to it);
+        # the loop sets it from the record when it resumes a stored conversation.
+        self.last_model: str | None = None
         self.fallback_model = fallback_model
         self.tools = tools
         self.system = SYSTEM.format(
@@ -259,10 +266,27 @@ class Agent:
     def _switch_model(self, messages: list[dict[str, Any]], model: str) -> None:
         """Thinking blocks are tied to the model that wrote them: before another model is
         called on this conversation, they go (the API accepts a past turn without them)."""
-        switched = self._last_model is not None and self._last_model != model
-        if switched and strip_thinking(messages):
-            self.on_event("thinking_dropped", {"model": model, "was": self._last_model})
-        self._last_model = model
+        if self.last_model is not None and self.last_model != model:
+            self._unsign(messages, model, self.last_model)
+        self.last_model = model
+
+    def _unsign(self, messages: list[dict[str, Any]], model: str, was: str) -> None:
+        """Make the conversation one ``model`` may continue: no thinking blocks another
+        model signed, and no tool loop another model began (the API would hold its last
+        call to ``model``'s thinking rules), whose calls and results become plain text."""
+        dropped = strip_thinking(messages)
+        closed = context.close_tool_loop(messages)
+        if dropped or closed:
+            self.on_event(
+                "thinking_dropped",
+                {"model": model, "was": was, "blocks": dropped, "tool_loop_closed": closed},
+            )
+
+    def window_for(self, model: str) -> int:
+        """``model``'s context window: the Models API's, or what the API said when it
+        answered "prompt is too long" (smaller, and true)."""
+        known = self.window if model == self.model else self.window_of(model)
+        return min(known, self._learned.get(model, known))
 
     def _fixed_size(self, with_tools: bool, model: str) -> int:
         """Characters of a request without its messages (system, tools, parameters)."""
@@ -274,21 +298,23 @@ class Agent:
         fixed: int,
         reason: str,
         estimate: int,
+        model: str,
     ) -> bool:
-        """Shrink ``messages`` in place toward the target share of the window; an event
-        says what was done with the sizes before and after. False: nothing came off."""
-        target = int(self.window * context.TARGET)
+        """Shrink ``messages`` in place toward the target share of ``model``'s window; an
+        event says what was done with the sizes before and after. False: nothing came off
+        (the conversation is as small as shrinking makes it)."""
+        window = self.window_for(model)
+        target = int(window * context.TARGET)
 
-        def fits(candidate: list[dict[str, Any]]) -> bool:
-            return self.gauge.estimate(fixed + context.chars(candidate)) <= target
+        def size_of(candidate: list[dict[str, Any]]) -> int:
+            return self.gauge.estimate(fixed + context.chars(candidate))
 
         before = len(messages)
-        shrunk = context.shrink(messages, fits)
-        after = self.gauge.estimate(fixed + context.chars(shrunk.messages))
-        if shrunk.level == "none" or after >= estimate:
-            self.on_event(
-                "context_full", {"reason": reason, "tokens": estimate, "window": self.window}
-            )
+        now = size_of(messages)  # measured as ``after`` is, so the two compare
+        shrunk = context.shrink(messages, lambda candidate: size_of(candidate) <= target)
+        after = size_of(shrunk.messages)
+        if shrunk.level == "none" or after >= now:
+            self.on_event("context_full", {"reason": reason, "tokens": estimate, "window": window})
             return False
         messages[:] = shrunk.messages
         self.on_event(
@@ -303,7 +329,7 @@ class Agent:
                 "cleared": shrunk.cleared,
                 "summarised": shrunk.summarised,
                 "clipped": shrunk.clipped,
-                "window": self.window,
+                "window": window,
             },
         )
         return True
@@ -360,8 +386,8 @@ class Agent:
             fixed = self._fixed_size(with_tools, model)
             size = fixed + context.chars(messages)
             estimate = self.gauge.estimate(size)
-            if context.over(estimate, self.window, self.threshold) and self._shrink(
-                messages, fixed, "threshold", estimate
+            if context.over(estimate, self.window_for(model), self.threshold) and self._shrink(
+                messages, fixed, "threshold", estimate, model
             ):
                 counted = None  # the conversation was rewritten: the budget's bound restarts
                 size = fixed + context.chars(messages)
@@ -391,8 +417,10 @@ class Agent:
                     # gauge learns the real ratio and the conversation shrinks below it.
                     too_long += 1
                     self.gauge = self.gauge.measured(found[0], size)
-                    self.window = min(self.window, found[1])
-                    if too_long <= 2 and self._shrink(messages, fixed, "prompt_too_long", found[0]):
+                    self._learned[model] = min(found[1], self._learned.get(model, found[1]))
+                    if too_long <= 2 and self._shrink(
+                        messages, fixed, "prompt_too_long", found[0], model
+                    ):
                         counted = None
                         continue
                     return _ended(outcome, rules.ContextWindow())
@@ -400,8 +428,9 @@ class Agent:
                     # Thinking blocks another model (or an older deployment) wrote: the
                     # API rejects them; a past turn is valid without them.
                     resent_unsigned = True
-                    if strip_thinking(messages):
-                        self.on_event("thinking_dropped", {"model": model, "was": "unknown"})
+                    before = context.chars(messages)
+                    self._unsign(messages, model, "unknown")
+                    if context.chars(messages) != before:
                         continue
                 raise
             except anthropic.InternalServerError:
@@ -412,7 +441,7 @@ class Agent:
                 raise
             outcome.model_seconds += time.monotonic() - called
             stalls = 0
-            too_long = 0
+            too_long = 0 if resp.stop_reason != "model_context_window_exceeded" else too_long
             outcome.steps += 1  # every call is a step, dropped replies too: retries are bounded
             used = usage_from(resp.model or model, resp.usage)
             outcome.usage.append((resp.model or model, used))  # charged, kept or not
@@ -438,16 +467,24 @@ class Agent:
                     max_tokens = bigger
                     continue
                 case rules.ContextWindow() as stop:
-                    # The reply filled the window and is cut: drop it, shrink, ask again.
-                    if self._shrink(messages, fixed, "window_exceeded", read + used.output_tokens):
+                    # The reply filled the window and is cut: drop it, shrink, ask again
+                    # (twice at most in a row, as for "prompt is too long").
+                    too_long += 1
+                    if too_long <= 2 and self._shrink(
+                        messages, fixed, "window_exceeded", read + used.output_tokens, model
+                    ):
                         counted = None
                         continue
                     return _ended(outcome, stop)
                 case rules.Refused() | rules.OutputLimit() as stop:
                     return _ended(outcome, stop)  # the reply is not kept
                 case rules.Resume():
-                    counted = _keep(messages, blocks, outcome, read + used.output_tokens)
-                    continue  # pause_turn: the reply sent back as it is lets it carry on
+                    # pause_turn: the reply sent back as it is lets it carry on; an empty one
+                    # has nothing to send back (the API refuses an empty message inside a
+                    # conversation), so the same request goes again.
+                    if blocks:
+                        counted = _keep(messages, blocks, outcome, read + used.output_tokens)
+                    continue
                 case rules.Continue(prompt=prompt):
                     counted = _keep(messages, blocks, outcome, read + used.output_tokens)
                     add_user_text(messages, prompt)

@@ -306,13 +306,23 @@ class LoopRunner:
             resources=sandbox.worktree_problem,
             on_event=lambda kind, data: self.store.event(self.key, kind, **data),
             window=spec.window,
+            window_of=self._window_of,
             threshold=self.rt.settings.context_threshold,
             params_for=self._params_for(effort),
             max_tokens=_max_tokens(spec),
         )
         if self.guidance:
             agent.system += "\n\n" + self.guidance
+        # The stored conversation's thinking blocks are tied to the model that wrote them.
+        agent.last_model = record.conversation_model or None
         return self._turns(agent, base)
+
+    def _window_of(self, model: str) -> int:
+        """A model's context window (the agent's fallback model's, when it is called)."""
+        try:
+            return self.rt.models.spec(model).window
+        except UnknownModel:
+            return self.rt.settings.context_window
 
     def _params_for(self, effort: str | None) -> Callable[[str], dict[str, Any]]:
         """Thinking and effort for each model the agent calls (its fallback too)."""
@@ -405,6 +415,8 @@ class LoopRunner:
                 # Presumed dead and taken over: the other worker owns the record now.
                 return LEASE_LOST
             self.store.save_conversation(self.key, conversation)
+            if agent.last_model and agent.last_model != record.conversation_model:
+                self._set(conversation_model=agent.last_model)
             self._delivered(news, turn)  # only once the prompt is in the saved conversation
             self._record_usage(outcome)
             if outcome.end not in ("finished", "text_only", "shutdown"):

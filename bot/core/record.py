@@ -144,6 +144,9 @@ class LoopRecord(BaseModel):
     # comments shown, or left out for room) and the nested AGENTS.md paths.
     comments_delivered: list[int] = Field(default_factory=list)
     guidance_delivered: list[str] = Field(default_factory=list)
+    # The model that last wrote to the stored conversation: thinking blocks are tied to it,
+    # so a turn on another model (a restart after loop.yml changed) drops them first.
+    conversation_model: str = ""
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
 

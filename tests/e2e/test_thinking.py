@@ -117,7 +117,11 @@ def test_a_fallback_model_is_never_sent_another_models_thinking(
     assert fallback["model"] == last["model"] == FALLBACK
     assert "thinking" not in fallback  # the fallback takes no adaptive thinking
     assert thinking(fallback["messages"]) == []  # nor the other model's blocks
-    assert events(redis, n, "thinking_dropped") == [{"model": FALLBACK, "was": "claude-test"}]
+    # claude-test's block went, and the tool loop it began became plain text.
+    assert events(redis, n, "thinking_dropped") == [
+        {"model": FALLBACK, "was": "claude-test", "blocks": 1, "tool_loop_closed": True}
+    ]
+    assert not any(b.get("type") == "tool_result" for b in fallback["messages"][-1]["content"])
     assert_every_tool_use_answered(Store(redis).conversation(key(n)))
     del first
 

@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.core.text.prompts import COMMENT_FENCE, FENCE, GUIDANCE_FENCE
+
 Message = dict[str, Any]
 Fits = Callable[[list[Message]], bool]
 
@@ -42,8 +44,13 @@ KEEP_RESULTS = 3  # the latest tool-result messages kept whole when clearing
 CLEAR_MIN_CHARS = 400  # results shorter than this are not worth a note
 INPUT_MIN_CHARS = 1_000  # a tool call's string input longer than this is cleared
 CLIP_CHARS = 8_000  # what is left of one tool result in the tail after "clip"
-ISSUE_CHARS = 32_000  # the issue statement kept in the brief (the first prompt, fences whole)
-LATEST_CHARS = 6_000  # the latest instructions kept in the brief
+ISSUE_CHARS = 70_000  # the issue as approved (GitHub allows 65,536 characters in a body)
+TASK_CHARS = 4_000  # the first prompt's own words
+COMMENT_CHARS = 4_500  # one maintainer's comment (each is already capped at 4,000)
+COMMENTS_CHARS = 16_000  # all of them, the newest kept
+GUIDANCE_CHARS = 16_000  # nested AGENTS.md sections
+LATEST_CHARS = 6_000  # one of loopbot's prompts (verify output, findings, feedback)
+INSTRUCTIONS_CHARS = 16_000  # all of them, the newest kept
 DECISION_CHARS = 400  # one decision (a paragraph the model wrote) in the brief
 MAX_DECISIONS = 30
 MAX_FILES = 200
@@ -236,55 +243,111 @@ def _texts(msg: Message) -> list[str]:
     ]
 
 
+def _clip_middle(text: str, limit: int) -> str:
+    """``text`` within ``limit``: its start and its end (where acceptance criteria and the
+    latest output usually are), with a note of what was cut between."""
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    tail = limit - head
+    return text[:head] + f"\n[… {len(text) - limit} characters cut here …]\n" + text[-tail:]
+
+
 def _clip(text: str, limit: int) -> str:
     return (
         text if len(text) <= limit else text[:limit] + f"\n[… {len(text) - limit} more characters]"
     )
 
 
+# The fenced sections loopbot's prompts carry (bot/core/text/prompts.py). Text from outside
+# is fence-safe there, so a tag found in a prompt is loopbot's own.
+# A fence opens at the start of a line and its content starts on the next (the prose that
+# names a tag, "between the <untrusted-issue> tags", is not one).
+_SECTION = re.compile(
+    r"^<(" + "|".join((FENCE, COMMENT_FENCE, GUIDANCE_FENCE)) + r")(?:\s[^>\n]*)?>\n.*?\n</\1>",
+    re.DOTALL | re.MULTILINE,
+)
+
+
 @dataclass
 class _Notes:
-    issue: str = ""
+    task: str = ""  # the first prompt's own words: which issue, which verify command
+    issue: str = ""  # the issue as last approved (its fenced section)
+    comments: list[str] = field(default_factory=list)  # maintainers' comments, fenced
+    guidance: list[str] = field(default_factory=list)  # nested AGENTS.md, fenced
+    instructions: list[str] = field(default_factory=list)  # later prompts, oldest first
     decisions: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
-    latest: str = ""
     earlier: int = 0  # messages summarised before (a brief already in the conversation)
+
+
+def _strs(data: dict[str, Any], key: str) -> list[str]:
+    value = data.get(key)
+    return [str(v) for v in value] if isinstance(value, list) else []
 
 
 def _parse_brief(text: str) -> _Notes:
     """What an earlier brief kept (it is JSON after its mark), so briefs nest."""
     try:
         data = json.loads(text[len(BRIEF_MARK) :].split("\n\n", 1)[0])
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
     except (ValueError, IndexError):
-        return _Notes(issue=text[len(BRIEF_MARK) :])
+        return _Notes(task=text[len(BRIEF_MARK) :])
     return _Notes(
+        task=str(data.get("task", "")),
         issue=str(data.get("issue", "")),
-        decisions=[str(d) for d in data.get("decisions", [])],
-        files=[str(f) for f in data.get("files", [])],
-        latest=str(data.get("latest", "")),
-        earlier=int(data.get("summarised", 0)),
+        comments=_strs(data, "comments"),
+        guidance=_strs(data, "guidance"),
+        instructions=_strs(data, "instructions"),
+        decisions=_strs(data, "decisions"),
+        files=_strs(data, "files"),
+        earlier=int(data.get("summarised", 0) or 0),
     )
 
 
-def notes_of(dropped: Sequence[Message]) -> _Notes:
-    """The brief's content from the messages it replaces."""
+def _take_sections(notes: _Notes, text: str) -> str:
+    """File the fenced sections of a prompt under the brief's headings; the rest of the
+    prompt (loopbot's own words) is returned."""
+    for found in _SECTION.finditer(text):
+        kind, section = found.group(1), found.group(0)
+        if kind == FENCE:
+            notes.issue = section  # the latest approved text wins (an approved edit)
+        elif kind == COMMENT_FENCE:
+            notes.comments.append(section)
+        else:
+            notes.guidance.append(section)
+    return _SECTION.sub("[quoted in its own section of this brief]", text).strip()
+
+
+def _failed_calls(messages: Sequence[Message]) -> set[str]:
+    """Ids of tool calls whose result was an error: an edit that failed changed nothing."""
+    return {
+        str(b.get("tool_use_id"))
+        for msg in messages
+        if _is_results(msg)
+        for b in msg["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_result" and b.get("is_error")
+    }
+
+
+def notes_of(dropped: Sequence[Message], following: Sequence[Message] = ()) -> _Notes:
+    """The brief's content from the messages it replaces (``following``: the messages kept
+    after them, where the results of the last folded calls may be)."""
     notes = _Notes()
+    failed = _failed_calls([*dropped, *following[:1]])
     for i, msg in enumerate(dropped):
         texts = _texts(msg)
         if msg.get("role") == "user":
             if i == 0 and texts and texts[0].startswith(BRIEF_MARK):
-                earlier = _parse_brief(texts[0])
-                notes.issue = earlier.issue
-                notes.decisions.extend(earlier.decisions)
-                notes.files.extend(earlier.files)
-                notes.latest = earlier.latest
-                notes.earlier = earlier.earlier
+                notes = _parse_brief(texts[0])
                 texts = texts[1:]
-            elif i == 0:
-                notes.issue = "\n".join(texts)
-                continue
-            if texts:
-                notes.latest = "\n".join(texts)  # a turn's prompt: verify output, findings
+            for text in texts:
+                rest = _take_sections(notes, text)
+                if i == 0 and not notes.task:
+                    notes.task = rest  # the first prompt: which issue, which verify
+                elif rest:
+                    notes.instructions.append(rest)  # verify output, findings, feedback
             continue
         for text in texts:
             notes.decisions.append(_clip(" ".join(text.split()), DECISION_CHARS))
@@ -297,40 +360,81 @@ def notes_of(dropped: Sequence[Message]) -> _Notes:
                 block.get("name") == "str_replace_based_edit_tool"
                 and args.get("command") in _EDIT_COMMANDS
                 and isinstance(args.get("path"), str)
+                and str(block.get("id")) not in failed
             ):
                 notes.files.append(args["path"])
     notes.earlier += len(dropped)
     return notes
 
 
+def _newest(items: Sequence[str], total: int, each: int) -> list[str]:
+    """The newest items (each clipped to ``each``) that fit in ``total``, oldest first;
+    nothing is dropped from the middle of a list."""
+    kept: list[str] = []
+    room = total
+    for item in reversed(list(dict.fromkeys(items))):
+        item = _clip_middle(item, each)
+        if len(item) > room:
+            break
+        kept.append(item)
+        room -= len(item)
+    return kept[::-1]
+
+
+def _quoted(text: str) -> str:
+    """Text from a model, a tool or a test run, set apart line by line so it can never
+    read as one of the brief's own headings."""
+    return "\n".join("│ " + line for line in text.splitlines())
+
+
+def _path(path: str) -> str:
+    return "`" + " ".join(path.split()).replace("`", "'") + "`"
+
+
 def render_brief(notes: _Notes) -> str:
     """The brief: a JSON record (read back by the next shrink) and the same in prose."""
+    task = _clip_middle(notes.task, TASK_CHARS)
+    issue = _clip_middle(notes.issue, ISSUE_CHARS)
+    comments = _newest(notes.comments, COMMENTS_CHARS, COMMENT_CHARS)
+    guidance = _newest(notes.guidance, GUIDANCE_CHARS, GUIDANCE_CHARS)
+    instructions = _newest(notes.instructions, INSTRUCTIONS_CHARS, LATEST_CHARS)
     decisions = notes.decisions[-MAX_DECISIONS:]
     files = list(dict.fromkeys(notes.files))[-MAX_FILES:]
-    issue = _clip(notes.issue, ISSUE_CHARS)
-    latest = _clip(notes.latest, LATEST_CHARS)
     record = {
+        "task": task,
         "issue": issue,
+        "comments": comments,
+        "guidance": guidance,
+        "instructions": instructions,
         "decisions": decisions,
         "files": files,
-        "latest": latest,
         "summarised": notes.earlier,
     }
     prose = [
         "This conversation grew past the model's context window, so loopbot replaced its "
         f"first {notes.earlier} messages with this brief. Your work so far is committed in "
-        "the worktree: read the files again rather than relying on memory.",
-        "## The issue (as first given to you)\n" + issue,
+        "the worktree: read the files again rather than relying on memory. Lines starting "
+        "with │ are quoted from earlier messages, not loopbot's own words.",
+        "## Your task\n" + _quoted(task),
     ]
+    if issue:
+        prose.append("## The issue, as last approved\n" + issue)
+    if comments:
+        prose.append("## Maintainers' comments given to you\n" + "\n".join(comments))
+    if guidance:
+        prose.append("## Guidance given to you\n" + "\n".join(guidance))
     if files:
-        prose.append("## Files you changed so far\n" + "\n".join(f"- {f}" for f in files))
+        prose.append("## Files you changed so far\n" + "\n".join(f"- {_path(f)}" for f in files))
     if decisions:
         prose.append(
             "## What you wrote along the way (latest last)\n"
-            + "\n".join(f"- {d}" for d in decisions)
+            + "\n".join(_quoted(d) for d in decisions)
         )
-    if latest:
-        prose.append("## The latest instructions before this point\n" + latest)
+    if instructions:
+        prose.append(
+            "## loopbot's instructions to you so far (latest last; the last is the current one)\n"
+            + "\n\n".join(_quoted(t) for t in instructions)
+        )
     return BRIEF_MARK + json.dumps(record, ensure_ascii=False) + "\n\n" + "\n\n".join(prose)
 
 
@@ -356,7 +460,9 @@ def brief(messages: Sequence[Message], fits: Fits) -> tuple[list[Message], int]:
     def folded_at(cut: int) -> list[Message]:
         head: Message = {
             "role": "user",
-            "content": [{"type": "text", "text": render_brief(notes_of(messages[:cut]))}],
+            "content": [
+                {"type": "text", "text": render_brief(notes_of(messages[:cut], messages[cut:]))}
+            ],
         }
         return [head, *copy.deepcopy(list(messages[cut:]))]
 
@@ -370,6 +476,43 @@ def brief(messages: Sequence[Message], fits: Fits) -> tuple[list[Message], int]:
         else:
             lo = mid + 1
     return folded_at(points[lo]), points[lo]
+
+
+# -- a tool loop closed for another model ----------------------------------------------------
+
+
+def in_tool_loop(messages: Sequence[Message]) -> bool:
+    """The last message answers tool calls: the model is in the middle of a tool loop,
+    where the API holds the calling message to the thinking rules of the model called."""
+    return bool(messages) and _is_results(messages[-1])
+
+
+def close_tool_loop(messages: list[Message]) -> bool:
+    """The last exchange's tool calls and results rewritten as plain text, in place, so
+    the conversation no longer sits inside a tool loop another model began (whose
+    thinking, tied to that model, cannot go to this one). False: nothing to close."""
+    if len(messages) < 2 or not in_tool_loop(messages) or messages[-2].get("role") != "assistant":
+        return False
+    calls = _calls_by_id(messages[-2:-1])
+    said: list[Message] = []
+    for block in messages[-2].get("content") or []:
+        if block.get("type") == "tool_use":
+            args = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            said.append({"type": "text", "text": f"[I called {block.get('name')} with {args}]"})
+        elif block.get("type") == "text" and block.get("text"):
+            said.append({"type": "text", "text": block["text"]})
+    answered: list[Message] = []
+    for block in messages[-1]["content"]:
+        if block.get("type") == "tool_result":
+            what = describe(calls.get(str(block.get("tool_use_id"))))
+            failed = " (an error)" if block.get("is_error") else ""
+            text = f"[the result of {what}{failed}]\n{_result_text(block)}"
+            answered.append({"type": "text", "text": text})
+        elif block.get("type") == "text":
+            answered.append(block)
+    messages[-2] = {"role": "assistant", "content": said or [{"type": "text", "text": "…"}]}
+    messages[-1] = {"role": "user", "content": answered}
+    return True
 
 
 # -- level 3: clip what is left ----------------------------------------------------------------

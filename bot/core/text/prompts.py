@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,8 +22,15 @@ _FENCE_TAG = re.compile(
 def fence_safe(text: str) -> str:
     """``text`` with every opening or closing tag of a fence the prompts use
     (``<untrusted-issue``, ``</untrusted-comment`` and the like) defused, so nothing
-    inside a fence can close it or open another."""
-    return _FENCE_TAG.sub(lambda m: "&lt;" + m.group(1) + m.group(2), text)
+    inside a fence can close it or open another. Look-alikes first become what they look
+    like: NFKC folds fullwidth and small forms (U+FF1C, U+FE64) to ``<``, and invisible
+    format characters (a zero-width space inside a tag name) are dropped."""
+    plain = unicodedata.normalize("NFKC", "".join(c for c in text if not _invisible(c)))
+    return _FENCE_TAG.sub(lambda m: "&lt;" + m.group(1) + m.group(2), plain)
+
+
+def _invisible(c: str) -> bool:
+    return unicodedata.category(c) == "Cf"
 
 
 def issue_prompt(
@@ -149,11 +157,15 @@ def continuation(
 ) -> str:
     """Names the prior failure; never repeats the issue body (it is in the conversation).
     ``extra``: sections before the closing line (``discussion``, ``nested_guidance``)."""
-    parts = [f"Turn {turn}. {failure[-TAIL_CHARS:]}"]
+    # Verify's output is the repository's, findings the critic's, feedback a writer's: none
+    # may open or close one of the prompts' fences.
+    parts = [f"Turn {turn}. {fence_safe(failure[-TAIL_CHARS:])}"]
     if findings:
         lines = "\n".join(
-            f"- [{f.get('severity')}] {f.get('path')}:{f.get('line')} "
-            f"{f.get('title')}: {f.get('body')}"
+            fence_safe(
+                f"- [{f.get('severity')}] {f.get('path')}:{f.get('line')} "
+                f"{f.get('title')}: {f.get('body')}"
+            )
             for f in findings
         )
         parts.append("The reviewer found problems that block the merge:\n" + lines)
@@ -161,7 +173,7 @@ def continuation(
         if fb.get("kind") == "intake":
             parts.append(approved_edit(str(fb.get("from")), fb.get("title"), fb.get("body")))
             continue
-        parts.append(f"@{fb.get('from')} asked on the pull request:\n{fb.get('body')}")
+        parts.append(fence_safe(f"@{fb.get('from')} asked on the pull request:\n{fb.get('body')}"))
     parts.extend(section for section in extra if section)
     parts.append("Fix this and stop calling tools when done.")
     return "\n\n".join(parts)
