@@ -30,10 +30,19 @@ MAX_BODY_BYTES = 25 * 1024 * 1024  # GitHub caps payloads at 25 MB
 log = get_logger("loopbot.web")
 
 
+class _JSON(Response):
+    default_mimetype = "application/json"
+
+
 def _answer(code: int, **body: Any) -> tuple[Response, int]:
     # json.dumps, not jsonify: the app's JSON provider (sorting, indent checks) cost more
     # per delivery than the checks themselves. Answers are small flat dicts of strings.
-    return Response(json.dumps(body), mimetype="application/json"), code
+    return _JSON(json.dumps(body)), code
+
+
+def _queued(job_id: str) -> tuple[Response, int]:
+    """``_answer(202, status="queued", job=job_id)``, the answer to nearly every delivery."""
+    return _JSON(f'{{"status": "queued", "job": {json.dumps(job_id)}}}'), 202
 
 
 def create_app(settings: Settings, redis: Redis | None = None) -> Flask:
@@ -58,11 +67,13 @@ def create_app(settings: Settings, redis: Redis | None = None) -> Flask:
     def webhook() -> tuple[Response, int]:
         started = time.perf_counter()
         body = request.get_data(cache=False)  # raises 413 past MAX_CONTENT_LENGTH
-        if not signature.verify(secret, body, request.headers.get("X-Hub-Signature-256")):
+        # The WSGI environ, not request.headers: the same values, one dict lookup each.
+        environ = request.environ
+        if not signature.verify(secret, body, environ.get("HTTP_X_HUB_SIGNATURE_256")):
             log.warning("webhook.bad_signature", remote=request.remote_addr)
             return _answer(401, error="bad or missing X-Hub-Signature-256")
-        event = request.headers.get("X-GitHub-Event", "")
-        delivery = request.headers.get("X-GitHub-Delivery", "")
+        event = environ.get("HTTP_X_GITHUB_EVENT", "")
+        delivery = environ.get("HTTP_X_GITHUB_DELIVERY", "")
         if not event or not delivery:
             return _answer(400, error="missing X-GitHub-Event or X-GitHub-Delivery")
         try:
@@ -75,15 +86,16 @@ def create_app(settings: Settings, redis: Redis | None = None) -> Flask:
         if event == "ping":
             return _answer(200, status="pong")
 
-        bound = log.bind(delivery=delivery, gh_event=event, action=_action(payload))
+        # Every line about this delivery starts with these fields, in this order.
+        about = {"delivery": delivery, "gh_event": event, "action": _action(payload)}
         decision = route(event, payload, app_id=settings.github_app_id, delivery=delivery)
         match decision:
             case Malformed(reason=reason):
-                bound.warning("webhook.malformed", reason=reason)
+                log.warning("webhook.malformed", **about, reason=reason)
                 return _answer(400, error=reason)
             case Ignore(reason=reason):
                 # Nothing is stored for ignored deliveries: a repeat is ignored again.
-                bound.debug("webhook.ignored", reason=reason)
+                log.debug("webhook.ignored", **about, reason=reason)
                 return _answer(202, status="ignored", reason=reason)
             case Enqueue(command=cmd):
                 pass
@@ -94,22 +106,24 @@ def create_app(settings: Settings, redis: Redis | None = None) -> Flask:
         except Replay:
             # The same signed body under a new delivery id: GitHub's own redeliveries
             # keep the id, and two real events never have byte-identical bodies.
-            bound.warning("webhook.replay")
+            log.warning("webhook.replay", **about)
             return _answer(202, status="duplicate", reason="this body was delivered before")
         except Duplicate:
-            bound.info("webhook.duplicate")
+            log.info("webhook.duplicate", **about)
             return _answer(202, status="duplicate")
-        WEBHOOK_SECONDS.observe(time.perf_counter() - started)
-        bound.info(
+        elapsed = time.perf_counter() - started
+        WEBHOOK_SECONDS.observe(elapsed)
+        log.info(
             "webhook.enqueued",
+            **about,
             kind=cmd.kind,
             repo=cmd.repo,
             issue=cmd.issue,
             actor=cmd.actor,
             job=job_id,
-            ms=round((time.perf_counter() - started) * 1000, 2),
+            ms=round(elapsed * 1000, 2),
         )
-        return _answer(202, status="queued", job=job_id)
+        return _queued(job_id)
 
     @app.get("/metrics")
     def metrics() -> Response:
