@@ -37,7 +37,9 @@ from bot.core.rules.review import gate_after_dismissal
 from bot.core.text import messages
 from bot.core.text.messages import code_span
 from bot.io.github.client import Installation, IssueInfo
+from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
+from bot.io.pace import Pace
 from bot.io.queues import enqueue_gate
 from jobs import lifecycle
 from jobs.agent import MAX_TOKENS
@@ -114,14 +116,22 @@ def start_loop(
 ) -> str:
     """Create or resume the loop record and enqueue its one job. Safe to call twice.
 
+    The job waits for a slot when the repository's ``max_parallel`` or the operator's
+    ``LOOPBOT_MAX_PARALLEL`` loops hold one already (``bot/core/rules/pace.py``): the
+    loop is queued, in line, its place shown on the issue.
+
     ``note`` tells the agent why it continues (the first line of its next prompt).
     ``approved``: the issue as the writer ``actor`` approved it (frozen intake); None
     keeps the text approved before.
     """
     store = rt.store
     loop = LoopId(repo, issue)
+    gh = rt.github.installation(installation_id)
     with store.lock(loop.key):
         record = store.get(loop)
+        if record is not None and record.active and Pace(rt.redis).waiter(loop.key):
+            where = f" ({messages.place_words(record.waiting)})" if record.waiting else ""
+            return f"this loop is waiting in line to start{where}"
         decision = may_start(
             record,
             restart=restart,
@@ -140,6 +150,7 @@ def start_loop(
                     actor=actor,
                     max_turns=config.max_turns,
                     approved=approved,
+                    pacing=_pacing(rt, gh, loop, config, approved),
                 )
                 return "restarted" if restart else "started"
             case Restart():
@@ -151,10 +162,37 @@ def start_loop(
                     note=note,
                     by=actor,
                     also=_renew(installation_id, actor, config, approved),
+                    pacing=_pacing(rt, gh, loop, config, approved),
                 )
                 return "restarted" if record.restarts or restart else "started"
             case _:
                 assert_never(decision)
+
+
+def _pacing(
+    rt: Runtime,
+    gh: Installation,
+    loop: LoopId,
+    config: repo_config.RepoConfig,
+    approved: IssueInfo | None,
+) -> lifecycle.Pacing:
+    """What the line needs of this loop: its priority label (from the issue as approved,
+    else as it is now), its repository's cap and the operator's."""
+    label = config.labels.priority
+    if approved is not None:
+        priority = label in approved.labels
+    else:
+        try:
+            priority = label in gh.issue(loop.repo, loop.issue).labels
+        except GitHubError as exc:  # not worth failing a start for: it waits unprioritised
+            log.warning("dispatch.priority_unknown", loop=loop.key, error=str(exc)[:200])
+            priority = False
+    return lifecycle.Pacing(
+        priority=priority,
+        max_parallel=config.max_parallel,
+        operator_max=rt.settings.max_parallel,
+        gh=gh,
+    )
 
 
 def _renew(

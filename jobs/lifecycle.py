@@ -12,6 +12,13 @@ A status change is four things that must not drift apart:
 - the issue's status comment, when the caller has a GitHub installation client: the
   state on top and the timeline of what the loop did, read from its events.
 
+And the pace (``bot/core/rules/pace.py``, ``bot/io/pace.py``): a loop asking to start
+(``create``, a restart's ``requeue`` with ``pacing``) takes a slot and gets its job, or
+waits in line, ``queued``, its job not enqueued, its place on the issue (events
+``waiting`` and ``admitted``). Every end (``finish``, ``cancel``) gives the slot to the
+next in line; the reconciler runs ``keep_pace`` on each pass, so a crash between the
+two strands nobody.
+
 Callers pass the store they write through: the loop passes its lease-fenced store
 (``bot.io.store.FencedStore``), so a worker that lost its lease changes nothing here,
 not even a comment or an enqueue. This module sits below every job module (it imports
@@ -21,7 +28,9 @@ only ``bot.core`` and ``bot.io``), so any of them may use it without an import c
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, assert_never
 
 from redis import Redis
@@ -31,13 +40,16 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import JobStatus
 
 from bot.core.ids import LoopId
-from bot.core.record import LoopRecord, Reason, Status, approve
+from bot.core.record import LoopRecord, Reason, Status, Waiting, approve
 from bot.core.rules import lifecycle as rules
+from bot.core.rules import pace as pace_rules
 from bot.core.rules.lifecycle import Guard, Requeue
+from bot.core.rules.pace import Place, Waiter
 from bot.core.text import messages, sessionlog
 from bot.io import queues
-from bot.io.github.client import Installation, IssueInfo
+from bot.io.github.client import GitHubApp, Installation, IssueInfo
 from bot.io.logs import get_logger
+from bot.io.pace import Outcome, Pace
 from bot.io.queues import JobKind, enqueue_critic, enqueue_gate, enqueue_loop_job, fetch_job
 from bot.io.store import FencedStore, LeaseLost, LoopKey, Store
 
@@ -56,6 +68,16 @@ class _MovedOn(Exception):
 # -- starting, and back to the queue -----------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Pacing:
+    """What the line (``bot/core/rules/pace.py``) needs of a loop that asks to start."""
+
+    priority: bool  # its issue carries the priority label (labels.priority)
+    max_parallel: int | None  # its repository's loop.yml now; None: as last known
+    operator_max: int  # LOOPBOT_MAX_PARALLEL
+    gh: Installation | None = None  # to say on the issue that it waits, and where
+
+
 def create(
     store: Store,
     loop: LoopId,
@@ -64,10 +86,12 @@ def create(
     actor: str,
     max_turns: int,
     approved: IssueInfo | None = None,
+    pacing: Pacing | None = None,
 ) -> LoopRecord:
     """The issue's first loop: a new record, queued, and its job.
 
     ``approved``: the issue as ``actor``, a writer, approved it (frozen intake).
+    ``pacing``: the job waits for a slot (``Pacing``); None enqueues it at once.
     """
     record = LoopRecord(
         repo=loop.repo,
@@ -83,8 +107,10 @@ def create(
     store.put(record)
     store.event(loop, "loop_created", actor=actor)
     store.clear_cancel(loop)
-    enqueue_loop(store.redis, loop)
-    return record
+    if pacing is None:
+        enqueue_loop(store.redis, loop)
+        return record
+    return _start(store, record, pacing)
 
 
 def requeue(
@@ -97,6 +123,7 @@ def requeue(
     also: Callable[[LoopRecord], None] | None = None,
     gh: Installation | None = None,
     tail: str = "",
+    pacing: Pacing | None = None,
 ) -> LoopRecord | None:
     """Send the loop (back) to the queue for coding turns, for ``why``; None (and nothing
     written) when it moved on meanwhile (``bot.core.rules.lifecycle.requeue_applies``).
@@ -104,6 +131,7 @@ def requeue(
     ``note`` is the first thing the agent's next prompt says; ``by`` is the person who
     restarted it, or the worker that hands it over; ``also`` sets what else comes with
     this change (a restart's new limits and approved text), in the same update.
+    ``pacing``: a loop without a slot (a restart of an ended loop) waits for one.
     """
 
     if rules.needs_job(why):
@@ -126,7 +154,10 @@ def requeue(
         store.clear_cancel(key)
     if rules.needs_job(why):
         _fence(store)
-        enqueue_loop(store.redis, record.id, replace=rules.replaces_job(why))
+        if pacing is not None:
+            record = _start(store, record, pacing, replace=rules.replaces_job(why))
+        else:
+            enqueue_loop(store.redis, record.id, replace=rules.replaces_job(why))
     if gh is not None:
         record = post_status(store, gh, record, tail)
     return record
@@ -256,6 +287,7 @@ def finish(
         detail=record.detail,
         turn=record.turn,
     )
+    release(store, key, gh.app if gh is not None else None)  # its slot, to the next
     if gh is None:
         return record
     try:
@@ -269,11 +301,15 @@ def finish(
         return record
 
 
-def cancel(redis: Redis, key: LoopKey, reason: Reason, actor: str) -> str:
+def cancel(
+    redis: Redis, key: LoopKey, reason: Reason, actor: str, *, gh: Installation | None = None
+) -> str:
     """Stop a loop within seconds: flag it, mark it, stop its job, drop it from the queue.
 
     The branch, worktree, conversation and findings are kept for ``/loop-restart``.
-    Needs only Redis, so ``loopbot cancel`` works without GitHub credentials.
+    Needs only Redis, so ``loopbot cancel`` works without GitHub credentials; with
+    ``gh``, the loops its slot lets in say so on their issues at once (else the
+    reconciler's next pass does).
     """
     store = Store(redis)
     record = store.get(key)
@@ -296,6 +332,7 @@ def cancel(redis: Redis, key: LoopKey, reason: Reason, actor: str) -> str:
         return f"already {ended.status.value if ended else 'gone'}"
     store.event(key, "loop_cancelled", reason=reason.value, actor=actor)
     _stop_job(store, record.id)
+    release(store, key, gh.app if gh is not None else None)  # its slot or place in line
     return "cancelled"
 
 
@@ -312,6 +349,195 @@ def _stop_job(store: Store, loop: LoopId) -> None:
             job.cancel()
     except (NoSuchJobError, InvalidJobOperation):
         pass
+
+
+# -- the pace: slots and the line -----------------------------------------------------------------
+
+
+def _start(
+    store: Store, record: LoopRecord, pacing: Pacing, *, replace: bool = False
+) -> LoopRecord:
+    """Take a slot and enqueue the loop's job, or wait in line and say so on the issue."""
+    outcome = Pace(store.redis).enter(
+        record.key,
+        record.repo,
+        priority=pacing.priority,
+        since=time.time(),
+        max_parallel=pacing.max_parallel,
+        operator=pacing.operator_max,
+    )
+    if outcome.held:  # a restart of a loop that never gave its slot back (a dead worker)
+        enqueue_loop(store.redis, record.id, replace=replace)
+        return record
+    place = outcome.places.get(record.key)
+    if place is not None:
+        record = store.update(record.key, lambda r: _apply(r, pace_rules.waiting(place)))
+        store.event(
+            record.key,
+            "waiting",
+            place=place.place,
+            running=place.running,
+            cap=place.cap,
+            scope=place.scope.value,
+            priority=place.priority,
+        )
+    _settle(store, outcome, pacing.gh.app if pacing.gh is not None else None)
+    return store.get(record.key) or record
+
+
+def release(store: Store, key: LoopKey, app: GitHubApp | None = None) -> None:
+    """``key`` ended: its slot (or its place in line) goes to the next loop in line.
+
+    Never raises: the loop has ended whatever happens here, and the reconciler's next
+    pass (``keep_pace``) admits whoever this could not.
+    """
+    try:
+        _settle(store, Pace(store.redis).release(str(key)), app)
+    except Exception:  # see above: the reconciler repairs it
+        log.exception("lifecycle.pace_failed", loop=str(key))
+
+
+def keep_pace(
+    store: Store,
+    app: GitHubApp | None,
+    *,
+    operator_max: int,
+    shown_waiting: Iterable[str] = (),
+) -> Outcome:
+    """The reconciler's pass: admit whoever may start (after a crash between an end and
+    its admissions, or a raised ``LOOPBOT_MAX_PARALLEL``), and record each waiting loop's
+    place (on its issue too, with ``app``; else ``show_waiting`` posts it).
+
+    ``shown_waiting``: the loops whose records say they wait; one that holds a slot
+    (a slower process showed its old place after it was admitted) stops saying so.
+    """
+    outcome = Pace(store.redis).admit(operator=operator_max)
+    _settle(store, outcome, app)
+    for key in shown_waiting:
+        if key in outcome.slots:
+            with contextlib.suppress(_MovedOn, KeyError):
+                store.update(key, _unwait)
+    return outcome
+
+
+def _unwait(r: LoopRecord) -> None:
+    if r.status is not Status.QUEUED or r.waiting is None:
+        raise _MovedOn
+    _apply(r, pace_rules.admitted())
+
+
+def rejoin(store: Store, record: LoopRecord, pacing: Pacing) -> LoopRecord:
+    """A queued loop that neither holds a slot nor waits in line (a crash between its
+    record and its place, or a loop queued before loopbot had a pace) asks again."""
+    return _start(store, record, pacing)
+
+
+def show_waiting(store: Store, app: GitHubApp) -> int:
+    """Post the status comment of every waiting loop whose issue does not show its place
+    yet (placed by a process without GitHub: ``loopbot cancel``, a merge); the number
+    posted. Stops at the first failure: GitHub is likely down, and the next pass tries
+    again."""
+    comments = _Comments(Store(store.redis), app)
+    posted = 0
+    for key in sorted(Pace(store.redis).state().line):
+        record = comments.store.get(key)
+        if record is None or record.status is not Status.QUEUED or record.waiting is None:
+            continue
+        if not record.waiting.posted:
+            if not comments.post_waiting(record):
+                break
+            posted += 1
+    return posted
+
+
+class _Comments:
+    """The status comments of loops in line, best effort: after one failure no more are
+    tried in this pass (GitHub is likely down; each try would wait out its retries), and
+    the reconciler's next pass posts what is left (``show_waiting``)."""
+
+    def __init__(self, store: Store, app: GitHubApp | None) -> None:
+        self.store, self.app = store, app
+
+    def post(self, record: LoopRecord) -> LoopRecord | None:
+        if self.app is None:
+            return None
+        try:
+            return post_status(self.store, self.app.installation(record.installation_id), record)
+        except Exception as exc:  # noqa: BLE001 - see above
+            log.warning("lifecycle.comment_failed", loop=record.key, error=str(exc)[:300])
+            self.app = None
+            return None
+
+    def post_waiting(self, record: LoopRecord) -> bool:
+        """Post a waiting loop's place, and note that its issue shows it."""
+        shown = record.waiting
+        if self.post(record) is None:
+            return False
+
+        def mark(r: LoopRecord) -> None:
+            if shown is not None and r.waiting == shown:
+                r.waiting = shown.model_copy(update={"posted": True})
+
+        with contextlib.suppress(KeyError):
+            self.store.update(record.key, mark)
+        return True
+
+
+def _settle(store: Store, outcome: Outcome, app: GitHubApp | None) -> None:
+    """Act on what the line decided: the admitted loops get their jobs, and each waiting
+    loop whose place changed is told (only those: GitHub writes stay bounded, and places
+    past ``PLACES_SHOWN`` do not change what is shown). Another process's loops are
+    written through a plain store: a lease holder's fence is about its own loop."""
+    comments = _Comments(Store(store.redis), app)
+    for w in outcome.admitted:
+        _admit(comments, w)
+    for key, place in sorted(outcome.places.items(), key=lambda kv: kv[1].place):
+        _move(comments, key, place)
+
+
+def _admit(comments: _Comments, w: Waiter) -> None:
+    store = comments.store
+    was: list[Waiting | None] = []
+
+    def apply(r: LoopRecord) -> None:
+        if r.status is not Status.QUEUED:
+            raise _MovedOn
+        was.append(r.waiting)
+        _apply(r, pace_rules.admitted())
+
+    try:
+        record = store.update(w.key, apply)
+    except (_MovedOn, KeyError):
+        return  # it ended meanwhile: its end gives the slot back (or the reconciler does)
+    store.event(
+        w.key, "admitted", priority=w.priority, waited=round(max(0.0, time.time() - w.since), 3)
+    )
+    enqueue_loop(store.redis, record.id)
+    if was and was[0] is not None:  # its issue said it was waiting; its job says more soon
+        comments.post(record)
+
+
+def _move(comments: _Comments, key: str, place: Place) -> None:
+    """Show a waiting loop's new place: in its record at once, on its issue when GitHub
+    is at hand (else ``show_waiting``, in the reconciler's pass, does)."""
+    store = comments.store
+    record = store.get(key)
+    if record is None or record.status is not Status.QUEUED:
+        return
+    if not pace_rules.same(record.waiting, pace_rules.shown(place)):
+
+        def apply(r: LoopRecord) -> None:
+            # Admitted meanwhile by another process: a stale place must not come back.
+            if r.status is not Status.QUEUED or Pace(store.redis).waiter(key) is None:
+                raise _MovedOn
+            _apply(r, pace_rules.waiting(place))
+
+        try:
+            record = store.update(key, apply)
+        except (_MovedOn, KeyError):
+            return
+    if record.waiting is not None and not record.waiting.posted:
+        comments.post_waiting(record)
 
 
 # -- the status comment --------------------------------------------------------------------------

@@ -17,6 +17,13 @@ starts, so starting a process changes no loop.
   write to the repository.
 - **Reaping.** Worktrees on this machine whose loop completed, or that no loop owns,
   are removed.
+- **Pace.** The slots and the line (``bot/core/rules/pace.py``) are kept true to the
+  records: an ended loop's slot or place is given back, an active loop that has neither
+  is counted (running) or put in line (queued, no job); then whoever may start is
+  admitted, and waiting loops whose issue does not show their place yet are told. A
+  crash between a loop's end and the admissions it frees strands nobody. Waiting loops
+  are never resumed as lost: they have no job on purpose. The sweep also gives a waiting
+  loop the priority label's place when the label was added (or removed) after it joined.
 
 What to do with a lapsed or stranded loop is decided by the pure rules in
 ``bot/core/rules/recovery.py``; this module reads the facts and acts through
@@ -33,11 +40,12 @@ from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, StartedJobReg
 
 from bot.core import repo_config
 from bot.core.ids import LoopId
-from bot.core.record import LoopRecord, Reason, Status
+from bot.core.record import ACTIVE, LoopRecord, Reason, Status
 from bot.core.rules import recovery
 from bot.core.rules.lifecycle import Guard, Requeue
 from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
+from bot.io.pace import Pace
 from bot.io.queues import LOOP_QUEUE, JobKind, fetch_job, kind_of, loop_queue
 from jobs import lifecycle
 from jobs.dispatch import start_loop
@@ -75,19 +83,22 @@ def _lapsed(rt: Runtime, record: LoopRecord, now: float) -> recovery.Lapsed:
 def resume_lapsed(rt: Runtime) -> list[str]:
     """Resume loops that should run but nobody runs; returns the keys acted on."""
     store = rt.store
+    line = Pace(rt.redis)
     acted = []
     now = time.time()
     # Summaries pick the candidates; only those records are read whole.
     wanted = {Status.RUNNING.value, Status.QUEUED.value}
+    # A loop waiting in line for a slot has no job on purpose: it is not lost.
+    waiting = line.state().line.keys()
     for summary in store.summaries():
-        if summary["status"] not in wanted:
+        if summary["status"] not in wanted or summary["key"] in waiting:
             continue
         record = store.get(summary["key"])
         if record is None or isinstance(_lapsed(rt, record, now), recovery.Skip):
             continue
         with store.lock(record.key):  # against a start or restart deciding meanwhile
             fresh = store.get(record.key)
-            if fresh is None:
+            if fresh is None or line.waiter(fresh.key) is not None:
                 continue
             decision = _lapsed(rt, fresh, now)
             match decision:
@@ -114,6 +125,68 @@ def resume_lapsed(rt: Runtime) -> list[str]:
                     assert_never(decision)
             acted.append(fresh.key)
     return acted
+
+
+_ACTIVE = frozenset(s.value for s in ACTIVE)
+
+
+def keep_pace(rt: Runtime) -> list[str]:
+    """Keep the slots and the line true to the records, then admit whoever may start;
+    returns the keys whose pace was repaired. Redis only: the waiting loops' places reach
+    their issues in ``show_places``, last in the pass, so a GitHub outage delays nothing
+    else the reconciler does."""
+    store = rt.store
+    line = Pace(rt.redis)
+    state = line.state()
+    summaries = {str(s["key"]): s for s in store.summaries()}
+    repaired = []
+
+    def holds(key: str, status: str) -> bool:
+        """Whether ``key``'s slot or place still belongs to it: an active loop holds a
+        slot; only a queued one waits in line."""
+        if status not in _ACTIVE:
+            return False
+        return line.holds_slot(key) or (
+            status == Status.QUEUED.value and line.waiter(key) is not None
+        )
+
+    for key in sorted(state.slots.keys() | state.line.keys()):
+        summary = summaries.get(key)
+        if summary is not None and holds(key, str(summary["status"])):
+            continue
+        with store.lock(key):  # against a start or restart deciding meanwhile
+            record = store.get(key)
+            if record is not None and holds(key, record.status.value):
+                continue
+            lifecycle.release(store, key)
+            repaired.append(key)
+            log.warning("reconciler.pace_released", loop=key)
+    for key, summary in summaries.items():
+        if summary["status"] not in _ACTIVE or key in state.slots or key in state.line:
+            continue
+        with store.lock(key):
+            record = store.get(key)
+            if record is None or not record.active:
+                continue
+            if line.holds_slot(key) or line.waiter(key) is not None:
+                continue  # it asked meanwhile
+            if record.status is Status.QUEUED and not lifecycle.job_pending(
+                rt.redis, record.id.job_id
+            ):
+                pacing = lifecycle.Pacing(False, None, rt.settings.max_parallel)
+                lifecycle.rejoin(store, record, pacing)
+            else:
+                line.adopt(key, record.repo)  # it runs already: counted, not stopped
+            repaired.append(key)
+            log.warning("reconciler.pace_joined", loop=key, status=record.status.value)
+    shown = [k for k, s in summaries.items() if str(s.get("phase", "")).startswith("waiting")]
+    lifecycle.keep_pace(store, None, operator_max=rt.settings.max_parallel, shown_waiting=shown)
+    return repaired
+
+
+def show_places(rt: Runtime) -> int:
+    """Tell each waiting loop's issue where it stands, where it does not say so yet."""
+    return lifecycle.show_waiting(rt.store, rt.github)
 
 
 def _pending_jobs(rt: Runtime) -> set[tuple[JobKind, str, int]]:
@@ -205,8 +278,14 @@ def sweep(rt: Runtime) -> list[str]:
                 if text is None:
                     continue
                 label = repo_config.ready_label(text)
+                priority = _priority_label(text)
+                waiting = Pace(rt.redis).state().line
                 for issue in gh.open_issues_with_label(repo, label):
                     key = LoopId(repo, issue.number).key
+                    first = priority in issue.labels
+                    moved = key in waiting and waiting[key].priority != first
+                    if moved and Pace(rt.redis).reprioritize(key, first):
+                        rt.store.event(key, "reprioritized", priority=first)
                     if rt.store.get(key) is not None:
                         continue
                     actor = gh.last_labeler(repo, issue.number, label)
@@ -219,6 +298,14 @@ def sweep(rt: Runtime) -> list[str]:
             except (GitHubError, repo_config.ConfigError) as exc:
                 log.warning("reconciler.sweep_failed", repo=repo, error=str(exc))
     return started
+
+
+def _priority_label(text: str) -> str:
+    """The priority label of a loop.yml, even a broken one (its loops wait all the same)."""
+    try:
+        return repo_config.parse(text).labels.priority
+    except repo_config.ConfigError:
+        return repo_config.DEFAULT_LABELS.priority
 
 
 def reap(rt: Runtime) -> list[str]:
@@ -258,8 +345,10 @@ class Reconciler(threading.Thread):
             "loopbot:reconciler", "1", nx=True, px=int(self.rt.settings.reconcile_interval * 900)
         ):
             return
+        keep_pace(self.rt)  # first: a queued loop without a slot joins the line, not a worker
         resume_lapsed(self.rt)
         revive_stranded(self.rt)
         if time.time() - self._last_sweep >= self.rt.settings.sweep_interval:
             self._last_sweep = time.time()
             sweep(self.rt)
+        show_places(self.rt)  # last: the only part that waits for GitHub

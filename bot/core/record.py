@@ -77,6 +77,20 @@ class Usage(BaseModel):
         self.cost_usd += other.cost_usd
 
 
+class Waiting(BaseModel):
+    """A loop in line for a slot (``bot/core/rules/pace.py``): what its status comment
+    and the dashboard show, as the last admission pass placed it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    place: int  # 1-based in its repository's line; above PLACES_SHOWN it says "more than"
+    running: int  # the loops holding a slot in the scope that holds it back
+    cap: int  # that scope's limit: the repository's max_parallel or the operator's
+    scope: str  # "repository" or "operator"
+    priority: bool = False  # it carries the priority label
+    posted: bool = False  # the issue's status comment says so already
+
+
 class LoopRecord(BaseModel):
     model_config = ConfigDict(extra="ignore", validate_assignment=True)
 
@@ -147,6 +161,9 @@ class LoopRecord(BaseModel):
     # The model that last wrote to the stored conversation: thinking blocks are tied to it,
     # so a turn on another model (a restart after loop.yml changed) drops them first.
     conversation_model: str = ""
+    # In line for a slot (max_parallel, LOOPBOT_MAX_PARALLEL): queued, its job not yet
+    # enqueued; None once admitted (or never held back).
+    waiting: Waiting | None = None
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
 

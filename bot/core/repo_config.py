@@ -60,6 +60,8 @@ class MergeConfig(_Strict):
 class LabelsConfig(_Strict):
     ready: str = Field("loop:ready", min_length=1)
     needs_human: str = Field("loop:needs-human", min_length=1)
+    # A waiting loop whose issue carries this label goes before those that do not.
+    priority: str = Field("loop:priority-high", min_length=1)
 
 
 _HOST = re.compile(
@@ -109,6 +111,9 @@ class RepoConfig(_Strict):
     max_steps: int = Field(200, ge=0)
     tool_budget: int = Field(400, ge=1)
     max_cost_usd: float = Field(10.0, gt=0)
+    # Loops of this repository admitted at once (bot/core/rules/pace.py); more wait in
+    # line, queued, and start as others end. Within the operator's LOOPBOT_MAX_PARALLEL.
+    max_parallel: int = Field(3, ge=1)
     agent: AgentConfig = AgentConfig()
     critic: CriticConfig = CriticConfig()
     merge: MergeConfig = MergeConfig()
@@ -183,6 +188,7 @@ class Ceilings:
     max_hours: float = 12.0
     max_tokens: int = 100_000_000
     max_total_turns: int = 200
+    max_parallel: int = 20  # loops admitted at once across every repository
     # Ceilings compare by their numbers, as they always have; the policy compares on its own.
     models: ModelPolicy = field(default_factory=ModelPolicy, compare=False)
 
@@ -196,6 +202,7 @@ class Ceilings:
             max_hours=settings.max_wall_hours,
             max_tokens=settings.max_tokens,
             max_total_turns=settings.max_total_turns,
+            max_parallel=settings.max_parallel,
             models=ModelPolicy.of(settings),
         )
 
@@ -211,6 +218,7 @@ _CAPS: tuple[tuple[str, str, str], ...] = (
     ("limits.max_hours", "max_hours", "LOOPBOT_MAX_WALL_HOURS"),
     ("limits.max_tokens", "max_tokens", "LOOPBOT_MAX_TOKENS"),
     ("limits.max_total_turns", "max_total_turns", "LOOPBOT_MAX_TOTAL_TURNS"),
+    ("max_parallel", "max_parallel", "LOOPBOT_MAX_PARALLEL"),
 )
 
 

@@ -108,6 +108,9 @@ class Settings(BaseSettings):
     # output, cache reads and writes) and turns, summed over every run and restart.
     max_tokens: int = Field(100_000_000, alias="LOOPBOT_MAX_TOKENS", ge=1)
     max_total_turns: int = Field(200, alias="LOOPBOT_MAX_TOTAL_TURNS", ge=1)
+    # Loops admitted at once across every repository (bot/core/rules/pace.py), and the
+    # ceiling of each loop.yml's max_parallel; more wait in line.
+    max_parallel: int = Field(20, alias="LOOPBOT_MAX_PARALLEL", ge=1)
 
     @field_validator("redis_url")
     @classmethod

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bot.core.record import LoopRecord, Status
+from bot.core.record import LoopRecord, Status, Waiting
 from bot.core.rules import budget
+from bot.core.rules.pace import PLACES_SHOWN
 from bot.core.text.defuse import code_block, code_span, safe_text
 
 __all__ = ["code_block", "code_span", "safe_text"]
@@ -53,10 +54,43 @@ def status_line(r: LoopRecord) -> str:
     return " · ".join(parts)
 
 
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, 11th, 12th, 13th, 21st, ..."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def place_words(w: Waiting) -> str:
+    """Where a waiting loop stands: "2nd in line"."""
+    if w.place > PLACES_SHOWN:
+        return f"more than {PLACES_SHOWN} loops are ahead of it in line"
+    return f"{ordinal(w.place)} in line"
+
+
+def waiting_line(w: Waiting) -> str:
+    """Why a queued loop has not started, and where it stands in line."""
+    where = place_words(w)
+    loops = "1 loop" if w.running == 1 else f"{w.running} loops"
+    if w.scope == "repository":
+        held = (
+            f"{loops} of this repository {'is' if w.running == 1 else 'are'} running "
+            f"(`max_parallel` {w.cap})"
+        )
+    else:
+        held = (
+            f"{loops} {'is' if w.running == 1 else 'are'} running across all repositories "
+            f"(the operator's `LOOPBOT_MAX_PARALLEL` {w.cap})"
+        )
+    first = " Priority label: it goes before loops without it." if w.priority else ""
+    return f"⏳ Waiting to start: {where}; {held}. It starts when one of them ends.{first}"
+
+
 def _facts(r: LoopRecord) -> list[str]:
-    """The status line and what a reader needs next to it: the issue's budget, branch,
-    PR, last verify."""
+    """The status line and what a reader needs next to it: the place in line of a loop
+    that waits, the issue's budget, branch, PR, last verify."""
     lines = [status_line(r)]
+    if r.waiting is not None and r.status is Status.QUEUED:
+        lines.append(waiting_line(r.waiting))
     if spent := budget.line(r):
         lines.append(spent)
     if r.branch:
