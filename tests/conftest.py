@@ -85,14 +85,22 @@ def make_env(redis_url: str, gh: GitHubServer, model_url: str, data_dir: Path) -
 
 
 @pytest.fixture
+def env_extra() -> dict[str, str]:
+    """Settings a test module or case adds to ``env`` (override the fixture, or
+    ``pytest.mark.parametrize("env_extra", ...)``)."""
+    return {}
+
+
+@pytest.fixture
 def env(
     redis_server: RedisServer,
     redis: Redis,
     github: GitHubServer,
     model: AnthropicServer,
     tmp_path: Path,
+    env_extra: dict[str, str],
 ) -> dict[str, str]:
-    return make_env(redis_server.url, github, model.url, tmp_path / "data")
+    return make_env(redis_server.url, github, model.url, tmp_path / "data") | env_extra
 
 
 @pytest.fixture

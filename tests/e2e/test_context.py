@@ -43,6 +43,15 @@ class Script:
         return self.agent.popleft()
 
 
+def start(github: GitHubServer, drain: Any, files: dict[str, str] | None = None) -> int:
+    """A repository (with ``files``), an issue, the ready label by a writer; run it all."""
+    sample_repo(github, loop_yml=YML, extra=files)
+    n = open_issue(github)
+    label(github, "writer", n)
+    drain()
+    return n
+
+
 def agent_requests(model: AnthropicServer) -> list[tuple[dict[str, Any], int]]:
     """The agent's requests (not the critic's) with their input tokens as counted."""
     return [
@@ -59,10 +68,7 @@ def test_a_turn_that_reads_far_more_than_the_window_completes_and_merges(
     model.window_override = WINDOW
     reads = [m.bash(f"cat big.txt  # read {i}") for i in range(READS)]  # distinct: no doom loop
     model.responder = Script([*reads, FIX, m.text("Fixed add to use +.")])
-    sample_repo(github, loop_yml=YML, extra={"big.txt": BIG})
-    n = open_issue(github)
-    label(github, "writer", n)
-    drain()
+    n = start(github, drain, {"big.txt": BIG})
 
     record = record_of(redis, n)
     assert (record.status, record.reason) == (Status.COMPLETED, "merged"), record
@@ -114,10 +120,7 @@ def test_prompt_too_long_is_never_fatal(
     model.advertised_window = 200_000
     reads = [m.bash(f"cat big.txt  # read {i}") for i in range(10)]
     model.responder = Script([*reads, FIX, m.text("Fixed add to use +.")])
-    sample_repo(github, loop_yml=YML, extra={"big.txt": BIG})
-    n = open_issue(github)
-    label(github, "writer", n)
-    drain()
+    n = start(github, drain, {"big.txt": BIG})
 
     record = record_of(redis, n)
     assert (record.status, record.reason) == (Status.COMPLETED, "merged"), record
@@ -139,10 +142,7 @@ def test_a_brief_keeps_the_issue_when_results_are_not_enough(
     say = "I looked at this part of the code and decided to keep going. " * 12
     steps = [m.bash(f"echo step {i}", say=say) for i in range(60)]
     model.responder = Script([*steps, FIX, m.text("Fixed add to use +.")])
-    sample_repo(github, loop_yml=YML)
-    n = open_issue(github)
-    label(github, "writer", n)
-    drain()
+    n = start(github, drain)
 
     record = record_of(redis, n)
     assert (record.status, record.reason) == (Status.COMPLETED, "merged"), record

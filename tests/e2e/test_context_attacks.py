@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,8 +25,7 @@ from bot.io.store import Store
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
-from bot.standins.redis_server import RedisServer
-from tests.conftest import Web, make_env
+from tests.conftest import Web
 from tests.e2e.test_budget import _set_loop_yml
 from tests.e2e.test_loop import events, key, record_of
 from tests.helpers import comment, label, open_issue, sample_repo
@@ -37,26 +35,12 @@ NO_REVIEW = "critic:\n  enabled: false\nmerge:\n  enabled: false\n"
 BIG = "".join(f"def helper_{i:04d}(x):\n    return x * {i} + {i % 7}  # pad\n" for i in range(410))
 
 
-@pytest.fixture
-def extra() -> dict[str, str]:
-    """Settings a test adds (``pytest.mark.parametrize("extra", ...)`` overrides it)."""
-    return {}
+NO_RETRY = {"LOOPBOT_MODEL_RETRIES": "0"}  # a 529 goes to the fallback at once
 
 
 @pytest.fixture
-def env(
-    redis_server: RedisServer,
-    redis: Redis,
-    github: GitHubServer,
-    model: AnthropicServer,
-    tmp_path: Path,
-    extra: dict[str, str],
-) -> dict[str, str]:
-    return {
-        **make_env(redis_server.url, github, model.url, tmp_path / "data"),
-        "LOOPBOT_MODEL_RETRIES": "0",  # a 529 goes to the fallback at once
-        **extra,
-    }
+def env_extra() -> dict[str, str]:
+    return NO_RETRY
 
 
 def rejected(model: AnthropicServer) -> list[tuple[int, str]]:
@@ -107,7 +91,7 @@ def scripted(model: AnthropicServer, *steps: m.Item | Callable[[], m.Item]) -> N
 # -- rule 1 and 5: thinking across a model switch -------------------------------------------
 
 
-@pytest.mark.parametrize("extra", [{"LOOPBOT_FALLBACK_MODEL": "claude-sonnet-4-6"}])
+@pytest.mark.parametrize("env_extra", [NO_RETRY | {"LOOPBOT_FALLBACK_MODEL": "claude-sonnet-4-6"}])
 def test_a_fallback_with_adaptive_thinking_mid_tool_loop_gets_a_valid_request(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:
@@ -128,7 +112,7 @@ def test_a_fallback_with_adaptive_thinking_mid_tool_loop_gets_a_valid_request(
     assert (record.status, record.error_count) == (Status.COMPLETED, 0), record
 
 
-@pytest.mark.parametrize("extra", [{"LOOPBOT_FALLBACK_MODEL": "claude-haiku-4-5"}])
+@pytest.mark.parametrize("env_extra", [NO_RETRY | {"LOOPBOT_FALLBACK_MODEL": "claude-haiku-4-5"}])
 def test_the_turn_after_a_fallback_that_ended_mid_tool_loop_gets_a_valid_request(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:
@@ -165,7 +149,7 @@ def _restart_on(github: GitHubServer, drain: Any, n: int, agent_model: str) -> N
     drain()
 
 
-@pytest.mark.parametrize("extra", [{"LOOPBOT_ALLOWED_MODELS": "claude-sonnet-4-6"}])
+@pytest.mark.parametrize("env_extra", [NO_RETRY | {"LOOPBOT_ALLOWED_MODELS": "claude-sonnet-4-6"}])
 def test_a_restart_on_another_model_never_sends_it_the_old_models_thinking(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:
@@ -183,7 +167,7 @@ def test_a_restart_on_another_model_never_sends_it_the_old_models_thinking(
     assert [why for _, why in rejected(model) if "signature" in why] == []
 
 
-@pytest.mark.parametrize("extra", [{"LOOPBOT_ALLOWED_MODELS": "claude-sonnet-4-6"}])
+@pytest.mark.parametrize("env_extra", [NO_RETRY | {"LOOPBOT_ALLOWED_MODELS": "claude-sonnet-4-6"}])
 def test_a_restart_on_another_model_after_a_step_capped_turn_completes(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:
@@ -204,7 +188,7 @@ def test_a_restart_on_another_model_after_a_step_capped_turn_completes(
 
 
 @pytest.mark.parametrize(
-    "extra",
+    "env_extra",
     [{}, {"LOOPBOT_MODEL": "claude-haiku-4-5", "LOOPBOT_CRITIC_MODEL": "claude-haiku-4-5"}],
     ids=["thinking", "no-thinking"],
 )
@@ -280,9 +264,10 @@ NARROW = m.ModelSpec("claude-narrow", window=10_000, thinking=frozenset({"disabl
 
 
 @pytest.mark.parametrize(
-    "extra",
+    "env_extra",
     [
-        {
+        NO_RETRY
+        | {
             "LOOPBOT_MODEL": "claude-wide",
             "LOOPBOT_CRITIC_MODEL": "claude-wide",
             "LOOPBOT_FALLBACK_MODEL": "claude-narrow",

@@ -22,11 +22,10 @@ from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from bot.standins.gitrepo import resolve
-from bot.standins.redis_server import RedisServer
 from jobs.critic_tools import ReviewCheckout, ReviewLimits, ToolReview, review_checkout
 from jobs.critic_tools import review_with_tools as _review_with_tools
 from jobs.worktree import Worktrees
-from tests.conftest import Web, make_env
+from tests.conftest import Web
 from tests.helpers import CALC, REPO, TEST_CALC, label, open_issue, sample_repo, worker_settings
 
 FIX = m.replace("calc.py", "return a - b", "return a + b")
@@ -38,15 +37,9 @@ TEST_MODEL = ModelSpec(
 
 
 @pytest.fixture
-def env(
-    redis_server: RedisServer,
-    redis: Redis,
-    github: GitHubServer,
-    model: AnthropicServer,
-    tmp_path: Path,
-) -> dict[str, str]:
+def env_extra() -> dict[str, str]:
     """The operator lets a loop.yml choose Sonnet 5.5 and effort up to xhigh."""
-    return make_env(redis_server.url, github, model.url, tmp_path / "data") | {
+    return {
         "LOOPBOT_ALLOWED_MODELS": "claude-sonnet-5-5",
         "LOOPBOT_MAX_EFFORT": "xhigh",
     }

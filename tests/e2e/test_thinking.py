@@ -6,7 +6,6 @@ real git, the local GitHub and model."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,8 +16,7 @@ from bot.io.store import Store
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
-from bot.standins.redis_server import RedisServer
-from tests.conftest import Web, make_env
+from tests.conftest import Web
 from tests.e2e.test_loop import assert_every_tool_use_answered, events, key, record_of
 from tests.helpers import label, open_issue, sample_repo
 
@@ -28,15 +26,8 @@ FALLBACK = "claude-haiku-4-5"  # extended thinking only: no adaptive thinking is
 
 
 @pytest.fixture
-def env(
-    redis_server: RedisServer,
-    redis: Redis,
-    github: GitHubServer,
-    model: AnthropicServer,
-    tmp_path: Path,
-) -> dict[str, str]:
+def env_extra() -> dict[str, str]:
     return {
-        **make_env(redis_server.url, github, model.url, tmp_path / "data"),
         "LOOPBOT_FALLBACK_MODEL": FALLBACK,
         "LOOPBOT_MODEL_RETRIES": "0",  # a 529 goes to the fallback at once
     }
