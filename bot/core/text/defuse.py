@@ -21,7 +21,10 @@ they are. A WORD JOINER (U+2060, invisible, no line break) goes right after:
 - an ``&`` that starts a character reference (``&#64;``, ``&#x40;``, ``&commat;``): an
   entity would otherwise decode into an ``@`` or a ``#`` after this check;
 - the first letter of a closing keyword (``fixes``) with a URL anywhere after it:
-  GitHub also closes ``fixes https://github.com/o/r/issues/12``.
+  GitHub also closes ``fixes https://github.com/o/r/issues/12``;
+- the ``<!--`` of loopbot's own hidden marker (``<!-- loopbot:status -->``): loopbot finds
+  the comments it edits by that marker, so quoted text carrying one would have another
+  comment (the status comment) written into the one that quoted it.
 
 In code spans and blocks the joiner is invisible too, so nothing shows; the cost is a
 character that a copy of the text carries. The transformation is idempotent (a joined
@@ -41,6 +44,7 @@ _REF = re.compile(r"(?i)(#|GH-)(?=[0-9])")
 _ENTITY = re.compile(r"(?i)&(?=#|commat\b|num\b)")
 _KEYWORD = re.compile(r"(?i)close[sd]?|fix(?:e[sd])?|resolve[sd]?")  # harsh: also inside words
 _URL = re.compile(r"(?i)https?:|www\.")
+_MARKER = re.compile(r"(?i)<!--(?=\s*loopbot\s*:)")
 
 
 def _closing_keywords(text: str) -> str:
@@ -60,6 +64,7 @@ def safe_text(text: str) -> str:
     text = _ENTITY.sub("&" + JOINER, text)
     text = _MENTION.sub("@" + JOINER, text)
     text = _REF.sub(lambda m: m.group(1) + JOINER, text)
+    text = _MARKER.sub("<!--" + JOINER, text)
     return _closing_keywords(text)
 
 
