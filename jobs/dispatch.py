@@ -35,13 +35,14 @@ from bot.core.rules import findings as flog
 from bot.core.rules.lifecycle import Create, Refused, Requeue, Restart, may_start
 from bot.core.rules.review import gate_after_dismissal
 from bot.core.text import messages
+from bot.core.text import metric as metric_text
 from bot.core.text.messages import code_span
 from bot.io.github.client import Installation, IssueInfo
 from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
 from bot.io.pace import Pace
 from bot.io.queues import enqueue_gate
-from jobs import lifecycle
+from jobs import lifecycle, plan, triage
 from jobs.agent import MAX_TOKENS
 from jobs.merge_gate import refuse_closed
 from jobs.runtime import Runtime, current, instrumented
@@ -84,7 +85,12 @@ def handle_command(raw: str) -> str:
 
 def _label_added(rt: Runtime, gh: Installation, cmd: LabelAdded) -> str:
     text = gh.file(cmd.repo, repo_config.CONFIG_PATH)
-    if cmd.label != repo_config.ready_label(text):
+    # The ready label starts a fix loop; the optimize label a metric loop (jobs/metric_loop.py).
+    if cmd.label == repo_config.ready_label(text):
+        kind = "code"
+    elif cmd.label == repo_config.loop_label(text, "metric"):
+        kind = "metric"
+    else:
         return "not the ready label"
     if not gh.can_write(cmd.repo, cmd.actor):
         return f"{cmd.actor} cannot write to {cmd.repo}: ignored"
@@ -96,9 +102,13 @@ def _label_added(rt: Runtime, gh: Installation, cmd: LabelAdded) -> str:
         )
         rt.store.event(cmd.loop, "config_invalid", problems=exc.problems)
         return "bad config: " + str(exc)
+    if kind == "metric" and config.metric is None:  # say what to add; start nothing
+        missing = metric_text.no_metric_section(cmd.actor, cmd.label)
+        gh.upsert_comment(cmd.repo, cmd.issue, metric_text.MISSING_KEY, missing)
+        return "no metric section in loop.yml"
     issue = gh.issue(cmd.repo, cmd.issue)  # the text this writer approves
     return start_loop(
-        rt, cmd.repo, cmd.issue, cmd.installation_id, cmd.actor, config, approved=issue
+        rt, cmd.repo, cmd.issue, cmd.installation_id, cmd.actor, config, approved=issue, kind=kind
     )
 
 
@@ -113,6 +123,7 @@ def start_loop(
     restart: bool = False,
     note: str = "",
     approved: IssueInfo | None = None,
+    kind: str | None = None,
 ) -> str:
     """Create or resume the loop record and enqueue its one job. Safe to call twice.
 
@@ -122,7 +133,8 @@ def start_loop(
 
     ``note`` tells the agent why it continues (the first line of its next prompt).
     ``approved``: the issue as the writer ``actor`` approved it (frozen intake); None
-    keeps the text approved before.
+    keeps the text approved before. ``kind``: "code" or "metric", as the label that
+    starts it says; None keeps the record's (a new record: "code").
     """
     store = rt.store
     loop = LoopId(repo, issue)
@@ -151,17 +163,25 @@ def start_loop(
                     max_turns=config.max_turns,
                     approved=approved,
                     pacing=_pacing(rt, gh, loop, config, approved),
+                    kind=kind or "code",
                 )
                 return "restarted" if restart else "started"
             case Restart():
                 assert record is not None  # may_start restarts only a loop that exists
+                if kind is not None and metric_text.switch_refused(record, kind):
+                    # A worked loop of the other kind: its branch, conversation and table
+                    # are that loop's, and would become this one's baseline and PR.
+                    gh.upsert_comment(
+                        repo, issue, metric_text.SWITCH_KEY, metric_text.switch_comment(record)
+                    )
+                    return f"the issue's loop is of kind {record.kind}: not switched to {kind}"
                 lifecycle.requeue(
                     store,
                     loop,
                     Requeue.RESTART,
                     note=note,
                     by=actor,
-                    also=_renew(installation_id, actor, config, approved),
+                    also=_renew(installation_id, actor, config, approved, kind),
                     pacing=_pacing(rt, gh, loop, config, approved),
                 )
                 return "restarted" if record.restarts or restart else "started"
@@ -196,14 +216,21 @@ def _pacing(
 
 
 def _renew(
-    installation_id: int, actor: str, config: repo_config.RepoConfig, approved: IssueInfo | None
+    installation_id: int,
+    actor: str,
+    config: repo_config.RepoConfig,
+    approved: IssueInfo | None,
+    kind: str | None = None,
 ) -> Callable[[LoopRecord], None]:
     """What a restart takes from now: this repository's limits, the installation the
-    command came through, and the text the restarting writer approved (if any)."""
+    command came through, the text the restarting writer approved (if any), and the
+    kind of loop the label they added asks for (if any)."""
 
     def renew(r: LoopRecord) -> None:
         r.max_turns = config.max_turns
         r.installation_id = installation_id
+        if kind is not None:
+            r.kind = kind
         if approved is not None:
             approve(r, approved.title, approved.body, actor)
 
@@ -228,6 +255,10 @@ def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
     if cmd.action == "status":
         gh.upsert_comment(cmd.repo, cmd.issue, reply_key, messages.status_reply(record))
         return "status"
+    if cmd.action == "plan":  # milestones proposed for a writer to accept (jobs/plan.py)
+        return plan.command(rt, gh, cmd, record)
+    if cmd.action in ("accept-spec", "split"):  # answers to triage (jobs/triage.py)
+        return triage.command(rt, gh, cmd, record, start=start_loop)  # restarts after accept
     if record is None:
         gh.upsert_comment(cmd.repo, cmd.issue, reply_key, messages.no_loop(cmd.action))
         return "no loop"
@@ -260,11 +291,12 @@ def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
 
 
 def _inactive(rt: Runtime, gh: Installation, cmd: IssueInactive) -> str:
+    record = rt.store.get(cmd.loop.key)
     if cmd.reason == "unlabeled":
         text = gh.file(cmd.repo, repo_config.CONFIG_PATH)
-        if cmd.label != repo_config.ready_label(text):
+        # The loop's own label: ready for a fix loop, optimize for a metric loop.
+        if cmd.label != repo_config.loop_label(text, record.kind if record else "code"):
             return "not the ready label"
-    record = rt.store.get(cmd.loop.key)
     if record is None or not record.active:
         return "no active loop"
     if cmd.reason == "closed" and record.pr_number is not None:
@@ -305,7 +337,7 @@ def _edited(rt: Runtime, gh: Installation, cmd: IssueEdited) -> str:
         return "edit by a non-writer; no active loop"
     rt.store.event(key, "intake_edited", actor=cmd.actor)
     result = lifecycle.cancel(rt.redis, key, Reason.ISSUE_EDITED, cmd.actor)
-    label = repo_config.ready_label(gh.file(cmd.repo, repo_config.CONFIG_PATH))
+    label = repo_config.loop_label(gh.file(cmd.repo, repo_config.CONFIG_PATH), record.kind)
     gh.upsert_comment(
         cmd.repo, cmd.issue, intake.COMMENT_KEY, intake.stopped_comment(cmd.actor, label)
     )

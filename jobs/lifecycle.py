@@ -87,11 +87,13 @@ def create(
     max_turns: int,
     approved: IssueInfo | None = None,
     pacing: Pacing | None = None,
+    kind: str = "code",
 ) -> LoopRecord:
     """The issue's first loop: a new record, queued, and its job.
 
     ``approved``: the issue as ``actor``, a writer, approved it (frozen intake).
     ``pacing``: the job waits for a slot (``Pacing``); None enqueues it at once.
+    ``kind``: "code" (the ready label) or "metric" (the optimize label: jobs/metric_loop.py).
     """
     record = LoopRecord(
         repo=loop.repo,
@@ -100,6 +102,7 @@ def create(
         branch=loop.branch,
         started_by=actor,
         max_turns=max_turns,
+        kind=kind,
     )
     if approved is not None:
         approve(record, approved.title, approved.body, actor)
@@ -175,6 +178,8 @@ def _requeue_event(why: Requeue, record: LoopRecord, by: str) -> tuple[str, dict
             return "handoff", {"worker": by}
         case Requeue.TAKE_OVER:
             return "loop_resumed", {"reason": "handoff"}
+        case Requeue.POST_ACTION:
+            return "post_action_queued", {"base": record.post_action.get("base", "")}
         case _:
             assert_never(why)
 

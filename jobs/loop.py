@@ -22,17 +22,21 @@ import anthropic
 from bot.core import repo_config
 from bot.core.ids import LoopId
 from bot.core.models import ModelSpec, thinking_params
-from bot.core.record import ACTIVE, LoopRecord, Reason, Status
-from bot.core.rules import budget, discussion, intake, nested_guidance
+from bot.core.record import ACTIVE, LoopRecord, Reason, Status, intake_hash
+from bot.core.rules import budget, discussion, intake, nested_guidance, sections
+from bot.core.rules import metric as metric_rules
 from bot.core.rules import turns as transitions
 from bot.core.rules.lifecycle import Requeue
+from bot.core.rules.merge import protected_changes
+from bot.core.rules.review import Answer, CriticReport
 from bot.core.text import messages, prompts
 from bot.io.github.client import PullInfo
 from bot.io.github.failures import GitHubError, new_error_id, public_error
 from bot.io.logs import get_logger
 from bot.io.store import FencedStore, LeaseLost, Store
-from jobs import evidence, lifecycle
+from jobs import evidence, lifecycle, metric_loop, plan, precall, triage
 from jobs.agent import MAX_TOKENS, Agent, Limits, Outcome
+from jobs.critic import Critic
 from jobs.drain import DRAIN
 from jobs.models import UnknownModel
 from jobs.runtime import Runtime, current, instrumented
@@ -145,6 +149,10 @@ class LoopRunner:
         self.guidance = ""  # the repository's instructions (prompts.guidance), set at start
         self._check_runs: dict[str, int] = {}  # head sha -> our check run there
         self._push: tuple[_Background, int, str] | None = None
+        # Milestones: the next prompt gives the current section's whole text (a new
+        # section, or a new job on the conversation), else a one-line reminder.
+        self._section_full = True
+        self._review_guidance: str | None = None  # the reviewer's, read once per job
 
     # -- entry -------------------------------------------------------------------------------
 
@@ -315,6 +323,12 @@ class LoopRunner:
             agent.system += "\n\n" + self.guidance
         # The stored conversation's thinking blocks are tied to the model that wrote them.
         agent.last_model = record.conversation_model or None
+        if record.kind == "metric":  # a metric loop (labels.optimize): jobs/metric_loop.py
+            return metric_loop.run(self, agent, base)
+        # Readiness triage (jobs/triage.py): before the first turn ever, once per approved
+        # text; an issue with no checkable outcome, or too large, is refused uncoded.
+        if stop := triage.before_coding(self.rt, self.gh, self.store, self._record(), config):
+            return self._finish(Status.REFUSED, stop.reason, stop.detail)
         return self._turns(agent, base)
 
     def _window_of(self, model: str) -> int:
@@ -336,6 +350,12 @@ class LoopRunner:
         return params
 
     def _turns(self, agent: Agent, base: str) -> str:
+        if self._record().post_action.get("status") == "pending":  # after the final audit
+            if not self.store.feedback_waiting(self.key):
+                return self._post_action(agent, base)
+            # A maintainer asked for changes on the approved pull request before the
+            # post-action began: those first; the post-action follows the next clean review.
+            self._post_action_feedback(deferred=True)
         conversation = self.store.conversation(self.key)
         failure = self._record().resume_note if conversation else ""
         while True:
@@ -349,7 +369,7 @@ class LoopRunner:
                 turn=record.turn,
                 max_turns=self.config.max_turns,
                 issue_open=issue.open,
-                has_label=self.config.labels.ready in issue.labels,
+                has_label=self.config.labels.of_kind(record.kind) in issue.labels,
                 cancel=self.store.cancel_requested(self.key),
                 intake_edited=intake.edited(record, issue.title, issue.body),
             )
@@ -360,13 +380,15 @@ class LoopRunner:
                             self.repo,
                             self.issue_number,
                             intake.COMMENT_KEY,
-                            intake.stopped_comment("", self.config.labels.ready),
+                            intake.stopped_comment("", self.config.labels.of_kind(record.kind)),
                         )
                     return self._stop(step)
                 case transitions.RunTurn():
                     pass
                 case _:
                     assert_never(step)
+            if (ended := self._sections_ready(record, issue, first=not conversation)) is not None:
+                return ended
             smallest = budget.smallest_call(agent.model, MAX_TOKENS)
             if out := budget.before_turn(self.budget, budget.Spent.of(record), smallest):
                 return self._finish(Status.FAILED, Reason.BUDGET, out.detail)
@@ -392,7 +414,7 @@ class LoopRunner:
                     body,
                     self.config.verify,
                     record.base_verify,
-                    extra=news.sections,
+                    extra=(*news.sections, *self._section_extra(record)),
                 )
             else:
                 prompt = prompts.continuation(
@@ -400,7 +422,7 @@ class LoopRunner:
                     failure or "Continue.",
                     self.store.take_feedback(self.key),
                     self._blocking_findings(record),
-                    extra=news.sections,
+                    extra=(*news.sections, *self._section_extra(record)),
                 )
             limits = Limits(
                 step_cap=self.config.step_cap,
@@ -500,6 +522,7 @@ class LoopRunner:
                     or bool(tests)
                     or not evidence.needs_test(record.base_verify)
                     or self._tests_asked()
+                    or record.kind == "metric"  # its evidence is the results table
                 ),
             )
             if not isinstance(after, transitions.Verified):  # _open_pull writes it then
@@ -508,7 +531,14 @@ class LoopRunner:
                 case transitions.Stop():
                     return self._stop(after)
                 case transitions.Verified():
-                    return self._open_pull(base, outcome)
+                    audited = self._section_audit(head)  # milestones: audit before going on
+                    if isinstance(audited, str):
+                        return audited
+                    if audited is None:
+                        return self._open_pull(base, outcome)
+                    failure = audited.note
+                    self._status_comment()
+                    continue
                 case transitions.AskForTest():  # a Continue that asks for a test first
                     self.store.event(self.key, "test_requested", turn=turn, sha=head)
                 case transitions.Continue():
@@ -524,6 +554,410 @@ class LoopRunner:
                     + "): they never reach the commit, so verify ran without them."
                 )
             self._status_comment()
+
+    # -- milestones: sections, section audits, post_action (bot/core/rules/sections.py) -------
+
+    def _sections_ready(self, record: LoopRecord, issue: Any, *, first: bool) -> str | None:
+        """Read the sections of the approved text (again, when a writer's edit changed
+        it); with ``milestones: auto`` and none in the issue, ask the planner at the first
+        turn. A string when the loop ended here."""
+        if self.config.milestones == "off":
+            if record.sections:
+                self._set(sections=[], section_index=0, sections_sha="", sections_source="")
+            return None
+        digest = record.approved_sha256 or intake_hash(issue.title, issue.body)
+        if record.sections_sha == digest:
+            return None
+        title, body = intake.approved_text(record, issue.title, issue.body)
+        found, source = sections.parse(body), "issue"
+        if not found and record.sections_source == "planner":
+            self._set(sections_sha=digest)  # the plan stands: the edit added no sections
+            return None
+        if not found and self.config.milestones == "auto" and first and not record.sections:
+            try:
+                proposal = plan.propose(
+                    self.rt, self.config, title, body, store=self.store, key=self.key
+                )
+            except precall.OverBudget as exc:
+                return self._finish(Status.FAILED, Reason.BUDGET, str(exc))
+            found, source = proposal.sections, "planner"
+            self.store.event(
+                self.key,
+                "sections_planned",
+                count=len(found),
+                titles=[s.title for s in found],
+                cost_usd=round(proposal.cost_usd, 6),
+                problem=proposal.problem,
+            )
+            if found:
+                self.lease.check()
+                self.gh.upsert_comment(
+                    self.repo,
+                    self.issue_number,
+                    plan.COMMENT_KEY,
+                    plan.auto_comment(found, proposal.cost_usd),
+                )
+        new = sections.carry_over(record.sections, found)
+        index = sections.current(new)
+        if index is not None:
+            new = sections.started(new, index, self.worktrees.head(self.checkout.path))
+        self._set(
+            sections=new,
+            sections_sha=digest,
+            sections_source=source if new else "",
+            section_index=index if index is not None else max(len(new) - 1, 0),
+        )
+        if new:
+            self._section_full = True
+            self.store.event(
+                self.key,
+                "sections",
+                count=len(new),
+                source=source,
+                titles=[s["title"] for s in new],
+                done=[i + 1 for i, s in enumerate(new) if s.get("done")],
+                current=index + 1 if index is not None else None,
+            )
+        return None
+
+    def _section_extra(self, record: LoopRecord) -> tuple[str, ...]:
+        """The prompt's section block: which section the turn works on."""
+        index = sections.current(record.sections)
+        if index is None:
+            return ()
+        full, self._section_full = self._section_full, False
+        return (prompts.section_prompt(record.sections, index, full=full),)
+
+    def _section_audit(self, head: str) -> _SectionNext | str | None:
+        """Verify passed. In a sectioned loop with a section left, audit it: the critic's
+        model on the section's diff (its start to ``head``), the section's text as the
+        contract. A note for the next turn (the same section again, or the next one), a
+        string when the loop ended, or None: on to the pull request."""
+        record = self._record()
+        match sections.after_verified(record.sections):
+            case sections.OpenPull():
+                return None
+            case sections.Audit(index=i):
+                pass
+        secs, total = record.sections, len(record.sections)
+        sec = secs[i]
+        title = str(sec.get("title", ""))
+        start = str(sec.get("start_sha") or self.checkout.base_sha)
+        rounds = int(sec.get("audit_rounds") or 0) + 1
+        # The last round's blocking findings of this section: the auditor answers for each.
+        asked = [
+            f
+            for f in record.section_findings
+            if (f.get("section"), f.get("round"), f.get("severity")) == (i, rounds - 1, "sev1")
+        ]
+        self._set(phase=f"auditing {sections.label(secs, i)}", section_index=i)
+        self.store.event(
+            self.key,
+            "section_audit_started",
+            section=i + 1,
+            total=total,
+            title=title,
+            round=rounds,
+            sha=head,
+        )
+        self._status_comment()
+        if self._review_guidance is None:
+            self._review_guidance = prompts.guidance(
+                {p: self.gh.file(self.repo, p) for p in prompts.INSTRUCTION_FILES}, reviewer=True
+            )
+        later = [f"{n + 1}. {s.get('title')}" for n, s in enumerate(secs) if n > i]
+        scope = (
+            f"This is a section audit. The issue is worked in {total} sections, one at a "
+            f"time; the diff below is the work on section {i + 1} ({start[:10]}..{head[:10]}). "
+            "Judge whether it delivers this section, correctly and with tests where the "
+            "section calls for them; the section's text, from the issue and fenced like "
+            "it, is the contract:\n"
+            f"<{prompts.FENCE}>\nSection {i + 1}: {prompts.fence_safe(title)}\n\n"
+            f"{prompts.fence_safe(str(sec.get('text', '')))}\n</{prompts.FENCE}>\n"
+            + (
+                # Their titles are the issue's text too: fenced, never loose in the prompt.
+                "Do not report as missing what later sections will do (their titles, "
+                f"from the issue):\n<{prompts.FENCE}>\n"
+                + prompts.fence_safe("\n".join(later))
+                + f"\n</{prompts.FENCE}>\n"
+                if later
+                else "This is the last section. "
+            )
+            + "A sev1 here sends the work back to coding on this section."
+        )
+        stands = bool(asked) and sec.get("dirty_sha") == head
+        if stands:
+            # Nothing changed since this section's blocking audit: asking again about the
+            # very same commit is how a flip-flopping auditor would override its own sev1.
+            # Its findings stand until the head changes (or a person restarts the loop).
+            report = CriticReport(
+                verdict="request_changes",
+                summary="No change since the last audit of this section: its findings stand.",
+                findings=[],
+                earlier_findings=[
+                    Answer(id=str(f.get("id")), status="open", why="no change since") for f in asked
+                ],
+            )
+        elif not self.config.critic.enabled:
+            # The repository turned its critic off: sections still pace the work, one at a
+            # time, but no model judges them (and no final audit follows).
+            report = CriticReport(
+                verdict="approve",
+                summary="Not audited: `critic.enabled` is false in loop.yml.",
+                findings=[],
+            )
+        else:
+            critic = Critic(self.rt, self.repo, self.issue_number)
+            try:
+                report = critic.audit(
+                    self.config,
+                    self._review_guidance,
+                    record.approved_title,
+                    record.approved_body,
+                    self.worktrees.diff_between(self.checkout, start, head),
+                    scope=scope,
+                    asked=asked,
+                )
+            except precall.OverBudget as exc:
+                self.gh.add_labels(self.repo, self.issue_number, [self.config.labels.needs_human])
+                return self._finish(Status.FAILED, Reason.BUDGET, str(exc))
+            except UnknownModel as exc:  # a setting to fix: no retry, no resume
+                return self._finish(
+                    Status.FAILED,
+                    Reason.BAD_CONFIG,
+                    f"the critic's model `{exc.model}` is unknown to the Anthropic API, so "
+                    f"section {i + 1} cannot be audited (see `loopbot doctor`)",
+                )
+        still = {a.id for a in report.earlier_findings if a.status == "open"}
+        carried = [f | {"round": rounds, "sha": head} for f in asked if f.get("id") in still]
+        found = [
+            f.model_dump()
+            | {"id": f"S{i + 1}.{rounds}.{k}", "section": i, "round": rounds}
+            | {"sha": head}
+            for k, f in enumerate(report.findings, 1)
+        ]
+        blocking = [f for f in found if f["severity"] == "sev1"] + carried
+        decision = sections.after_audit(
+            secs,
+            i,
+            verdict=report.verdict,
+            sev1=len(blocking),
+            max_rounds=self.config.critic.max_rounds,
+        )
+        self.store.event(
+            self.key,
+            "section_audited",
+            section=i + 1,
+            total=total,
+            title=title,
+            round=rounds,
+            sha=head,
+            verdict=report.verdict,
+            sev1=len(blocking),
+            sev2=report.count("sev2"),
+            sev3=report.count("sev3"),
+            summary=report.summary[:500],
+            **({"stands": True} if stands else {}),
+        )
+
+        def keep(r: LoopRecord) -> None:
+            r.section_findings = [*r.section_findings, *found, *carried][-200:]
+
+        def dirty(r: LoopRecord) -> None:
+            # A blocking audit is a round (the next one's findings ids and questions follow
+            # from it), on this head: its findings stand until the head changes.
+            keep(r)
+            r.sections = sections.count_round(r.sections, i)
+            r.sections[i]["dirty_sha"] = head
+
+        match decision:
+            case sections.Recode():
+
+                def again(r: LoopRecord) -> None:
+                    dirty(r)
+                    r.turn = 0  # a fresh turn budget, as for the critic's findings
+
+                self.store.update(self.key, again)
+                return _SectionNext(prompts.section_findings(i, total, blocking))
+            case sections.NextSection(done=done, index=n):
+
+                def advance(r: LoopRecord) -> None:
+                    keep(r)
+                    r.sections = sections.started(sections.tick(r.sections, done), n, head)
+                    r.section_index = n
+                    r.turn = 0  # each section has its own turn budget
+
+                self.store.update(self.key, advance)
+                self.store.event(
+                    self.key, "section_done", section=done + 1, total=total, title=title, next=n + 1
+                )
+                self._section_full = True
+                return _SectionNext(prompts.section_next(done, n, total))
+            case sections.AllSections(done=done):
+
+                def last(r: LoopRecord) -> None:
+                    keep(r)
+                    r.sections = sections.tick(r.sections, done)
+
+                self.store.update(self.key, last)
+                self.store.event(
+                    self.key, "section_done", section=done + 1, total=total, title=title, next=None
+                )
+                return None
+            case sections.StopLoop(status=status, reason=reason, detail=detail):
+                # An audit that failed (error) was no round; one that ran out of rounds was.
+                self.store.update(self.key, dirty if reason is Reason.NEEDS_HUMAN else keep)
+                if reason is Reason.NEEDS_HUMAN:
+                    self.gh.add_labels(
+                        self.repo, self.issue_number, [self.config.labels.needs_human]
+                    )
+                return self._finish(status, reason, detail)
+            case _:
+                assert_never(decision)
+
+    def _post_action_feedback(self, *, deferred: bool) -> None:
+        """A maintainer's request on the pull request waits: coding turns follow (they
+        read it), then a review of the new head, instead of the gate."""
+        self.store.event(self.key, "post_action_feedback", deferred=deferred)
+        self._set(
+            turn=0,  # a person asked for another go, as a restart does
+            resume_note="A maintainer asked for changes on the pull request after its review.",
+            **({"post_action": {}} if deferred else {}),
+        )
+
+    def _post_action(self, agent: Agent, base: str) -> str:
+        """``post_action.prompt``: one best-effort turn after a clean final audit, on the
+        approved head. Committed as ``loop(post-action): …`` and pushed only when verify
+        passes on it and it touches no protected path and stays small; otherwise dropped
+        (the unpushed commit reset away) and the gate gets the approved head as it was.
+        Its summary is kept either way. Never audited again: the gate accepts exactly this
+        one commit on top of the reviewed sha (``bot.core.rules.merge.post_action_head``)."""
+        record = self._record()
+        pa = dict(record.post_action)
+        reviewed = str(pa.get("base") or "")
+        head = self.worktrees.head(self.checkout.path, self.checkout.mirror)
+        instruction = self.config.post_action.prompt if self.config.post_action else ""
+
+        def settle(status: str, **more: Any) -> None:
+            now = {**pa, "status": status, **more}
+            self._set(post_action=now)
+            self.store.event(
+                self.key,
+                "post_action",
+                status=status,
+                base=reviewed,
+                sha=now.get("sha", ""),
+                why=now.get("why", ""),
+            )
+
+        if not instruction:
+            settle("none", why="loop.yml has no post_action any more")
+            return self._after_post_action()
+        if head != reviewed or not self.worktrees.is_clean(self.checkout):
+            settle("failed", why="the branch is not at the approved head")
+            return self._after_post_action()
+        if self._cancelled():
+            return self._finish(Status.CANCELLED, Reason.CANCELLED)
+        spent = budget.Spent.of(record)
+        smallest = budget.smallest_call(agent.model, MAX_TOKENS)
+        if out := budget.before_turn(self.budget, spent, smallest):
+            settle("failed", why=out.detail)  # best effort: the reviewed change stands
+            return self._after_post_action()
+        self._set(phase="post_action")
+        self.store.update(self.key, _count_turn)
+        self.store.event(self.key, "post_action_started", base=reviewed)
+        self._status_comment()
+        conversation = self.store.conversation(self.key)
+        limits = Limits(
+            step_cap=self.config.step_cap,
+            tool_budget=self.config.tool_budget,
+            budget=self.budget,
+            spent=spent,
+            stall_timeout=self.rt.settings.stall_timeout,
+        )
+        ignored_before = self.worktrees.ignored_files(self.checkout)
+        outcome = agent.run_turn(conversation, prompts.post_action(instruction), limits)
+        if self.lease.lost.is_set():
+            return LEASE_LOST
+        self.store.save_conversation(self.key, conversation)
+        self._record_usage(outcome)
+        if outcome.end in ("cancelled", "shutdown"):
+            self.worktrees.drop_to(self.checkout, reviewed)
+            self.sandbox.adopt()
+            if outcome.end == "shutdown":  # still pending: the next worker runs it again
+                return self._handoff("")
+            return self._finish(Status.CANCELLED, Reason.CANCELLED)
+        summary = self.gh.redact(outcome.text.strip())[:1000]
+        why = "" if outcome.end in ("finished", "text_only") else f"the turn ended: {outcome.end}"
+        sha: str | None = None
+        if not why:
+            self.worktrees.purge_ignored(self.checkout, ignored_before)
+            first = self.gh.redact((summary.splitlines() or ["post-action"])[0])[:60]
+            sha = self.worktrees.commit_all(self.checkout, f"loop(post-action): {first}")
+        if sha is not None and not why:
+            why = self._post_action_problem(reviewed, sha)
+        verify: Any = None
+        if sha is not None and not why:
+            verify = self.sandbox.run(self.config.verify)
+            if (problem := self.sandbox.worktree_problem()) is not None:
+                why = f"verify: {problem}"
+            elif not verify.passed:
+                why = f"`{self.config.verify}` failed with it (exit {verify.exit_code})"
+        if why:
+            self.worktrees.drop_to(self.checkout, reviewed)
+            self.sandbox.adopt()
+            settle("dropped", why=why, summary=summary, sha="")
+        elif sha is None:
+            settle("none", summary=summary, why="it changed nothing")
+        else:
+            self.lease.check()
+            self.worktrees.push(self.checkout, self.gh.token())
+            self._set(
+                head_sha=sha,
+                last_verify={
+                    "turn": record.turn,
+                    "passed": True,
+                    "exit_code": verify.exit_code,
+                    "seconds": round(verify.seconds, 3),
+                    "timed_out": verify.timed_out,
+                    "sha": sha,
+                },
+            )
+            settle("kept", sha=sha, summary=summary)
+            self._check_run(
+                "completed", conclusion="success", title="post-action verified", new_head=True
+            )
+        self._refresh_pull(outcome)
+        if self.store.feedback_waiting(self.key):  # asked while the post-action ran
+            self._post_action_feedback(deferred=False)
+            return self._turns(agent, base)
+        return self._after_post_action()
+
+    def _post_action_problem(self, reviewed: str, sha: str) -> str:
+        """Why the post-action commit may not stand, or "": it is never reviewed, so it
+        may not touch a protected path or grow past a small change."""
+        touched = self.worktrees.numstat_between(self.checkout, reviewed, sha)
+        hit = protected_changes([p for p, _ in touched], self.config.merge.protected_paths)
+        if hit:
+            return "it changed protected paths: " + ", ".join(hit[:5])
+        # A binary file has no line count to bound it, and nobody could read it anyway.
+        if binary := [p for p, n in touched if n is None]:
+            return "it changed binary files: " + ", ".join(binary[:5])
+        lines = sum(n or 0 for _, n in touched)
+        if lines > POST_ACTION_MAX_LINES:
+            return f"it changed {lines} lines (a post-action may change {POST_ACTION_MAX_LINES})"
+        return ""
+
+    def _after_post_action(self) -> str:
+        if not self.config.merge.enabled:
+            return self._finish(
+                Status.COMPLETED,
+                Reason.PR_OPENED,
+                "reviewed; merging is disabled for this repository",
+            )
+        if not self._advance(Status.MERGING):
+            return "post-action done; the loop was cancelled meanwhile"
+        return "post-action done; merge gate queued"
 
     def _news(self, record: LoopRecord, base: str, *, first: bool) -> _News:
         """What the agent has not been given yet, as prompt sections: the maintainers'
@@ -715,6 +1149,7 @@ class LoopRunner:
         # The commit lands on GitHub too: no secret of the worker's in its subject.
         summary = self.gh.redact((outcome.text.strip().splitlines() or ["changes"])[0])[:72]
         sha = self.worktrees.commit_all(self.checkout, f"loop(turn-{turn}): {summary}")
+        sha = self._keep_results_table() or sha
         if sha is None:
             return None
         self._pushed()
@@ -723,6 +1158,25 @@ class LoopRunner:
         # Only git on the thread: GitHub calls stay on the job's thread and its client.
         self._push = (_Background(lambda: self.worktrees.push(self.checkout, token)), turn, sha)
         return sha
+
+    def _keep_results_table(self) -> str | None:
+        """A metric loop's ``loop-results.tsv`` is the harness's, written from the record:
+        a fix turn after the pull request opened (findings, checks, a conflict) that
+        changed it gets it restored in a commit of its own. The new head, or None."""
+        record = self._record()
+        if record.kind != "metric" or not record.metric_done:  # iterations commit their own
+            return None
+        table = metric_rules.tsv(metric_rules.rows_of(record.metric_results))
+        restored = self.worktrees.commit_file(
+            self.checkout,
+            metric_rules.TSV_NAME,
+            table,
+            f"loop: {metric_rules.TSV_NAME} as measured (the results are the harness's)",
+        )
+        if restored is not None:
+            self.sandbox.adopt()
+            self.store.event(self.key, "results_table_restored", sha=restored)
+        return restored
 
     def _pushed(self) -> None:
         """Wait for the background push, then report it; its failure fails the turn."""
@@ -912,6 +1366,20 @@ class _News:
     sections: tuple[str, ...]  # as the prompt shows them; "" for an empty one
 
 
+@dataclass(frozen=True)
+class _SectionNext:
+    """A section audit's outcome that goes on coding: what the next prompt says first."""
+
+    note: str
+
+
+POST_ACTION_MAX_LINES = 300  # a post-action is never reviewed: a small change or none
+
+
+def _count_turn(r: LoopRecord) -> None:
+    r.total_turns += 1
+
+
 class _Background:
     """Run ``fn`` on a thread; ``join()`` waits and re-raises what it raised."""
 
@@ -975,10 +1443,32 @@ def pull_body(record: LoopRecord, summary: str, stat: str) -> str:
         f"| {turns} | ${record.cost_usd:.2f} | `{record.verify_command}` {verify} |\n\n"
         f"Evidence: {evidence.evidence_line(record.base_verify, record.last_verify)}; "
         f"tests changed: {tests}.\n\n"
-        "<details><summary>diff stat</summary>\n\n"
+        + _milestone_lines(record)
+        + "<details><summary>diff stat</summary>\n\n"
         f"{messages.code_block(stat.strip(chr(10)).rstrip())}\n</details>\n\n"
         "<sub>Opened by loopbot. `/loop <request>` on this PR asks for another turn.</sub>"
     )
+
+
+def _milestone_lines(record: LoopRecord) -> str:
+    """The pull request body's milestones and post-action lines ("" for neither)."""
+    out = ""
+    if record.sections:
+        done = sum(1 for s in record.sections if s.get("done"))
+        out += (
+            f"Milestones: {done} of {len(record.sections)} done, each audited on its own "
+            "before a final audit of the whole change.\n\n"
+        )
+    pa = record.post_action
+    if pa.get("status") in ("kept", "dropped", "none"):
+        said = messages.safe_text(str(pa.get("summary") or "").strip()) or "(no summary)"
+        what = {
+            "kept": f"committed as {str(pa.get('sha', ''))[:12]}, not reviewed again",
+            "dropped": f"dropped: {messages.safe_text(str(pa.get('why', '')))}",
+            "none": "no change",
+        }[str(pa["status"])]
+        out += f"Post-action ({what}): {said}\n\n"
+    return out
 
 
 def pull_summary(pull: PullInfo, fallback: str) -> str:

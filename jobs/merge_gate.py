@@ -31,6 +31,7 @@ from bot.core.rules.merge import (
     classify_checks,
     decide,
     fold_checks,
+    post_action_head,
     protected_changes,
 )
 from bot.core.text import messages, receipt
@@ -148,7 +149,7 @@ class Gate:
             )
             facts = self._facts(gh, record, config, issue, pull, required, now - since)
             decision = decide(facts)
-            table = receipt.rows(facts, ready_label=config.labels.ready)
+            table = receipt.rows(facts, ready_label=config.labels.of_kind(record.kind))
             store.event(
                 self.key,
                 "gate",
@@ -251,6 +252,8 @@ class Gate:
         )
         open_log = [e for e in record.finding_log if e.get("status") == "open"]
         verify = record.last_verify
+        post_action = self._post_action(gh, record, head)
+        judged = record.reviewed_sha if post_action else head  # whose verdict counts
         return Facts(
             issue_open=issue.open,
             pr_open=pull.state == "open",
@@ -275,13 +278,14 @@ class Gate:
             waited_seconds=waited,
             max_wait_seconds=config.merge.wait_checks_minutes * 60,
             protected_changes=protected,
-            ready_label=config.labels.ready in issue.labels,
+            ready_label=config.labels.of_kind(record.kind) in issue.labels,  # the loop's own
             verify_sha=str(verify.get("sha") or ""),
             verify_passed=verify.get("passed") is True,
             # The last review's verdict is on this head too when it reviewed this head:
             # the critic writes both in one update.
-            verdict=record.verdicts.get(head)
-            or (record.verdict if record.reviewed_sha == head else ""),
+            verdict=record.verdicts.get(judged)
+            or (record.verdict if record.reviewed_sha == judged else ""),
+            post_action_sha=post_action,
             **self._base(gh, pull.base_ref, head),
             dismissed_by=", ".join(
                 sorted(
@@ -308,6 +312,22 @@ class Gate:
                 for e in open_log
             ),
         )
+
+    def _post_action(self, gh: Installation, record: LoopRecord, head: str) -> str:
+        """``head`` when it is the post-action commit the loop recorded, exactly one
+        commit on top of the approved reviewed sha as GitHub compares them; else ""."""
+        pa = record.post_action
+        if pa.get("status") != "kept" or pa.get("sha") != head or not record.reviewed_sha:
+            return ""  # no need to ask GitHub
+        compare = gh.compare_counts(self.repo, record.reviewed_sha, head)
+        ok = post_action_head(
+            pa,
+            reviewed_sha=record.reviewed_sha,
+            verdict=record.verdicts.get(record.reviewed_sha, ""),
+            head_sha=head,
+            compare=compare,
+        )
+        return head if ok else ""
 
     def _base(self, gh: Installation, base_ref: str, head: str) -> dict[str, Any]:
         """Whether ``head`` contains the default branch's tip now (an API error is raised:

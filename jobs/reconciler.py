@@ -277,10 +277,19 @@ def sweep(rt: Runtime) -> list[str]:
                 text = gh.file(repo, repo_config.CONFIG_PATH)
                 if text is None:
                     continue
-                label = repo_config.ready_label(text)
+                # The ready label's fix loops, and the optimize label's metric loops when
+                # loop.yml has a ``metric:`` section (jobs/metric_loop.py).
+                kinds = [(repo_config.ready_label(text), "code")]
+                if _has_metric(text):
+                    kinds.append((repo_config.loop_label(text, "metric"), "metric"))
                 priority = _priority_label(text)
                 waiting = Pace(rt.redis).state().line
-                for issue in gh.open_issues_with_label(repo, label):
+                labelled = [
+                    (issue, label, kind)
+                    for label, kind in kinds
+                    for issue in gh.open_issues_with_label(repo, label)
+                ]
+                for issue, label, kind in labelled:
                     key = LoopId(repo, issue.number).key
                     first = priority in issue.labels
                     moved = key in waiting and waiting[key].priority != first
@@ -292,12 +301,22 @@ def sweep(rt: Runtime) -> list[str]:
                     if actor is None or not gh.can_write(repo, actor):
                         continue
                     config = rt.parse_config(text)
-                    result = start_loop(rt, repo, issue.number, iid, actor, config, approved=issue)
+                    result = start_loop(
+                        rt, repo, issue.number, iid, actor, config, approved=issue, kind=kind
+                    )
                     rt.store.event(key, "swept", actor=actor, result=result)
                     started.append(key)
             except (GitHubError, repo_config.ConfigError) as exc:
                 log.warning("reconciler.sweep_failed", repo=repo, error=str(exc))
     return started
+
+
+def _has_metric(text: str) -> bool:
+    """Whether a loop.yml starts metric loops (a broken one starts nothing)."""
+    try:
+        return repo_config.parse(text).metric is not None
+    except repo_config.ConfigError:
+        return False
 
 
 def _priority_label(text: str) -> str:

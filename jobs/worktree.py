@@ -632,6 +632,125 @@ class Worktrees:
             self.head(checkout.path, checkout.mirror),
         )
 
+    # -- milestones and post_action (jobs/loop.py) ------------------------------------------
+
+    def diff_between(self, checkout: Checkout, base: str, head: str) -> str:
+        """The diff from ``base`` to ``head`` (a section's work, for its audit)."""
+        return git(checkout.mirror, "diff", "--no-ext-diff", "--no-textconv", base, head)
+
+    def numstat_between(
+        self, checkout: Checkout, base: str, head: str
+    ) -> list[tuple[str, int | None]]:
+        """Each path ``base``..``head`` touches (renames as delete and add), with its
+        added plus deleted lines; None for a binary file, whose size no line count says."""
+        out = git(
+            checkout.mirror,
+            "diff",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--no-renames",
+            "--numstat",
+            "-z",
+            base,
+            head,
+        )
+        found: list[tuple[str, int | None]] = []
+        for item in (p for p in out.split("\0") if p):
+            added, _, rest = item.partition("\t")
+            deleted, _, path = rest.partition("\t")
+            binary = not (added.isdigit() and deleted.isdigit())  # git says "-" "-"
+            found.append((path, None if binary else int(added) + int(deleted)))
+        return found
+
+    def drop_to(self, checkout: Checkout, sha: str) -> None:
+        """Put the branch and the worktree back at ``sha`` (an unpushed commit dropped),
+        keeping ignored files."""
+        path, mirror = checkout.path, checkout.mirror
+        with mirror_lock(mirror):
+            self._restore_gitfile(path, mirror)
+            defuse_tree(path)
+            self._git(path, mirror, "reset", "-q", "--hard", sha)
+            self._git(path, mirror, "clean", "-q", "-fd")
+
+    # -- metric loops (jobs/metric_loop.py) --------------------------------------------------
+
+    def tracked_files(self, checkout: Checkout) -> list[str]:
+        """Every path git tracks at the head (phase 0: the scope must match one)."""
+        out = git(
+            checkout.mirror,
+            "ls-tree",
+            "-r",
+            "-z",
+            "--name-only",
+            self.head(checkout.path, checkout.mirror),
+        )
+        return [p for p in out.split("\0") if p]
+
+    def commit_paths(self, checkout: Checkout, sha: str) -> list[str]:
+        """The paths commit ``sha`` adds, changes or deletes against its first parent
+        (renames as a delete and an add): what the scope must allow."""
+        out = git(
+            checkout.mirror,
+            "diff",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--no-renames",
+            "--name-only",
+            "-z",
+            f"{sha}^",
+            sha,
+        )
+        return [p for p in out.split("\0") if p]
+
+    def revert_head(self, checkout: Checkout) -> str:
+        """Undo the head commit with a new commit (``git revert --no-edit``): the history
+        keeps what was tried. Uncommitted files (what a command wrote) go first."""
+        path, mirror = checkout.path, checkout.mirror
+        with mirror_lock(mirror):
+            self._restore_gitfile(path, mirror)
+            defuse_tree(path)
+            self._git(path, mirror, "reset", "-q", "--hard")
+            self._git(path, mirror, "clean", "-q", "-fd")
+            self._git(path, mirror, "revert", "--no-edit", "HEAD")
+            return self.head(path, mirror)
+
+    def restore_tree(self, checkout: Checkout, sha: str, message: str) -> str | None:
+        """A new commit whose tree is ``sha``'s (the commits after it undone, kept in the
+        history); None when the tree is ``sha``'s already."""
+        path, mirror = checkout.path, checkout.mirror
+        with mirror_lock(mirror):
+            self._restore_gitfile(path, mirror)
+            defuse_tree(path)
+            self._git(path, mirror, "reset", "-q", "--hard")
+            self._git(path, mirror, "clean", "-q", "-fd")
+            self._git(path, mirror, "read-tree", "-u", "--reset", sha)
+            status = self._git(path, mirror, "status", "--porcelain", "--ignore-submodules=all")
+            if not status.strip():
+                return None
+            self._git(path, mirror, "commit", "-q", "--no-verify", "-m", message)
+            return self.head(path, mirror)
+
+    def commit_file(self, checkout: Checkout, name: str, text: str, message: str) -> str | None:
+        """Write ``name`` at the worktree's root and commit it alone, even where the
+        repository ignores it; None when it is unchanged. Whatever the agent left at that
+        path (a link to elsewhere) is removed first, never followed."""
+        path, mirror = checkout.path, checkout.mirror
+        target = path / name
+        with mirror_lock(mirror):
+            self._restore_gitfile(path, mirror)
+            defuse_tree(path)
+            if target.is_symlink() or target.exists():
+                _remove(target)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(text)
+            self._git(path, mirror, "add", "-f", "--", name)
+            staged = self._git(path, mirror, "diff", "--cached", "--name-only")
+            if not staged.strip():
+                return None
+            self._git(path, mirror, "commit", "-q", "--no-verify", "-m", message, "--", name)
+            return self.head(path, mirror)
+
     def push(self, checkout: Checkout, token: str) -> str:
         """Push the loop branch from the mirror (fast-forward only: never clobber others)."""
         mirror, branch = checkout.mirror, checkout.branch

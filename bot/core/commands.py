@@ -36,11 +36,15 @@ class LabelAdded(_Command):
     label: str
 
 
+ControlAction = Literal["cancel", "restart", "status", "plan", "accept-spec", "split"]
+
+
 class ControlCommand(_Command):
-    """``/loop-cancel``, ``/loop-restart`` or ``/loop-status`` in an issue comment."""
+    """``/loop-cancel``, ``/loop-restart``, ``/loop-status``, ``/loop-plan``,
+    ``/loop-accept-spec`` or ``/loop-split`` in an issue comment."""
 
     kind: Literal["control"] = "control"
-    action: Literal["cancel", "restart", "status"]
+    action: ControlAction
     comment_id: int
 
 

@@ -54,6 +54,17 @@ class Reason(StrEnum):
     RESOURCE_LIMIT = "resource_limit"
     ISSUE_EDITED = "issue_edited"  # title or body changed after a writer approved it
     MODEL_REFUSED = "model_refused"  # the model declined (stop_reason refusal)
+    # Metric loops (jobs/metric_loop.py): phase 0 failed on the base; discards in a row
+    # reached max_consecutive_discards with nothing kept; max_iterations ran with nothing
+    # kept; verify fails on the kept changes, so no pull request.
+    METRIC_PRECONDITIONS = "metric_preconditions"
+    METRIC_STUCK = "metric_stuck"
+    NO_IMPROVEMENT = "no_improvement"
+    METRIC_VERIFY = "metric_verify_failed"
+    # Readiness triage (bot/core/rules/triage.py) found no checkable outcome, or an issue
+    # that should be several: a proposal is on the issue, nothing was coded.
+    NEEDS_SPEC = "needs_spec"
+    TOO_LARGE = "too_large"
 
 
 class Usage(BaseModel):
@@ -164,6 +175,42 @@ class LoopRecord(BaseModel):
     # In line for a slot (max_parallel, LOOPBOT_MAX_PARALLEL): queued, its job not yet
     # enqueued; None once admitted (or never held back).
     waiting: Waiting | None = None
+    # -- metric loops (label labels.optimize; jobs/metric_loop.py, bot/core/rules/metric.py) --
+    kind: str = "code"  # "code": a fix loop (labels.ready); "metric": a metric loop
+    metric_results: list[dict[str, Any]] = Field(default_factory=list)  # metric.Row dicts
+    metric_head: str = ""  # the branch head after the last decided iteration (or the base)
+    metric_since: int = 0  # the iteration after which the current allowance began
+    metric_restarts: int = 0  # ``restarts`` as the metric loop last saw it
+    metric_max_iterations: int = 0  # as loop.yml set it when the allowance began
+    metric_command: str = ""  # loop.yml's metric.command and direction as measured
+    metric_direction: str = ""
+    metric_done: bool = False  # iterations over and a pull request opened: fix turns follow
+    # -- end of metric loop fields --
+    # -- triage ---------------------------------------------------------------------------
+    # Readiness triage of the approved text (bot/core/rules/triage.py, jobs/triage.py):
+    # its verdict and proposal, the ``approved_sha256`` it judged, a writer's acceptance,
+    # the sub-issues /loop-split created. {} = not triaged.
+    triage: dict[str, Any] = Field(default_factory=dict)
+    # -- end triage -----------------------------------------------------------------------
+    # -- milestones (bot/core/rules/sections.py, jobs/loop.py) ---------------------------
+    # The approved issue's sections, each {title, text, done, preticked, audit_rounds,
+    # start_sha, and once audited dirty_sha (the head whose sev1 findings stand) and
+    # round_base (audit_rounds at a person's restart)}; [] for a loop worked as one piece.
+    # ``section_index`` is the section being worked (a restart resumes there);
+    # ``sections_sha`` the approved text they were read from (a writer's edit re-reads
+    # them). Findings of section audits carry their
+    # ``section`` (0-based) and ``round``.
+    sections: list[dict[str, Any]] = Field(default_factory=list)
+    section_index: int = 0
+    sections_sha: str = ""
+    sections_source: str = ""  # "issue" or "planner" (milestones: auto)
+    section_findings: list[dict[str, Any]] = Field(default_factory=list)
+    # post_action (loop.yml): one best-effort turn after a clean final audit, run once:
+    # {status: pending|kept|dropped|none|failed, base: the reviewed sha it ran on, sha: its
+    # commit (kept), summary, why (dropped)}. The gate accepts exactly that commit on top
+    # of the reviewed sha (bot/core/rules/merge.py).
+    post_action: dict[str, Any] = Field(default_factory=dict)
+    # -- end milestones ------------------------------------------------------------------
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
 

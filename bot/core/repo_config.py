@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from bot.core.models import DEFAULT_MODEL, Effort, clamp_effort
 
@@ -62,6 +69,28 @@ class LabelsConfig(_Strict):
     needs_human: str = Field("loop:needs-human", min_length=1)
     # A waiting loop whose issue carries this label goes before those that do not.
     priority: str = Field("loop:priority-high", min_length=1)
+    # A metric loop (``metric:`` below) starts when a writer adds this label.
+    optimize: str = Field("loop:optimize", min_length=1)
+    # Put on an issue that triage found not ready to code (no checkable outcome, or too
+    # large), with a proposed specification; a writer accepts it, then re-applies ``ready``.
+    needs_spec: str = Field("loop:needs-spec", min_length=1)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> LabelsConfig:
+        # One label with two meanings would start a metric loop where a coding loop was
+        # asked for, or stop a loop the moment triage labels it.
+        names = self.model_dump()
+        seen: dict[str, str] = {}
+        for role, label in names.items():
+            if label in seen:
+                raise ValueError(f"`{seen[label]}` and `{role}` are both `{label}`")
+            seen[label] = role
+        return self
+
+    def of_kind(self, kind: str) -> str:
+        """The label that keeps a loop of ``kind`` going (``LoopRecord.kind``): removing it
+        stops the loop and the gate refuses without it. ``optimize`` for a metric loop."""
+        return self.optimize if kind == "metric" else self.ready
 
 
 _HOST = re.compile(
@@ -104,6 +133,31 @@ class LimitsConfig(_Strict):
     max_total_turns: int | None = Field(None, ge=1)
 
 
+class TriageConfig(_Strict):
+    # Before the first turn, one small structured call judges the approved issue text
+    # (bot/core/rules/triage.py): no checkable outcome, or too large, means no coding.
+    enabled: bool = True
+
+
+class PostActionConfig(_Strict):
+    # One best-effort turn after a clean final audit (e.g. update the changelog); it is
+    # not audited again, and its summary is kept.
+    prompt: str = Field(min_length=1, max_length=4000)
+
+
+class MetricConfig(_Strict):
+    """A metric loop (label ``labels.optimize``): one change per iteration, kept only if
+    ``command``'s number improves by ``min_delta`` and ``guard`` passes."""
+
+    command: str = Field(min_length=1)  # prints the number (the last number it prints)
+    direction: Literal["higher", "lower"]
+    min_delta: float = Field(0.0, ge=0)
+    guard: str | None = Field(None, min_length=1)  # must pass for a change to be kept
+    scope: tuple[str, ...] = Field(min_length=1)  # globs the agent may change
+    max_iterations: int = Field(20, ge=1, le=200)
+    max_consecutive_discards: int = Field(10, ge=2, le=100)
+
+
 class RepoConfig(_Strict):
     verify: str = Field(min_length=1)
     setup: str | None = None
@@ -120,6 +174,13 @@ class RepoConfig(_Strict):
     labels: LabelsConfig = LabelsConfig()
     sandbox: SandboxConfig = SandboxConfig()
     limits: LimitsConfig = LimitsConfig()
+    triage: TriageConfig = TriageConfig()
+    # Milestones (bot/core/rules/sections.py): "on" works an issue with a task list or
+    # ``## Milestone`` headings section by section; "auto" also asks the model to propose
+    # sections for an issue that has none; "off" treats every issue as one section.
+    milestones: Literal["off", "on", "auto"] = "on"
+    post_action: PostActionConfig | None = None
+    metric: MetricConfig | None = None
 
     @property
     def step_cap(self) -> int:
@@ -219,6 +280,8 @@ _CAPS: tuple[tuple[str, str, str], ...] = (
     ("limits.max_tokens", "max_tokens", "LOOPBOT_MAX_TOKENS"),
     ("limits.max_total_turns", "max_total_turns", "LOOPBOT_MAX_TOTAL_TURNS"),
     ("max_parallel", "max_parallel", "LOOPBOT_MAX_PARALLEL"),
+    # Each iteration of a metric loop is an agent turn: the turn ceiling bounds them too.
+    ("metric.max_iterations", "max_turns", "LOOPBOT_MAX_TURNS"),
 )
 
 
@@ -236,9 +299,11 @@ def clamp(config: RepoConfig, ceilings: Ceilings) -> tuple[RepoConfig, list[str]
     notes: list[str] = []
     for key, attr, env in _CAPS:
         *parents, leaf = key.split(".")
-        node = data
+        node: dict[str, Any] | None = data
         for p in parents:
-            node = node[p]
+            node = node[p] if node is not None else None
+        if node is None:  # an optional section the file leaves out (``metric``)
+            continue
         asked = node[leaf]
         cap = getattr(ceilings, attr)
         if asked is None or asked <= cap:
@@ -340,6 +405,18 @@ def _validate(text: str | None) -> RepoConfig:
             else:
                 problems.append(f"`{key}`: {err['msg']} (got {err.get('input')!r})")
         raise ConfigError(problems) from None
+
+
+def loop_label(text: str | None, kind: str) -> str:
+    """The label of a loop of ``kind`` (``LabelsConfig.of_kind``), even from a broken file."""
+    if kind != "metric":
+        return ready_label(text)
+    try:
+        data = yaml.safe_load(text or "")
+        label = data.get("labels", {}).get("optimize") if isinstance(data, dict) else None
+        return label if isinstance(label, str) and label else DEFAULT_LABELS.optimize
+    except (yaml.YAMLError, AttributeError):
+        return DEFAULT_LABELS.optimize
 
 
 def ready_label(text: str | None) -> str:

@@ -276,6 +276,11 @@ class Store:
         """Human feedback for the loop's next continuation turn."""
         self.redis.rpush(_k("feedback", key), json.dumps(item))
 
+    def feedback_waiting(self, key: LoopKey) -> bool:
+        """Whether feedback waits for the loop's next turn (milestones: a post-action
+        goes to the gate only when none does)."""
+        return bool(self.redis.llen(_k("feedback", key)))
+
     def take_feedback(self, key: LoopKey) -> list[dict[str, Any]]:
         pipe = self.redis.pipeline()
         pipe.lrange(_k("feedback", key), 0, -1)

@@ -359,11 +359,18 @@ def restart(loop: str) -> None:
 
 
 @main.command()
-def doctor() -> None:
+@click.option(
+    "--config",
+    "configs",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="check this loop.yml instead (repeatable), within the operator's ceilings",
+)
+def doctor(configs: tuple[str, ...]) -> None:
     """Check settings, Redis, the App's credentials, git, bubblewrap and the model."""
-    from bot.ops.doctor import run_checks
+    from bot.ops.doctor import run_checks, run_config_checks
 
-    checks = run_checks()
+    checks = run_config_checks(configs) if configs else run_checks()
     for c in checks:
         click.echo(c.line())
     failed = sum(1 for c in checks if not c.ok)
@@ -374,11 +381,19 @@ def doctor() -> None:
 
 @main.command()
 @click.option("--keep", is_flag=True, help="leave the demo running until Ctrl-C")
-def demo(keep: bool) -> None:
+@click.option(
+    "--story",
+    type=click.Choice(["fix", "metric"]),
+    default="fix",
+    show_default=True,
+    help="fix: a labelled bug fixed, reviewed, merged; metric: a metric loop (loop:optimize) "
+    "keeping one change and discarding two",
+)
+def demo(keep: bool, story: str) -> None:
     """Run the whole story locally: label → loop → review → merge, no accounts needed."""
     from bot.ops.demo import run_demo
 
-    raise SystemExit(run_demo(keep=keep))
+    raise SystemExit(run_demo(keep=keep, story=story))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -17,6 +17,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,8 @@ from rq import Worker
 from werkzeug.serving import make_server
 
 from bot.core.ids import LoopId
-from bot.core.record import TERMINAL, Status
+from bot.core.record import TERMINAL, LoopRecord, Status
+from bot.core.rules import metric as metric_rules
 from bot.core.settings import load_settings
 from bot.io.logs import configure
 from bot.io.redis import connect
@@ -60,6 +63,11 @@ _SAY = {
     "gate": "merge gate: {decision}",
     "merged": "squash-merged as {sha:.10}",
     "loop_finished": "loop {status}: {reason}",
+    # The metric story (loop:optimize)
+    "metric_baseline": "phase 0 on the base: metric {value:g}, guard passes, scope matches",
+    "metric_iteration": "iteration {iteration}: {status} ({why})",
+    "metric_finished": "metric loop over ({why}): {kept} kept of {iterations}; "
+    "loop-results.tsv committed",
 }
 
 
@@ -95,6 +103,125 @@ def _script(model: AnthropicServer) -> None:
     )
 
 
+# -- the metric story: shrink src/report.py (lower is better), guarded by its tests ---------------
+
+METRIC_REPO = "demo/report"
+METRIC_YML = """\
+verify: python3 -m unittest -q
+metric:
+  command: python3 metric.py
+  direction: lower
+  scope: ['src/**']
+  max_iterations: 3
+"""
+REPORT = (
+    "def total(values):\n    result = 0\n    for v in values:\n        result += v\n"
+    "    return result\n\n\ndef unused_helper(x):\n    # nothing calls this any more\n"
+    "    return x * 2\n"
+)
+SHORTER = REPORT.split("\n\n\n")[0] + "\n"  # without the unused helper
+LINES = (
+    "print('non-blank lines in src/report.py:',\n"
+    "      sum(1 for s in open('src/report.py') if s.strip()))\n"
+)
+REPORT_TEST = (
+    "import unittest\n\nfrom src.report import total\n\n\nclass TotalTest(unittest.TestCase):\n"
+    "    def test_total(self):\n        self.assertEqual(total([1, 2, 3]), 6)\n"
+)
+
+
+def _metric_script(model: AnthropicServer) -> None:
+    # One change kept (a dead function removed), one discarded as worse (a docstring adds a
+    # line), one discarded by the guard (shorter, but wrong); the critic approves.
+    model.play(
+        m.write_file("src/report.py", SHORTER),
+        m.text("Remove the unused helper"),
+        m.replace("src/report.py", "def total(values):\n", 'def total(values):\n    """Sum."""\n'),
+        m.text("Document total()"),
+        m.write_file("src/report.py", "def total(values):\n    return 0\n"),
+        m.text("Collapse total() to one line"),
+    )
+    model.responder = lambda body: m.structured(
+        {"verdict": "approve", "summary": "The kept change removes dead code.", "findings": []}
+    )
+
+
+@dataclass(frozen=True)
+class Story:
+    repo: str
+    files: dict[str, str]
+    created: str  # what the story says of the repository
+    title: str
+    body: str
+    label: str
+    script: Callable[[AnthropicServer], None]
+    finale: Callable[[GitHubServer, LoopRecord, float], None]
+
+
+def _fix_finale(github: GitHubServer, record: LoopRecord, start: float) -> None:
+    repo = github.repo(REPO)
+    commit = gitrepo.git(repo.path, "log", "-1", "--format=%h %s", "main").strip()
+    click.echo("")
+    _line(
+        start,
+        f"main is now at {commit}; issue #{record.issue} is {repo.issues[record.issue].state}",
+    )
+    _line(start, f"the fix on main: {github.file_at(REPO, 'main', 'calc.py')!r}")
+
+
+def _metric_finale(github: GitHubServer, record: LoopRecord, start: float) -> None:
+    rows = metric_rules.rows_of(record.metric_results)
+    rep = metric_rules.report(rows, "lower")
+    click.echo("")
+    _line(
+        start,
+        f"non-blank lines of src/report.py: {metric_rules.fmt(rep.baseline)} -> "
+        f"{metric_rules.fmt(rep.best)}; {rep.kept} kept, {rep.discarded} discarded",
+    )
+    click.echo("\n  loop-results.tsv, as merged into main:\n")
+    tsv = github.file_at(METRIC_REPO, "main", metric_rules.TSV_NAME) or ""
+    for row in tsv.splitlines():
+        cells = row.split("\t")
+        click.echo(
+            "    " + "  ".join(c.ljust(w) for c, w in zip(cells, (9, 10, 6, 6, 8, 0), strict=False))
+        )
+
+
+STORIES = {
+    "fix": Story(
+        REPO,
+        {
+            "calc.py": CALC,
+            "test_calc.py": TEST,
+            ".github/loop.yml": LOOP_YML,
+            "README.md": "# calculator\n",
+        },
+        "add() subtracts, and its test fails",
+        "add() returns the wrong result",
+        "`add(2, 3)` returns -1; it should return 5.",
+        "loop:ready",
+        _script,
+        _fix_finale,
+    ),
+    "metric": Story(
+        METRIC_REPO,
+        {
+            "src/report.py": REPORT,
+            "test_report.py": REPORT_TEST,
+            "metric.py": LINES,
+            ".github/loop.yml": METRIC_YML,
+            "README.md": "# report\n",
+        },
+        "src/report.py carries dead code; the metric counts its lines (lower is better)",
+        "Shrink src/report.py",
+        "Fewer lines in src/report.py, with its test still passing.",
+        "loop:optimize",
+        _metric_script,
+        _metric_finale,
+    ),
+}
+
+
 def _line(start: float, text: str) -> None:
     click.echo(f"  {time.monotonic() - start:5.1f}s  {text}")
 
@@ -106,13 +233,17 @@ def _describe(event: dict[str, Any]) -> str | None:
     data = {"loop": event["loop"], **event["data"]}
     if event["kind"] == "verify":
         data["result"] = "passed" if data.get("passed") else "failed"
+    if event["kind"] == "metric_iteration":
+        shown = f"metric {metric_rules.fmt(data.get('metric'))}"
+        data["why"] = shown + (f", {data['reason']}" if data.get("reason") else "")
     try:
         return str(template.format(**data))
     except (KeyError, ValueError):
         return str(event["kind"])
 
 
-def run_demo(keep: bool = False) -> int:
+def run_demo(keep: bool = False, story: str = "fix") -> int:
+    tale = STORIES[story]
     if shutil.which("bwrap") is None:
         click.echo("loopbot demo: bubblewrap is missing (run ./scripts/setup first)", err=True)
         return 2
@@ -173,29 +304,21 @@ def run_demo(keep: bool = False) -> int:
 
         iid = github.add_installation("demo")
         github.add_repo(
-            REPO,
-            {
-                "calc.py": CALC,
-                "test_calc.py": TEST,
-                ".github/loop.yml": LOOP_YML,
-                "README.md": "# calculator\n",
-            },
+            tale.repo,
+            tale.files,
             installation_id=iid,
             collaborators={"maintainer": "write"},
         )
-        _line(start, f"created {REPO}: add() subtracts, and its test fails")
-        _script(model)
+        _line(start, f"created {tale.repo}: {tale.created}")
+        tale.script(model)
         with github.as_user("maintainer") as u:
             number = u.post(
-                f"/repos/{REPO}/issues",
-                json={
-                    "title": "add() returns the wrong result",
-                    "body": "`add(2, 3)` returns -1; it should return 5.",
-                },
+                f"/repos/{tale.repo}/issues",
+                json={"title": tale.title, "body": tale.body},
             ).json()["number"]
-            _line(start, f"@maintainer opened issue #{number} and added the label loop:ready")
-            u.post(f"/repos/{REPO}/issues/{number}/labels", json={"labels": ["loop:ready"]})
-        key = LoopId(REPO, number).key
+            _line(start, f"@maintainer opened issue #{number} and added the label {tale.label}")
+            u.post(f"/repos/{tale.repo}/issues/{number}/labels", json={"labels": [tale.label]})
+        key = LoopId(tale.repo, number).key
         store = Store(redis)
         last = "0"
         record = None
@@ -230,11 +353,7 @@ def run_demo(keep: bool = False) -> int:
                 err=True,
             )
             return 1
-        repo = github.repo(REPO)
-        commit = gitrepo.git(repo.path, "log", "-1", "--format=%h %s", "main").strip()
-        click.echo("")
-        _line(start, f"main is now at {commit}; issue #{number} is {repo.issues[number].state}")
-        _line(start, f"the fix on main: {github.file_at(REPO, 'main', 'calc.py')!r}")
+        tale.finale(github, record, start)
         click.echo(f"\n  dashboard: http://127.0.0.1:{port}/dashboard (sign in with {token})")
         click.echo(
             f"  cost of the scripted model: ${record.cost_usd:.4f} "

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING
 
 import anthropic
 
+from bot.core import repo_config
 from bot.core.models import EFFORTS, ModelSpec, standing, thinking_params
 from bot.core.redis_url import mask_url, scrub
+from bot.core.repo_config import Ceilings
 from bot.core.settings import Settings, SettingsError, load_settings
 from bot.io.redis import connect
 
@@ -87,6 +89,38 @@ def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
     return checks
 
 
+def config_checks(path: str, text: str, ceilings: Ceilings) -> list[Check]:
+    """What loopbot makes of one repository's ``loop.yml`` (``loopbot doctor --config``):
+    each problem, each value the operator's ``ceilings`` lower, and what the file sets up
+    (milestones, triage, a metric loop, a post-action) when it is valid."""
+    name = f"config {path}"
+    try:
+        config, clamped = repo_config.load(text, ceilings)
+    except repo_config.ConfigError as exc:
+        return [
+            Check(name, False, p, "fix the key named; see README, loop.yml") for p in exc.problems
+        ]
+    checks = [Check(name, True, note, warn=True) for note in clamped]
+    labels = config.labels
+    parts = [
+        f"verify `{config.verify}`",
+        f"milestones {config.milestones}",
+        f"triage {'on' if config.triage.enabled else 'off'}",
+        f"max_parallel {config.max_parallel}",
+    ]
+    if config.metric is not None:
+        m = config.metric
+        parts.append(
+            f"metric loops on `{labels.optimize}`: {m.direction} `{m.command}` by at least "
+            f"{m.min_delta:g}, guard `{m.guard or config.verify}`, scope {', '.join(m.scope)}, "
+            f"{m.max_iterations} iterations, stop after {m.max_consecutive_discards} discards"
+        )
+    if config.post_action is not None:
+        parts.append("a post-action turn after the final audit")
+    checks.append(Check(name, True, "valid: " + "; ".join(parts)))
+    return checks
+
+
 def ceilings_check(settings: Settings) -> Check:
     """What any repository's loop.yml may ask for at most; shown so the operator knows."""
     return Check(
@@ -98,8 +132,9 @@ def ceilings_check(settings: Settings) -> Check:
         f"{settings.max_wall_hours:g} h (LOOPBOT_MAX_WALL_HOURS), "
         f"{settings.max_wait_checks_minutes} min waiting for checks "
         "(LOOPBOT_MAX_WAIT_CHECKS_MINUTES), "
-        f"{settings.max_tokens:,} tokens (LOOPBOT_MAX_TOKENS) and "
-        f"{settings.max_total_turns} turns over an issue's life (LOOPBOT_MAX_TOTAL_TURNS); "
+        f"{settings.max_tokens:,} tokens (LOOPBOT_MAX_TOKENS), "
+        f"{settings.max_total_turns} turns over an issue's life (LOOPBOT_MAX_TOTAL_TURNS) "
+        f"and {settings.max_parallel} loops at once (LOOPBOT_MAX_PARALLEL); "
         "more is lowered to these",
     )
 
@@ -364,3 +399,25 @@ def _data_dir(settings: Settings) -> Check:
         return Check("data dir", True, f"{d} is writable, {free:.1f} GiB free")
     except OSError as exc:
         return Check("data dir", False, f"{d}: {exc}", "set LOOPBOT_DATA_DIR to a writable dir")
+
+
+def run_config_checks(paths: tuple[str, ...], env: Mapping[str, str] | None = None) -> list[Check]:
+    """``loopbot doctor --config``: each file within the operator's ceilings when the
+    settings load (LOOPBOT_MAX_* as the worker reads them), else the defaults, said so."""
+    try:
+        ceilings = Ceilings.of(load_settings(env, role="worker"))
+        checks: list[Check] = []
+    except SettingsError:
+        ceilings = repo_config.DEFAULT_CEILINGS
+        checks = [
+            Check(
+                "ceilings",
+                True,
+                "the settings do not load here, so the default ceilings apply "
+                "(run `loopbot doctor` to see why)",
+                warn=True,
+            )
+        ]
+    for path in paths:
+        checks.extend(config_checks(path, Path(path).read_text(encoding="utf-8"), ceilings))
+    return checks

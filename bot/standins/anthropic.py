@@ -21,6 +21,11 @@ split by a prompt-cache simulation (``PromptCache``: breakpoints, the 20-block l
 the minimum cacheable prefix, TTLs); and thinking blocks signed for their text and model,
 which must come back unchanged, to the same model, before the message's other blocks.
 Where unsure, it is harsher than the API, never kinder.
+
+loopbot's readiness triage call (known by its schema, ``is_triage``) has a script and a
+record of its own (``play_triage``, ``triage_requests``), validated like any request: the
+scripts tests write for the agent and the critic stay theirs, and an unscripted triage
+is answered "ready".
 """
 
 from __future__ import annotations
@@ -749,9 +754,54 @@ def structured(obj: Json, **kw: Any) -> Reply:
     return text(json.dumps(obj), **kw)
 
 
+# -- readiness triage (bot/core/rules/triage.py) -------------------------------------------------
+# A triage request is known by its schema's top-level keys. Tests script its answers apart
+# from the conversation's (``AnthropicServer.play_triage``), so a script written for the
+# agent and the critic is not consumed by it; unscripted, it is answered "ready".
+TRIAGE_KEYS = ("readiness", "proposed_criteria")
+
+
+def is_triage(body: Json) -> bool:
+    """Whether ``body`` asks for loopbot's readiness triage (its JSON schema says so)."""
+    config = body.get("output_config")
+    fmt = config.get("format") if isinstance(config, dict) else None
+    schema = fmt.get("schema") if isinstance(fmt, dict) else None
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    return isinstance(props, dict) and all(k in props for k in TRIAGE_KEYS)
+
+
+def triage_answer(
+    readiness: str = "ready",
+    *,
+    outcome: str = "",
+    reasons: tuple[str, ...] = (),
+    criteria: tuple[str, ...] = (),
+    sub_issues: tuple[tuple[str, str], ...] = (),
+    **kw: Any,
+) -> Reply:
+    """A triage answer in its schema."""
+    return structured(
+        {
+            "readiness": readiness,
+            "checkable_outcome": outcome,
+            "reasons": list(reasons) or [f"the local model's {readiness} verdict"],
+            "proposed_criteria": list(criteria),
+            "sub_issues": [{"title": t, "body": b} for t, b in sub_issues],
+        },
+        **kw,
+    )
+
+
+# -- end readiness triage ------------------------------------------------------------------------
+
+
 class AnthropicServer:
     def __init__(self) -> None:
         self.script: deque[Item] = deque()
+        # Readiness triage requests: their own script and record, apart from ``script`` and
+        # ``requests`` (see ``is_triage``); an empty script answers "ready".
+        self.triage: deque[Item] = deque()
+        self.triage_requests: list[Json] = []
         self.responder: Responder | None = None
         self.requests: list[Json] = []
         self.arrivals: list[float] = []  # wall-clock time each request arrived
@@ -786,9 +836,16 @@ class AnthropicServer:
         with self.lock:
             self.script.extend(items)
 
+    def play_triage(self, *items: Item) -> None:
+        """Script the answers to readiness triage requests, in order."""
+        with self.lock:
+            self.triage.extend(items)
+
     def reset(self) -> None:
         with self.lock:
             self.script.clear()
+            self.triage.clear()
+            self.triage_requests.clear()
             self.requests.clear()
             self.headers.clear()
             self.input_tokens.clear()
@@ -897,6 +954,37 @@ class AnthropicServer:
             return responder(body)
         return Fail(500, "the local model has no scripted reply left", "api_error")
 
+    def _next_triage(self, body: Json) -> Item:
+        with self.lock:
+            if self.triage:
+                return self.triage.popleft()
+        return triage_answer("ready")
+
+    def _answer(
+        self, body: Json, tokens: int, next_item: Callable[[Json], Item], keep: bool = False
+    ) -> tuple[Response, int]:
+        """Validate ``body``, then answer it with ``next_item``'s item; ``keep``: record
+        the message answered in ``responses``."""
+        # Every rejection comes before the script is used, as the API's validation does.
+        spec = self._model(body)
+        if spec is None:
+            return _err(404, "not_found_error", f"model: {body.get('model')}")
+        if (why := self._rejected(body, spec, tokens)) is not None:
+            return _err(400, "invalid_request_error", why)
+        item = next_item(body)
+        if item.delay:
+            time.sleep(item.delay)
+        if isinstance(item, Fail):
+            resp, status = _err(item.status, item.error_type, item.message)
+            for k, v in item.headers.items():
+                resp.headers[k] = v
+            return resp, status
+        message = self._message(body, spec, item)
+        if keep:
+            with self.lock:
+                self.responses.append(message)
+        return jsonify(message), 200
+
     def _build_app(self) -> Flask:
         app = Flask("local-anthropic")
         srv = self
@@ -912,6 +1000,10 @@ class AnthropicServer:
                 return denied
             body = request.get_json(force=True)
             tokens = count_tokens(body)
+            if isinstance(body, dict) and is_triage(body):  # its own script and record
+                with srv.lock:
+                    srv.triage_requests.append(body)
+                return srv._answer(body, tokens, srv._next_triage)
             with srv.lock:
                 srv.arrivals.append(time.time())
                 srv.requests.append(body)
@@ -919,24 +1011,7 @@ class AnthropicServer:
                 srv.input_tokens.append(tokens)
             if not isinstance(body, dict):
                 return _err(400, "invalid_request_error", "the body must be a JSON object")
-            # Every rejection comes before the script is used, as the API's validation does.
-            spec = srv._model(body)
-            if spec is None:
-                return _err(404, "not_found_error", f"model: {body.get('model')}")
-            if (why := srv._rejected(body, spec, tokens)) is not None:
-                return _err(400, "invalid_request_error", why)
-            item = srv._next(body)
-            if item.delay:
-                time.sleep(item.delay)
-            if isinstance(item, Fail):
-                resp, status = _err(item.status, item.error_type, item.message)
-                for k, v in item.headers.items():
-                    resp.headers[k] = v
-                return resp, status
-            message = srv._message(body, spec, item)
-            with srv.lock:
-                srv.responses.append(message)
-            return jsonify(message), 200
+            return srv._answer(body, tokens, srv._next, keep=True)
 
         @app.post("/v1/messages/count_tokens")
         def count() -> tuple[Response, int]:

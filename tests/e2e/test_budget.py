@@ -251,7 +251,10 @@ def _set_loop_yml(github: GitHubServer, yml: str) -> None:
 
 
 def _calls(record: LoopRecord) -> int:
-    return sum(u.messages for u in record.usage.values())
+    """The calls ``model.requests`` holds, as the record counts them: the readiness
+    triage call is counted under its own role, and the local model keeps it apart too
+    (``model.triage_requests``)."""
+    return sum(u.messages for k, u in record.usage.items() if not k.endswith("/triage"))
 
 
 def test_dollars_stop_before_the_call_that_would_cross(

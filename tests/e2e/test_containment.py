@@ -526,7 +526,8 @@ def test_a_deep_tree_sparse_files_and_inode_floods_are_charged(
         assert deep.passed or deep.over_limit is not None, deep.output
         box.adopt()  # walks without a RecursionError
         assert "deeper than" in (box.worktree_problem() or "")
-        box.run("rm -rf d")
+        removed = box.run("rm -rf d")
+        assert removed.passed, removed.output  # says why, if a loaded machine ever fails it
         assert box.worktree_problem() is None
         sparse = box.run("for i in 1 2 3; do truncate -s 30M sparse$i; done")
         assert sparse.passed

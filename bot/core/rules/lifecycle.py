@@ -24,6 +24,7 @@ from bot.core.record import (
     can_restart,
     should_start,
 )
+from bot.core.rules import sections
 
 Changes = dict[str, Any]
 
@@ -83,6 +84,8 @@ class Requeue(StrEnum):
     WORKER_LOST = "worker_lost"  # its worker died (the lease lapsed): another one goes on
     HANDOFF = "handoff"  # its worker is shutting down and hands it over
     TAKE_OVER = "take_over"  # a live worker picks up a loop that was handed over
+    # The critic approved and loop.yml has a post_action: one more turn (jobs/loop.py).
+    POST_ACTION = "post_action"
 
 
 def requeue(record: LoopRecord, why: Requeue, *, note: str = "", actor: str = "") -> Changes:
@@ -112,6 +115,8 @@ def requeue(record: LoopRecord, why: Requeue, *, note: str = "", actor: str = ""
                 "reason": "",
                 "detail": "",
                 "restarts": record.restarts + 1,
+                # Milestones: a section's audit rounds start over too.
+                **({"sections": sections.restarted(record.sections)} if record.sections else {}),
                 "resume_note": note
                 or record.resume_note
                 or f"@{actor} restarted this loop; continue from the last commit.",
@@ -145,6 +150,9 @@ def requeue(record: LoopRecord, why: Requeue, *, note: str = "", actor: str = ""
             }
         case Requeue.TAKE_OVER:
             return queued  # the note the handing-over worker left stands
+        case Requeue.POST_ACTION:
+            # Not a coding round: the turn count and findings stay as the review left them.
+            return queued | {"resume_note": note}
         case _:
             assert_never(why)
 
@@ -161,7 +169,7 @@ def requeue_applies(current: Status, why: Requeue) -> bool:
     match why:
         case Requeue.RESTART:
             return True
-        case Requeue.FINDINGS:
+        case Requeue.FINDINGS | Requeue.POST_ACTION:
             return current is Status.REVIEWING
         case Requeue.CHECKS | Requeue.CONFLICTS:
             return current is Status.MERGING

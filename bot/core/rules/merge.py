@@ -52,7 +52,9 @@ class Facts:
     waited_seconds: float
     max_wait_seconds: float
     protected_changes: tuple[str, ...] = ()
-    ready_label: bool = True  # the issue still carries the ready label
+    # The issue still carries the loop's label: the ready label, or the optimize label
+    # for a metric loop (``LabelsConfig.of_kind``).
+    ready_label: bool = True
     # Evidence on the head, each "not established" by default so that a caller that
     # forgets one gets a refusal, never a merge.
     verify_sha: str = ""  # the commit the last verify ran on
@@ -70,6 +72,9 @@ class Facts:
     changed_files: int | None = None
     max_changed_lines: int = 1000
     max_changed_files: int = 100
+    # post_action (loop.yml): the head is loopbot's own post-action commit, exactly one
+    # commit on top of ``reviewed_sha`` (``post_action_head``); "" when it is not.
+    post_action_sha: str = ""
     # For the receipt only: what the checks were, and the findings still open.
     check_results: tuple[CheckResult, ...] = ()
     open_findings: tuple[tuple[str, str, str], ...] = ()  # (id, severity, title)
@@ -133,7 +138,7 @@ def decide(f: Facts) -> Decision:
         return Refuse(Reason.PULL_CLOSED, "the pull request was closed")
     if f.open_sev1:
         return Refuse(Reason.CRITIC_ROUNDS, f"{f.open_sev1} sev1 finding(s) stand")
-    if not f.reviewed_sha or f.head_sha != f.reviewed_sha:
+    if not reviewed_head(f):
         return Review(
             f"the head moved to {f.head_sha[:10]} after the review of "
             f"{f.reviewed_sha[:10] or 'nothing'}"
@@ -198,7 +203,43 @@ def decide(f: Facts) -> Decision:
         return Refuse(Reason.NOT_MERGEABLE, "the pull request conflicts with the default branch")
     if f.mergeable is None:
         return Wait("GitHub is still computing whether the pull request can merge")
-    return Merge(f.reviewed_sha)
+    return Merge(f.head_sha)  # the reviewed sha, or the post-action commit on top of it
+
+
+def reviewed_head(f: Facts) -> bool:
+    """Whether the head is what the critic reviewed, or loopbot's post-action commit
+    right on top of it (``post_action_head`` established that)."""
+    if not f.reviewed_sha:
+        return False
+    return f.head_sha == f.reviewed_sha or (
+        bool(f.post_action_sha) and f.post_action_sha == f.head_sha
+    )
+
+
+def post_action_head(
+    recorded: dict[str, object],
+    *,
+    reviewed_sha: str,
+    verdict: str,
+    head_sha: str,
+    compare: tuple[str, int, int] | None,
+) -> bool:
+    """Whether ``head_sha`` is loopbot's post-action commit and nothing else: the loop
+    recorded it as kept (``recorded``: ``LoopRecord.post_action``), made on the very
+    sha the critic reviewed and approved, and GitHub's compare of the reviewed sha with
+    the head (status, ahead by, behind by) shows exactly that one commit on top. A head
+    that moved for any other reason (a push on top, a rebase, a different commit) is not
+    it, and goes back to review."""
+    return (
+        recorded.get("status") == "kept"
+        and bool(reviewed_sha)
+        and verdict == "approve"
+        and recorded.get("base") == reviewed_sha
+        and bool(head_sha)
+        and recorded.get("sha") == head_sha
+        and head_sha != reviewed_sha
+        and compare == ("ahead", 1, 0)
+    )
 
 
 def verify_problem(f: Facts) -> str:

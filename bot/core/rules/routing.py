@@ -8,13 +8,14 @@ job, because the request must answer within milliseconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from bot.core.commands import (
     ChecksCompleted,
     Command,
+    ControlAction,
     ControlCommand,
     DismissFinding,
     IssueEdited,
@@ -24,10 +25,13 @@ from bot.core.commands import (
 )
 from bot.core.ids import issue_from_branch
 
-CONTROL_WORDS: dict[str, Literal["cancel", "restart", "status"]] = {
+CONTROL_WORDS: dict[str, ControlAction] = {
     "/loop-cancel": "cancel",
     "/loop-restart": "restart",
     "/loop-status": "status",
+    "/loop-plan": "plan",  # propose milestones for an issue that has none (jobs/plan.py)
+    "/loop-accept-spec": "accept-spec",  # take triage's proposed spec (jobs/triage.py)
+    "/loop-split": "split",  # create the sub-issues triage proposed (jobs/triage.py)
 }
 FEEDBACK_WORD = "/loop"
 DISMISS_WORD = "/loop-dismiss"

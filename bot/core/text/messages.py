@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from bot.core.record import LoopRecord, Status, Waiting
 from bot.core.rules import budget
 from bot.core.rules.pace import PLACES_SHOWN
-from bot.core.text.defuse import code_block, code_span, safe_text
+from bot.core.text import metric as metric_text
+from bot.core.text.defuse import JOINER, code_block, code_span, safe_text
 
 __all__ = ["code_block", "code_span", "safe_text"]
 
@@ -51,7 +53,45 @@ def status_line(r: LoopRecord) -> str:
     ]
     if r.reason:
         parts.append(f"reason `{r.reason}`")
+    if (where := section_where(r)) and r.active:
+        parts.insert(2, where)
     return " · ".join(parts)
+
+
+# -- milestones (bot/core/rules/sections.py) ---------------------------------------------------
+
+
+def section_where(r: LoopRecord) -> str:
+    """``section 2/3``, or ``final audit`` once every section passed, or ""."""
+    if not r.sections:
+        return ""
+    index = next((i for i, s in enumerate(r.sections) if not s.get("done")), None)
+    return "all sections done" if index is None else f"section {index + 1}/{len(r.sections)}"
+
+
+def section_checklist(r: LoopRecord) -> str:
+    """The milestones as a task list: done ones ticked, the current one in bold."""
+    if not r.sections:
+        return ""
+    current = next((i for i, s in enumerate(r.sections) if not s.get("done")), None)
+    rows = [f"**Milestones** ({section_where(r)})"]
+    for i, s in enumerate(r.sections):
+        title = safe_text(" ".join(str(s.get("title", "")).split()))
+        mark = "x" if s.get("done") else " "
+        note = ""
+        if s.get("preticked"):
+            note = " (ticked in the issue)"
+        elif s.get("done"):
+            rounds = int(s.get("audit_rounds") or 0)
+            note = f" — audited ({rounds} round{'s' if rounds != 1 else ''})"
+        text = f"{i + 1}. {title}{note}"
+        if i == current:
+            text = f"**{text}** ← now"
+        rows.append(f"- [{mark}] {text}")
+    return "\n".join(rows)
+
+
+# -- end milestones -----------------------------------------------------------------------------
 
 
 def ordinal(n: int) -> str:
@@ -106,6 +146,8 @@ def _facts(r: LoopRecord) -> list[str]:
         )
     if r.detail:
         lines.append(f"> {safe_text(r.detail)}")
+    if section := metric_text.record_section(r):  # a metric loop's results table
+        lines.append(section)
     return lines
 
 
@@ -113,7 +155,8 @@ def status_reply(r: LoopRecord | None) -> str:
     """The answer to ``/loop-status``."""
     if r is None:
         return "There is no loop for this issue."
-    return "\n\n".join(_facts(r))
+    milestones = section_checklist(r)
+    return "\n\n".join(_facts(r) + ([milestones] if milestones else []))
 
 
 def cancelled(r: LoopRecord, actor: str, result: str) -> str:
@@ -140,6 +183,8 @@ def status_comment(r: LoopRecord, verify_tail: str = "", timeline_lines: Sequenc
     the facts."""
     facts = _facts(r)
     lines = ["### loopbot", facts[0]]
+    if milestones := section_checklist(r):
+        lines.append(milestones)
     if timeline_lines:
         lines.append(_checklist(r, timeline_lines))
     lines += facts[1:]
@@ -191,3 +236,154 @@ def gave_up(what: str, error: str, attempts: int) -> str:
         "Nothing was merged. Comment `/loop-restart` to try again once this is fixed, "
         "or review and merge the pull request yourself"
     )
+
+
+# -- readiness triage (bot/core/rules/triage.py, jobs/triage.py) ------------------------------
+# Every text the model proposed (reasons, criteria, sub-issues) goes through ``safe_text``.
+
+SPEC_HEADING = "## Acceptance criteria"
+
+
+def _proposed(text: str) -> str:
+    """A text the model proposed (steerable by the issue's author), as loopbot may post
+    it: defused, and with every ``<`` that could start HTML made inert by a joiner, so it
+    can neither close loopbot's own markup (``</details>``), hide what follows (``<!--``),
+    nor carry a hidden loopbot marker that ``find_comment`` would take for another
+    comment. A reader sees the same text."""
+    return re.sub(r"<(?=[!/?A-Za-z])", "<" + JOINER, safe_text(text))
+
+
+def _bullets(lines: Sequence[str], box: bool = False) -> str:
+    # A line that starts with "[ ]" or "[x]" would make "- [x] ..." a task-list item, which
+    # milestones read as a (pre-ticked) section of the issue: escaped, it reads the same.
+    mark = "- [ ] " if box else "- "
+    one = (" ".join(line.split()) for line in lines)
+    return "\n".join(mark + _proposed("\\" + x if x.startswith("[") else x) for x in one)
+
+
+def triage_comment(
+    verdict: str,
+    reasons: Sequence[str],
+    criteria: Sequence[str],
+    sub_issues: Sequence[tuple[str, str]],
+    *,
+    cost_usd: float,
+    ready_label: str,
+    needs_spec_label: str,
+) -> str:
+    """The comment on an issue triage found not ready to code: why, the proposal, what a
+    writer can do, and what the triage call cost."""
+    why = _bullets(reasons) or "- (no reason given)"
+    relabel = f"remove and add the `{ready_label}` label again"
+    if verdict == "too_large":
+        items = "\n".join(
+            f"- [ ] **{_proposed(title)}**"
+            + (
+                # The body as a code block: an unclosed fence in it cannot swallow the
+                # closing tag and the rest of the comment.
+                "\n  <details><summary>body</summary>\n\n"
+                + "\n".join("  " + line for line in code_block(_proposed(body)).splitlines())
+                + "\n\n  </details>"
+                if body.strip()
+                else ""
+            )
+            for title, body in sub_issues
+        )
+        head = (
+            "### loopbot: this issue looks like several\n\n"
+            "loopbot did not start coding: the issue bundles changes that would each be a "
+            f"pull request of their own. It is labelled `{needs_spec_label}`.\n\n"
+            f"**Why**\n\n{why}\n\n**Proposed sub-issues**\n\n{items}\n\n"
+            "**What you can do** (with write access)\n\n"
+            "- comment `/loop-split`: loopbot creates these sub-issues and links them here "
+            "(then add the ready label to each one you want worked);\n"
+            "- or comment `/loop-accept-spec`: loopbot works the issue as one, as it is;\n"
+            f"- or narrow the issue by editing it, then {relabel}."
+        )
+    else:
+        head = (
+            "### loopbot: this issue needs a checkable outcome\n\n"
+            "loopbot did not start coding: the issue does not say how to tell that it is "
+            "done, and a loop cannot prove a matter of taste. It is labelled "
+            f"`{needs_spec_label}`.\n\n"
+            f"**Why**\n\n{why}\n\n"
+            "**Proposed acceptance criteria** (what loopbot would test)\n\n"
+            f"{_bullets(criteria, box=True)}\n\n"
+            "**What you can do** (with write access)\n\n"
+            "- comment `/loop-accept-spec`: loopbot adds these criteria to the issue under "
+            "your name and starts the loop;\n"
+            f"- or edit the issue to state the outcome you want checked, then {relabel}."
+        )
+    return f"{head}\n\n<sub>Readiness triage: one model call, ${cost_usd:.4f}.</sub>"
+
+
+def spec_section(criteria: Sequence[str], actor: str) -> str:
+    """What ``/loop-accept-spec`` appends to the issue body: plain bullets, not a task
+    list, which milestones would read as the issue's plan (bot/core/rules/sections.py)."""
+    return (
+        f"{SPEC_HEADING}\n\n"
+        f"_Proposed by loopbot's readiness triage; accepted by @{actor}._\n\n"
+        f"{_bullets(criteria)}"
+    )
+
+
+def spec_accepted(actor: str, count: int, result: str, *, whole: bool = False) -> str:
+    """The reply to ``/loop-accept-spec``; ``whole``: it overrode a "too large" verdict."""
+    started = result in ("started", "restarted")
+    then = (
+        "The loop starts from the issue as it now reads." if started else f"Not started: {result}."
+    )
+    if whole:
+        return (
+            f"@{actor} asked loopbot to work this issue as one, although triage found it "
+            f"large. {then}"
+        )
+    return (
+        f"@{actor} accepted the proposed specification: {count} acceptance "
+        f"criteri{'on' if count == 1 else 'a'} added to the issue. {then}"
+    )
+
+
+def sub_issue_body(body: str, parent_url: str, actor: str) -> str:
+    """A sub-issue ``/loop-split`` creates: the proposal's body and where it came from."""
+    return (
+        f"{_proposed(body.strip()) or '(no description)'}\n\n---\n"
+        f"<sub>Split by loopbot from {parent_url} at @{actor}'s request "
+        "(`/loop-split`).</sub>"
+    )
+
+
+def split_done(actor: str, created: Sequence[tuple[str, str]], *, again: bool) -> str:
+    """The checklist of the sub-issues ``/loop-split`` created, linked by their URL."""
+    items = "\n".join(f"- [ ] {url} {_proposed(title)}" for title, url in created)
+    if again:
+        lead = "This issue was already split into these sub-issues:"
+    else:
+        lead = f"@{actor} split this issue into {len(created)} sub-issues:"
+    return (
+        f"{lead}\n\n{items}\n\n"
+        "Its loop has ended. Add the ready label to each sub-issue you want loopbot to work."
+    )
+
+
+def triage_superseded(cost_usd: float, *, failed: bool = False) -> str:
+    """The triage comment once a later text of the issue was judged ready (or could not
+    be judged: triage fails open): the earlier proposal no longer holds, the loop codes."""
+    verdict = (
+        "the triage call failed, so the loop codes it anyway"
+        if failed
+        else "it states a checkable outcome, so the loop is coding"
+    )
+    return (
+        "### loopbot: readiness triage\n\n"
+        f"The issue's approved text changed and was triaged again: {verdict}. The earlier "
+        "proposal no longer applies.\n\n"
+        f"<sub>Readiness triage: ${cost_usd:.4f}.</sub>"
+    )
+
+
+def triage_refused(actor: str, command: str, why: str) -> str:
+    return f"@{actor}: `{command}` did nothing: {why}."
+
+
+# -- end readiness triage ---------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from bot.core.rules.merge import Facts, scope_problem
+from bot.core.rules.merge import Facts, reviewed_head, scope_problem
 from bot.core.text.defuse import code_span
 
 Result = Literal["pass", "fail", "pending", "unknown", "info"]
@@ -49,9 +49,13 @@ def rows(f: Facts, *, ready_label: str) -> list[Row]:
         Row(
             "reviewed sha = head",
             f.reviewed_sha,
-            _ok(bool(f.reviewed_sha) and f.reviewed_sha == head),
+            _ok(reviewed_head(f)),
             "the critic reviewed this head"
             if f.reviewed_sha == head
+            # post_action: one commit of loopbot's own after the clean review, not reviewed
+            else f"the critic reviewed {_short(f.reviewed_sha)}; the head {_short(head)} adds "
+            "only loopbot's post-action commit (not reviewed again)"
+            if reviewed_head(f)
             else f"head is {_short(head)}, reviewed {_short(f.reviewed_sha) or 'nothing'}",
         ),
         _verify_row(f),

@@ -649,7 +649,27 @@ def _timeline_event(lines: list[_Line], kind: str, data: dict[str, Any]) -> None
             lines.append(_Line(f"PR #{_int(data.get('pr'))} opened"))
         case "review_started":
             n = _int(data.get("round"))
-            lines.append(_Line(f"review round {n} — reviewing…", review=n))
+            what = "final audit" if data.get("final_audit") else "review"
+            lines.append(_Line(f"{what} round {n} — reviewing…", review=n))
+        case "section_audit_started":  # milestones (bot/core/rules/sections.py)
+            lines.append(
+                _Line(
+                    f"section {_int(data.get('section'))} audit round {_int(data.get('round'))}"
+                    " — auditing…"
+                )
+            )
+        case "section_audited":
+            n, outcome = _int(data.get("section")), f"— {_severities(data)}"
+            if lines and lines[-1].text.startswith(f"section {n} audit"):
+                lines[-1].text = lines[-1].text.replace(" — auditing…", " " + outcome)
+            else:
+                lines.append(_Line(f"section {n} audit {outcome}"))
+        case "section_done":
+            lines.append(
+                _Line(f"section {_int(data.get('section'))} done: {_word(data.get('title'))}")
+            )
+        case "post_action":
+            lines.append(_Line(f"post-action {_word(data.get('status'))}"))
         case "reviewed":
             _set_review(lines, f"— {_severities(data)}")
         case "review_skipped":
@@ -691,7 +711,8 @@ def _set_turn(lines: list[_Line], turn: int | None, text: str | None, suffix: st
 def _set_review(lines: list[_Line], outcome: str) -> None:
     for line in reversed(lines):
         if line.review is not None:
-            line.text = f"review round {line.review} {outcome}"
+            what = "final audit" if line.text.startswith("final audit") else "review"
+            line.text = f"{what} round {line.review} {outcome}"
             return
     lines.append(_Line(f"review {outcome}"))
 

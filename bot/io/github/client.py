@@ -80,6 +80,7 @@ class IssueInfo(_Model):
     author: str = ""
     html_url: str = ""
     is_pull: bool = False
+    author_type: str = "User"  # "Bot" for an App's issues (find_issue trusts only those)
 
     @property
     def open(self) -> bool:
@@ -146,6 +147,7 @@ def _issue(d: Any) -> IssueInfo:
         author=(d.get("user") or {}).get("login", ""),
         html_url=d.get("html_url") or "",
         is_pull="pull_request" in d,
+        author_type=(d.get("user") or {}).get("type", "User"),
     )
 
 
@@ -476,6 +478,52 @@ class Installation:
         with contextlib.suppress(NotFound):  # already gone: the wanted end state
             self._call(lambda gh: gh.rest.issues.remove_label(*_split(repo), number, label))
 
+    # -- triage: issues loopbot writes (jobs/triage.py) --------------------------------
+
+    def find_issue(self, repo: str, key: str) -> IssueInfo | None:
+        """The issue (open or closed) a bot opened whose body carries ``key``'s hidden
+        marker. Only a bot's: anyone can open an issue with a marker in it, and one
+        planted for a sub-issue would be adopted as that sub-issue on a retried create."""
+        tag = marker(key)
+        items = self._list(
+            lambda gh, n: gh.rest.issues.list_for_repo(
+                *_split(repo), state="all", per_page=100, page=n
+            ).json()
+        )
+        for issue in map(_issue, items):
+            if not issue.is_pull and issue.author_type == "Bot" and tag in (issue.body or ""):
+                return issue
+        return None
+
+    def create_issue(self, repo: str, key: str, title: str, body: str) -> IssueInfo:
+        """Open an issue once: its body carries ``key``'s hidden marker, looked for before
+        a retry (a 5xx or a timeout does not say whether GitHub created it)."""
+        title, text = self._title(title), f"{self._text(body)}\n\n{marker(key)}"
+        return self._create(
+            lambda gh: _issue(gh.rest.issues.create(*_split(repo), title=title, body=text).json()),
+            lambda: self.find_issue(repo, key),
+        )
+
+    def append_to_issue(
+        self, repo: str, number: int, key: str, addition: str, base: IssueInfo | None = None
+    ) -> IssueInfo:
+        """The issue with ``addition`` (redacted and defused) appended to its body, once:
+        the addition carries ``key``'s hidden marker, and a body that has it already is
+        left alone. The body's own text is the author's and is kept as it is.
+
+        ``base``: the issue as the caller read and checked it; the addition goes after
+        that body, not after one read again here, so an edit landing in between is not
+        folded into the text the caller goes on to approve (the write replaces it)."""
+        current = base if base is not None else self.issue(repo, number)
+        tag = marker(key)
+        if tag in (current.body or ""):
+            return current
+        before = (current.body or "").rstrip()
+        body = (before + "\n\n" if before else "") + f"{self._text(addition)}\n\n{tag}"
+        return _issue(
+            self._call(lambda gh: gh.rest.issues.update(*_split(repo), number, body=body).json())
+        )
+
     def comments(self, repo: str, number: int) -> list[CommentInfo]:
         items = self._list(
             lambda gh, n: gh.rest.issues.list_comments(
@@ -582,6 +630,20 @@ class Installation:
             ).json()
         )
         return str(d.get("status") or ""), str((d.get("base_commit") or {}).get("sha") or "")
+
+    def compare_counts(self, repo: str, base: str, head: str) -> tuple[str, int, int]:
+        """GitHub's compare of ``base...head``: (status, ahead by, behind by). The merge
+        gate's check that a post-action head is one commit on top of the reviewed sha."""
+        d = self._call(
+            lambda gh: gh.rest.repos.compare_commits(
+                *_split(repo), f"{base}...{head}", per_page=1
+            ).json()
+        )
+        return (
+            str(d.get("status") or ""),
+            int(d.get("ahead_by") or 0),
+            int(d.get("behind_by") or 0),
+        )
 
     def pull_files(self, repo: str, number: int) -> list[str]:
         """Every path the pull request touches, renamed-from paths included."""

@@ -1,0 +1,81 @@
+"""Red team of the metric loop's pure rules: what the scope must never allow, what the
+number must never be read from, when a label must not switch a loop's kind."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.core.record import LoopRecord
+from bot.core.rules import metric as rules
+from bot.core.text import metric as text
+
+TRACKED = [
+    "metric.py",
+    "bench/run.py",
+    "bench/data.json",
+    "size.sh",
+    "src/a.py",
+    "src/work.txt",
+    "tests/__init__.py",
+    "tests/test_a.py",
+    "spec/a_spec.rb",
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "named"),
+    [
+        ("python3 metric.py", ["metric.py"]),
+        ("python3 metric.py --file src/work.txt", ["metric.py"]),  # data stays in scope
+        ("python3 -X dev -W ignore bench/run.py", ["bench/run.py"]),
+        ("python -m bench.run", ["bench/run.py"]),
+        ("./size.sh | tail -1", ["size.sh"]),
+        ("bash size.sh", ["size.sh"]),
+        ("FOO=1 python3 ./metric.py && echo done", ["metric.py"]),
+        ("pytest -q tests/", ["tests"]),
+        ("python -m pytest tests/test_a.py::test_x -q", ["tests/test_a.py"]),
+        ("python3 -m unittest -q tests.test_a", ["tests/test_a.py"]),
+        ("rspec spec/a_spec.rb", ["spec/a_spec.rb"]),
+        ("cloc src", []),  # what is measured, not what measures
+        ("wc -l src/a.py", []),
+        ("python3 -c 'import metric'", []),
+        ("python -m unittest -q", []),
+        ("python3 'unbalanced", []),
+    ],
+)
+def test_named_paths_are_what_the_commands_run(command: str, named: list[str]) -> None:
+    assert rules.named_paths([command], TRACKED) == named
+
+
+def test_what_the_commands_run_is_outside_even_a_scope_that_covers_everything() -> None:
+    named = rules.named_paths(["python3 metric.py", "pytest tests/"], TRACKED)
+    touched = ["metric.py", "tests/test_a.py", "src/a.py", "tests"]
+    assert rules.outside_scope(touched, ("**",), named) == ["metric.py", "tests", "tests/test_a.py"]
+    assert rules.matching(TRACKED, ("**/*.py",), named) == ["bench/run.py", "src/a.py"]
+    # A prefix that is not a directory boundary is not protected.
+    assert rules.in_scope("metric.pyx", ("**",), named)
+    assert rules.in_scope("tests2/x.py", ("**",), named)
+    # Nor may a change make the results file a directory (the harness writes it at the end).
+    assert not rules.in_scope(f"{rules.TSV_NAME}/x", ("**",))
+
+
+def test_the_sandboxs_omitted_mark_is_never_the_metric() -> None:
+    output = "score: 12\n" + "\n[... 98765 bytes of output omitted ...]\n" + "done, no digits\n"
+    assert rules.last_number(output).value == 12.0
+    assert rules.last_number("\n[... 5 bytes of output omitted ...]\n").value is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "switch"),
+    [
+        ({}, False),  # never worked (triage refused it, or phase 0 failed): may switch
+        ({"total_turns": 1}, True),
+        ({"head_sha": "a" * 40}, True),
+        ({"pr_number": 3}, True),
+        ({"metric_results": [{"iteration": 0, "status": "baseline", "metric": 1.0}]}, True),
+    ],
+)
+def test_a_worked_loop_never_switches_kind(fields: dict[str, object], switch: bool) -> None:
+    record = LoopRecord(repo="a/b", issue=1, installation_id=1, branch="loop/issue-1", **fields)
+    assert text.switch_refused(record, "metric") is switch
+    assert text.switch_refused(record, "code") is False  # its own kind restarts as always
