@@ -30,6 +30,7 @@ from bot.core.rules.lifecycle import Requeue
 from bot.core.rules.merge import protected_changes
 from bot.core.rules.review import Answer, CriticReport
 from bot.core.text import messages, prompts
+from bot.core.text.defuse import one_line
 from bot.io.github.client import PullInfo
 from bot.io.github.failures import GitHubError, new_error_id, public_error
 from bot.io.logs import get_logger
@@ -892,7 +893,7 @@ class LoopRunner:
         sha: str | None = None
         if not why:
             self.worktrees.purge_ignored(self.checkout, ignored_before)
-            first = self.gh.redact((summary.splitlines() or ["post-action"])[0])[:60]
+            first = one_line(self.gh.redact((summary.splitlines() or ["post-action"])[0])[:60])
             sha = self.worktrees.commit_all(self.checkout, f"loop(post-action): {first}")
         if sha is not None and not why:
             why = self._post_action_problem(reviewed, sha)
@@ -1146,8 +1147,11 @@ class LoopRunner:
         ``_pushed()`` waits for it before anything that needs the remote branch: the
         next push, the pull request, the end of the loop.
         """
-        # The commit lands on GitHub too: no secret of the worker's in its subject.
-        summary = self.gh.redact((outcome.text.strip().splitlines() or ["changes"])[0])[:72]
+        # The commit lands on GitHub too: no secret of the worker's in its subject, and no
+        # issue reference GitHub would cross-link from a pushed commit (defused).
+        summary = one_line(
+            self.gh.redact((outcome.text.strip().splitlines() or ["changes"])[0])[:72]
+        )
         sha = self.worktrees.commit_all(self.checkout, f"loop(turn-{turn}): {summary}")
         sha = self._keep_results_table() or sha
         if sha is None:

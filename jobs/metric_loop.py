@@ -39,6 +39,7 @@ from bot.core.rules import metric as rules
 from bot.core.rules import turns as transitions
 from bot.core.text import metric as text
 from bot.core.text import prompts
+from bot.core.text.defuse import one_line
 from jobs.agent import MAX_TOKENS, Agent, Limits, Outcome
 from jobs.drain import DRAIN
 from jobs.sandbox.bwrap import Result
@@ -413,7 +414,7 @@ class _MetricLoop:
         best = rules.best_kept(rows)
         assert best is not None  # phase 0 recorded the baseline
         # The description lands in a commit on GitHub: no secret of the worker's in it.
-        description = rules.clean_description(r.gh.redact(_first_line(outcome.text)))
+        description = one_line(rules.clean_description(r.gh.redact(_first_line(outcome.text))))
         r._set(phase="measuring")
         sha = r.worktrees.commit_all(r.checkout, f"loop(iter-{n}): {description[:72] or 'change'}")
         outside: list[str] = []

@@ -462,3 +462,19 @@ def test_usage_and_cache_control_are_recorded(
     assert req["messages"][-1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
     assert {t["type"] for t in req["tools"]} == {"bash_20250124", "text_editor_20250728"}
     assert "sk-ant-local-test" not in json.dumps(model.requests)
+
+
+def test_commit_subjects_name_no_issue_and_ping_nobody(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    # A pushed commit that says "#2" cross-links that issue on GitHub: the agent's first
+    # line becomes the subject only defused.
+    model.play(FIX, m.text("Fixes #2, closes acme/other#3; thanks @alice\n\nDetails."))
+    n = start(github, drain)
+    assert record_of(redis, n).status == Status.COMPLETED
+    subject = git(github.repo(REPO).path, "log", "-1", "--format=%s", BRANCH).strip()
+    assert subject.startswith("loop(turn-1): ")
+    assert "#2" not in subject and "#3" not in subject and "@alice" not in subject
+    assert subject.replace("\u2060", "") == (
+        "loop(turn-1): Fixes #2, closes acme/other#3; thanks @alice"
+    )
