@@ -616,3 +616,23 @@ def test_a_shrink_moves_earlier_turn_starts_with_the_brief() -> None:
     assert titles["Added a test."]["turn"] == 2, shape(entries)
     assert titles["Fixed add()."]["turn"] == 1, shape(entries)
     assert titles["[loopbot: conversation brief]{} BRIEF-TEXT"]["turn"] == 1
+
+
+def test_timeline_names_triage_and_metric_iterations() -> None:
+    events = [
+        ev(0, "triage", verdict="ready", cost_usd=0.001),  # the usual way: no line
+        ev(1, "triage", verdict="needs_spec", cost_usd=0.001),
+        ev(2, "spec_accepted", actor="@maint", criteria=2, whole=False),
+        ev(3, "triage_failed", error="x"),
+        ev(4, "metric_iteration", iteration=1, status="keep", reason=""),
+        ev(5, "metric_iteration", iteration=2, status="discard", reason="worse"),
+        ev(6, "split", actor="maint", issues=[4, 5]),
+    ]
+    assert sessionlog.timeline(events) == [
+        "triage — needs_spec",
+        "spec accepted by maint",
+        "triage failed — coding anyway",
+        "iteration 1 — keep",
+        "iteration 2 — discard (worse)",
+        "split into sub-issues by maint",
+    ]

@@ -670,6 +670,22 @@ def _timeline_event(lines: list[_Line], kind: str, data: dict[str, Any]) -> None
             )
         case "post_action":
             lines.append(_Line(f"post-action {_word(data.get('status'))}"))
+        case "triage" if data.get("verdict") != "ready":  # the usual way needs no line
+            lines.append(_Line(f"triage — {_word(data.get('verdict'))}"))
+        case "triage_failed":
+            lines.append(_Line("triage failed — coding anyway"))
+        case "spec_accepted":
+            what = "issue worked as one" if data.get("whole") else "spec accepted"
+            lines.append(_Line(f"{what} by {_who(data.get('actor'))}"))
+        case "split":
+            lines.append(_Line(f"split into sub-issues by {_who(data.get('actor'))}"))
+        case "metric_iteration":  # metric loops (bot/core/rules/metric.py)
+            lines.append(
+                _Line(
+                    f"iteration {_int(data.get('iteration'))} — {_word(data.get('status'))}"
+                    + (f" ({_word(data.get('reason'))})" if data.get("reason") else "")
+                )
+            )
         case "reviewed":
             _set_review(lines, f"— {_severities(data)}")
         case "review_skipped":
