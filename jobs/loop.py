@@ -562,7 +562,8 @@ class LoopRunner:
         """Read the sections of the approved text (again, when a writer's edit changed
         it); with ``milestones: auto`` and none in the issue, ask the planner at the first
         turn. A string when the loop ended here."""
-        if self.config.milestones == "off":
+        if self.config.milestones == "off" or record.kind == "metric":
+            # A metric loop's work is its iterations; its fix turns answer findings.
             if record.sections:
                 self._set(sections=[], section_index=0, sections_sha="", sections_source="")
             return None

@@ -40,13 +40,14 @@ def start(
     iterations: int = 3,
     discards: int = 10,
     metric: str = METRIC,
+    body: str = "Raise the x count of src/work.txt.",
 ) -> int:
     sample_repo(
         github,
         loop_yml=YML.format(iterations=iterations, discards=discards),
         extra={"metric.py": metric, "check.py": CHECK, "src/work.txt": "xx\n"},
     )
-    n = open_issue(github, "More x in work.txt", "Raise the x count of src/work.txt.")
+    n = open_issue(github, "More x in work.txt", body)
     label(github, "writer", n, "loop:optimize")
     drain()
     return n
@@ -253,9 +254,11 @@ def test_a_fix_turn_after_the_pull_request_cannot_rewrite_the_results_table(
             }
         ),
     )
-    n = start(github, drain, iterations=1)
+    # A task list in a metric loop's issue is not milestones: its fix turns stay fix turns.
+    n = start(github, drain, iterations=1, body="More x.\n\n- [ ] more x\n- [ ] even more x\n")
     record = record_of(redis, n)
     assert (record.status, record.reason) == (Status.COMPLETED, "merged"), record.detail
+    assert record.sections == []
     assert github.file_at(REPO, "main", "src/work.txt") == "xxxx end\n"
     tsv = github.file_at(REPO, "main", "loop-results.tsv")
     assert tsv is not None and "forged" not in tsv and "\tkeep\tDouble the x" in tsv
