@@ -88,6 +88,16 @@ def before_coding(
         known = rules.loaded(record.triage)
         if known is None or known.ready or record.triage.get("accepted_by"):
             return None
+        if made := rules.created(record.triage):
+            # Split already: its sub-issues carry the work. The proposal and the label
+            # are not put back on the parent.
+            links = ", ".join(str(c.get("url") or f"#{c.get('number')}") for c in made.values())
+            store.event(key, "triage", verdict=known.verdict, cost_usd=0.0, again=True, split=True)
+            return Stop(
+                Reason.TOO_LARGE,
+                f"this issue was split into {len(made)} sub-issues ({links}); "
+                "add the ready label to those",
+            )
         store.event(key, "triage", verdict=known.verdict, cost_usd=0.0, again=True)
         return _not_ready(gh, record, config, issue, known, float(record.triage["cost_usd"]))
     earlier = rules.loaded(record.triage)  # a proposal on the issue this triage replaces

@@ -171,6 +171,17 @@ def test_too_large_is_split_once(
         c["body"] for c in github.repo(REPO).comments.values() if "already split" in c["body"]
     ]
     assert len(replies) == 1
+    # The ready label again on the split parent: refused, pointing at the sub-issues, with
+    # the proposal and the needs-spec label not put back.
+    proposal_before = bot_comment(github, "triage")
+    label(github, "writer", n)
+    drain()
+    again = record_of(redis, n)
+    assert (again.status, again.reason) == (Status.REFUSED, "too_large")
+    assert "split into 2 sub-issues" in again.detail
+    assert "loop:needs-spec" not in github.repo(REPO).issues[n].labels
+    assert bot_comment(github, "triage") == proposal_before
+    assert len(model.triage_requests) == 1 and model.requests == []
 
 
 def test_unparseable_answer_fails_open(
