@@ -245,6 +245,14 @@ class LoopRunner:
         )
         self._status_comment()
 
+        # Readiness triage (jobs/triage.py): before the first turn ever, once per approved
+        # text, and before any git or sandbox work: an issue with no checkable outcome, or
+        # too large, is refused uncoded and costs one small call. Metric loops have their
+        # own preconditions instead.
+        if record.kind != "metric" and (
+            stop := triage.before_coding(self.rt, gh, self.store, self._record(), config)
+        ):
+            return self._finish(Status.REFUSED, stop.reason, stop.detail)
         token = gh.token()
         mirror = self.worktrees.sync_mirror(self.repo, repo_info.clone_url, token)
         checkout = self.worktrees.checkout(
@@ -326,10 +334,6 @@ class LoopRunner:
         agent.last_model = record.conversation_model or None
         if record.kind == "metric":  # a metric loop (labels.optimize): jobs/metric_loop.py
             return metric_loop.run(self, agent, base)
-        # Readiness triage (jobs/triage.py): before the first turn ever, once per approved
-        # text; an issue with no checkable outcome, or too large, is refused uncoded.
-        if stop := triage.before_coding(self.rt, self.gh, self.store, self._record(), config):
-            return self._finish(Status.REFUSED, stop.reason, stop.detail)
         return self._turns(agent, base)
 
     def _window_of(self, model: str) -> int:

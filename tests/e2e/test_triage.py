@@ -81,6 +81,8 @@ def test_vague_issue_gets_a_spec_and_no_coding_call(
     record = record_of(redis, n)
     assert (record.status, record.reason) == (Status.REFUSED, "needs_spec")
     assert model.requests == []  # not one coding call
+    # ...and no git or sandbox work: triage comes before the worktree and the base verify.
+    assert not {"worktree_ready", "base_verify", "setup"} & set(kinds(redis, n))
     (asked,) = model.triage_requests
     assert "tools" not in asked and asked["max_tokens"] <= 2048
     assert asked["output_config"]["format"]["type"] == "json_schema"
