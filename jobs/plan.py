@@ -21,7 +21,7 @@ from bot.core import repo_config
 from bot.core.commands import ControlCommand
 from bot.core.models import merged, thinking_params
 from bot.core.pricing import usage_from
-from bot.core.record import LoopRecord, Usage
+from bot.core.record import LoopRecord, Usage, intake_hash
 from bot.core.rules import sections
 from bot.core.text import messages
 from bot.core.text.prompts import FENCE, fence_safe
@@ -47,6 +47,10 @@ Each milestone must leave the code working (its tests passing) and be checkable 
 own. Use 2 to 6 milestones, in the order they should be built; never more than the issue
 needs. Give each a short title and a text saying what it delivers and how to check it.
 Answer with JSON only, in the given schema."""
+
+
+PLAN_CACHE_PREFIX = "loopbot:plan:"  # + loop key + the issue text's hash: the proposal
+PLAN_CACHE_SECONDS = 7 * 24 * 3600
 
 
 class _Item(BaseModel):
@@ -207,6 +211,16 @@ def command(rt: Runtime, gh: Installation, cmd: ControlCommand, record: LoopReco
             f"Adding the `{config.labels.ready}` label works through them in order."
         )
         return "already sectioned"
+    # One call per issue text: with no loop there is no issue budget to charge, so a
+    # repeated /loop-plan on the same text gets the same proposal without another call.
+    cache_key = f"{PLAN_CACHE_PREFIX}{cmd.loop.key}:{intake_hash(issue.title, issue.body)[:32]}"
+    cached = rt.redis.get(cache_key)
+    if cached is not None:
+        reply(
+            (cached.decode() if isinstance(cached, bytes) else str(cached))
+            + "\n\n<sub>Proposed before for this same text: no new model call.</sub>"
+        )
+        return "planned before"
     try:
         found = propose(
             rt,
@@ -225,7 +239,9 @@ def command(rt: Runtime, gh: Installation, cmd: ControlCommand, record: LoopReco
             f"<sub>Cost ${found.cost_usd:.4f}.</sub>"
         )
         return "no plan"
-    reply(proposal_comment(found.sections, found.cost_usd, config.labels.ready))
+    text = proposal_comment(found.sections, found.cost_usd, config.labels.ready)
+    reply(text)
+    rt.redis.set(cache_key, text, ex=PLAN_CACHE_SECONDS)
     if record is not None:
         rt.store.event(
             cmd.loop.key,

@@ -285,6 +285,14 @@ def test_loop_plan_proposes_sections_and_a_reader_gets_nothing(
     req = model.requests[0]
     assert req["output_config"]["format"]["type"] == "json_schema"
     assert "<untrusted-issue>" in content_text(req["messages"][0])
+    # Asked again about the same text: the same proposal, no second call (there is no
+    # loop, so no issue budget to charge for it).
+    comment(github, "writer", n, "/loop-plan")
+    drain()
+    assert len(model.requests) == 1
+    again = [c["body"] for c in github.repo(REPO).comments.values() if "proposed" in c["body"]]
+    assert len(again) == 2 and "no new model call" in again[1]
+    assert "## Milestone 2: Add mul" in again[1]
     # An issue with sections already: said so, no model call.
     m2 = open_issue(github, "two", "- [ ] one\n- [ ] two\n")
     comment(github, "writer", m2, "/loop-plan")
