@@ -35,7 +35,9 @@ log = get_logger("loopbot.triage")
 COMMENT_KEY = "triage"  # the proposal on the issue, edited in place when triaged again
 SPEC_KEY = "spec"  # the marker of the criteria /loop-accept-spec appends to the issue
 SPLIT_KEY = "split"  # the checklist of the sub-issues /loop-split created
-ATTEMPTS = 2  # an answer that does not validate is asked for once more
+# One call, never asked again (``judge``): structured outputs hold the answer to the
+# schema, so one that breaks it comes from a model (or a stand-in) not following the
+# format, and a second call would cost more for advice the loop goes on without.
 MAX_TOKENS = 2048  # of the answer: a verdict and a short proposal
 
 
@@ -187,55 +189,41 @@ def judge(
     title: str,
     body: str,
 ) -> Judged:
-    """The one small structured call (asked once more when the answer does not
-    validate). Its usage is recorded under the role ``triage`` and counts against the
-    issue's budget, which is checked before each call. Never raises for the model: a
-    failure is a ``Judged`` without a result."""
+    """The one small structured call. Its usage is recorded under the role ``triage``
+    and counts against the issue's budget, which is checked before the call. Never
+    raises for the model: a failure, or an answer that does not validate (never asked
+    again: see the note on top), is a ``Judged`` without a result."""
     model = config.critic_model(rt.ceilings)
-    cost = 0.0
     try:
         spec = rt.models.spec(model)
     except UnknownModel as exc:
-        return Judged(None, model, cost, f"unknown model: {exc}"[:300])
-    convo: list[dict[str, Any]] = [
-        {"role": "user", "content": rules.prompt(record.repo, record.issue, title, body)}
-    ]
-    problem = ""
-    for attempt in range(1, ATTEMPTS + 1):
-        request: dict[str, Any] = {
-            "model": model,
-            "max_tokens": min(MAX_TOKENS, spec.max_output),
-            "system": rules.SYSTEM,
-            "messages": convo,
-            "output_config": {"format": {"type": "json_schema", "schema": rules.output_schema()}},
-        }
-        try:
-            precall.guard(rt.model, request, store.get(record.key), rt.settings)
-            resp = rt.model.messages.create(**request)
-        except precall.OverBudget as exc:
-            return Judged(None, model, cost, f"not asked: {exc}"[:300])
-        except anthropic.APIError as exc:  # the SDK retried already
-            return Judged(None, model, cost, f"{type(exc).__name__}: {exc}"[:300])
-        name = resp.model or model
-        used = usage_from(name, resp.usage)
-        cost += used.cost_usd
-        store.update(record.key, _add_usage(name, used))
-        text = "".join(b.text for b in resp.content if b.type == "text")
-        try:
-            return Judged(rules.parse(text), name, cost)
-        except rules.TriageError as exc:
-            problem = str(exc).splitlines()[0][:300]
-            store.event(record.key, "triage_invalid", attempt=attempt, problem=problem)
-            convo = [
-                *convo,
-                {"role": "assistant", "content": text.strip() or "(empty)"},
-                {
-                    "role": "user",
-                    "content": f"That answer did not match the schema ({problem}). "
-                    "Answer again with JSON only, in the schema.",
-                },
-            ]
-    return Judged(None, model, cost, f"the answer did not validate twice: {problem}")
+        return Judged(None, model, 0.0, f"unknown model: {exc}"[:300])
+    request: dict[str, Any] = {
+        "model": model,
+        "max_tokens": min(MAX_TOKENS, spec.max_output),
+        "system": rules.SYSTEM,
+        "messages": [
+            {"role": "user", "content": rules.prompt(record.repo, record.issue, title, body)}
+        ],
+        "output_config": {"format": {"type": "json_schema", "schema": rules.output_schema()}},
+    }
+    try:
+        precall.guard(rt.model, request, store.get(record.key), rt.settings)
+        resp = rt.model.messages.create(**request)
+    except precall.OverBudget as exc:
+        return Judged(None, model, 0.0, f"not asked: {exc}"[:300])
+    except anthropic.APIError as exc:  # the SDK retried already
+        return Judged(None, model, 0.0, f"{type(exc).__name__}: {exc}"[:300])
+    name = resp.model or model
+    used = usage_from(name, resp.usage)
+    store.update(record.key, _add_usage(name, used))
+    text = "".join(b.text for b in resp.content if b.type == "text")
+    try:
+        return Judged(rules.parse(text), name, used.cost_usd)
+    except rules.TriageError as exc:
+        problem = str(exc).splitlines()[0][:300]
+        store.event(record.key, "triage_invalid", attempt=1, problem=problem)
+        return Judged(None, name, used.cost_usd, f"the answer did not validate: {problem}")
 
 
 def _add_usage(model: str, used: Usage) -> Callable[[LoopRecord], None]:
