@@ -454,6 +454,11 @@ def _dismiss(rt: Runtime, gh: Installation, cmd: DismissFinding) -> str:
             # The critic's verdict on this head stays as it was: the gate reads the
             # dismissal from the finding log and its receipt names the writer who overrode
             # the critic. It still re-reads the issue, the checks and mergeability.
+            # The ended loop gave its slot back: an active one holds one again, counted
+            # before its gate job can run (and end it), so the line admits no loop on top
+            # of it, nor of the fix turns the gate may send it back to (the reconciler
+            # would count it too, a pass later; never stopped for the cap: a person asked).
+            Pace(rt.redis).adopt(key, updated.repo)
             go = (
                 lifecycle.advance(
                     rt.store,
@@ -465,6 +470,8 @@ def _dismiss(rt: Runtime, gh: Installation, cmd: DismissFinding) -> str:
                 )
                 is not None
             )
+            if not go:
+                lifecycle.release(rt.store, key)  # it did not become active after all
     standing = [str(e["id"]) for e in flog.blocking(updated.finding_log)]
     then = (
         "No sev1 finding stands on this head: loopbot goes on to the merge gate."
