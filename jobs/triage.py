@@ -103,6 +103,7 @@ def before_coding(
         store.event(key, "triage", verdict=known.verdict, cost_usd=0.0, again=True)
         return _not_ready(gh, record, config, issue, known, float(record.triage["cost_usd"]))
     earlier = rules.loaded(record.triage)  # a proposal on the issue this triage replaces
+    store.set_fields(key, phase="triage")  # the dashboard and `loopbot status` say so
     judged = judge(rt, store, record, config, title, body)
     if judged.result is None:
         log.warning("triage.failed", loop=key, error=judged.error)
