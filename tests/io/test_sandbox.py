@@ -149,13 +149,25 @@ def test_refuses_without_bubblewrap_unless_opted_out(
 
 
 def test_commands_the_kernel_would_refuse_are_tool_errors_and_leak_nothing(
-    box_settings: Settings, worktree: Path
+    box_settings: Settings, worktree: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from jobs.sandbox import cgroups
 
+    # The groups these commands get, as the real cgroups.create makes them: a glob of the
+    # hierarchy would also see the groups of tests running beside this one (pytest -n 2).
+    made: list[cgroups.Group] = []
+    create = cgroups.create
+
+    def recorded(memory_bytes: int, processes: int) -> cgroups.Group | None:
+        group = create(memory_bytes, processes)
+        if group is not None:
+            made.append(group)
+        return group
+
+    monkeypatch.setattr(cgroups, "create", recorded)
+
     def groups() -> set[str]:
-        own = [cgroups._own("memory"), cgroups._own("pids"), cgroups._own(None)]
-        return {str(p) for d in own if d is not None for p in d.glob(cgroups.PREFIX + "*")}
+        return {str(d) for g in made for d in g.dirs if d.exists()}
 
     before = groups()
     with Sandbox(worktree, settings=box_settings) as box:
