@@ -31,7 +31,7 @@ from bot.core.rules.merge import protected_changes
 from bot.core.rules.review import Answer, CriticReport
 from bot.core.text import messages, prompts
 from bot.core.text.defuse import one_line
-from bot.io.github.client import PullInfo
+from bot.io.github.client import IssueInfo, PullInfo
 from bot.io.github.failures import GitHubError, new_error_id, public_error
 from bot.io.logs import get_logger
 from bot.io.store import FencedStore, LeaseLost, Store
@@ -370,28 +370,9 @@ class LoopRunner:
                 return self._handoff(failure)
             record = self._record()
             issue = self.gh.issue(self.repo, self.issue_number)
-            step = transitions.before_turn(
-                turn=record.turn,
-                max_turns=self.config.max_turns,
-                issue_open=issue.open,
-                has_label=self.config.labels.of_kind(record.kind) in issue.labels,
-                cancel=self.store.cancel_requested(self.key),
-                intake_edited=intake.edited(record, issue.title, issue.body),
-            )
-            match step:
-                case transitions.Stop(reason=reason):
-                    if reason == Reason.ISSUE_EDITED:
-                        self.gh.upsert_comment(
-                            self.repo,
-                            self.issue_number,
-                            intake.COMMENT_KEY,
-                            intake.stopped_comment("", self.config.labels.of_kind(record.kind)),
-                        )
-                    return self._stop(step)
-                case transitions.RunTurn():
-                    pass
-                case _:
-                    assert_never(step)
+            step = self._before_turn(record, issue, self.config.max_turns)
+            if isinstance(step, str):
+                return step
             if (ended := self._sections_ready(record, issue, first=not conversation)) is not None:
                 return ended
             smallest = budget.smallest_call(agent.model, MAX_TOKENS)
@@ -559,6 +540,37 @@ class LoopRunner:
                     + "): they never reach the commit, so verify ran without them."
                 )
             self._status_comment()
+
+    def _before_turn(
+        self, record: LoopRecord, issue: IssueInfo, max_turns: int
+    ) -> transitions.RunTurn | str:
+        """The rules before every turn (bot/core/rules/turns.py): the turn to run, or how
+        the loop ended (issue closed, the loop's label gone, cancelled, out of turns, or
+        the approved text edited by someone who may not approve it: then a comment says
+        how to approve it again)."""
+        label = self.config.labels.of_kind(record.kind)
+        step = transitions.before_turn(
+            turn=record.turn,
+            max_turns=max_turns,
+            issue_open=issue.open,
+            has_label=label in issue.labels,
+            cancel=self.store.cancel_requested(self.key),
+            intake_edited=intake.edited(record, issue.title, issue.body),
+        )
+        match step:
+            case transitions.Stop(reason=reason):
+                if reason == Reason.ISSUE_EDITED:
+                    self.gh.upsert_comment(
+                        self.repo,
+                        self.issue_number,
+                        intake.COMMENT_KEY,
+                        intake.stopped_comment("", label),
+                    )
+                return self._stop(step)
+            case transitions.RunTurn():
+                return step
+            case _:
+                assert_never(step)
 
     # -- milestones: sections, section audits, post_action (bot/core/rules/sections.py) -------
 

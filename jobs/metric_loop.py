@@ -255,29 +255,10 @@ class _MetricLoop:
                 return r._handoff(note)
             record = r._record()
             issue = r.gh.issue(r.repo, r.issue_number)
-            label = r.config.labels.of_kind(record.kind)
-            step = transitions.before_turn(
-                turn=record.turn,
-                max_turns=record.turn + 1,  # iterations are bounded by rules.next_step
-                issue_open=issue.open,
-                has_label=label in issue.labels,
-                cancel=r.store.cancel_requested(r.key),
-                intake_edited=intake.edited(record, issue.title, issue.body),
-            )
-            match step:
-                case transitions.Stop(reason=reason):
-                    if reason == Reason.ISSUE_EDITED:
-                        r.gh.upsert_comment(
-                            r.repo,
-                            r.issue_number,
-                            intake.COMMENT_KEY,
-                            intake.stopped_comment("", label),
-                        )
-                    return r._stop(step)
-                case transitions.RunTurn():
-                    pass
-                case _:
-                    assert_never(step)
+            # Iterations are bounded by rules.next_step, not by max_turns.
+            step = r._before_turn(record, issue, max_turns=record.turn + 1)
+            if isinstance(step, str):
+                return step
             rows = rules.rows_of(record.metric_results)
             nxt = rules.next_step(
                 rows,
