@@ -307,3 +307,18 @@ def test_preconditions_comment_names_what_failed() -> None:
     )
     assert "**metric** failed" in body and "❌ metric: the metric command printed no number" in body
     assert "````\nok ```\n````" in body  # the output's fence is longer than its backticks
+
+
+def test_the_status_line_counts_iterations_then_turns() -> None:
+    def row(i: int, status: str) -> dict[str, object]:
+        return rules.Row(i, "abc", float(i), None, status, "d").as_dict()
+
+    r = LoopRecord(repo="o/r", issue=1, installation_id=1, kind="metric", turn=4, max_turns=20)
+    r.metric_max_iterations = 5
+    r.metric_results = [row(0, "baseline"), row(1, "keep"), row(2, "discard")]
+    assert "iteration 2 of 5" in messages.status_line(r)
+    r.metric_since = 2  # a restart gave it a new allowance after iteration 2
+    r.metric_results = [*r.metric_results, row(3, "keep")]
+    assert "iteration 1 of 5" in messages.status_line(r)
+    r.metric_done = True  # the pull request is open: its fix turns are turns
+    assert "turn 4 of 20" in messages.status_line(r)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from bot.core.record import LoopRecord, Status, Waiting
 from bot.core.rules import budget
+from bot.core.rules import metric as metric_rules
 from bot.core.rules.pace import PLACES_SHOWN
 from bot.core.text import metric as metric_text
 from bot.core.text.defuse import JOINER, code_block, code_span, safe_text
@@ -48,7 +49,7 @@ def status_line(r: LoopRecord) -> str:
     parts = [
         f"{icon} **{r.status.value}**",
         f"phase `{r.phase}`",
-        f"turn {r.turn} of {r.max_turns}",
+        _progress(r),
         f"cost {_cost(r)}",
     ]
     if r.reason:
@@ -56,6 +57,15 @@ def status_line(r: LoopRecord) -> str:
     if (where := section_where(r)) and r.active:
         parts.insert(2, where)
     return " · ".join(parts)
+
+
+def _progress(r: LoopRecord) -> str:
+    """How far the loop is: turns, or for a metric loop still iterating, iterations (its
+    turns are one per iteration; its fix turns after the pull request count as turns)."""
+    if r.kind == "metric" and not r.metric_done and r.metric_max_iterations:
+        done = metric_rules.last_iteration(metric_rules.rows_of(r.metric_results))
+        return f"iteration {done - r.metric_since} of {r.metric_max_iterations}"
+    return f"turn {r.turn} of {r.max_turns}"
 
 
 # -- milestones (bot/core/rules/sections.py) ---------------------------------------------------
