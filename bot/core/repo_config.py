@@ -182,6 +182,15 @@ class RepoConfig(_Strict):
     post_action: PostActionConfig | None = None
     metric: MetricConfig | None = None
 
+    @field_validator("milestones", mode="before")
+    @classmethod
+    def _yaml_switch(cls, v: Any) -> Any:
+        # YAML 1.1 reads a bare `off` / `on` (and `false` / `true`) as booleans: the file
+        # says `milestones: off`, PyYAML hands over False.
+        if isinstance(v, bool):
+            return "on" if v else "off"
+        return v
+
     @property
     def step_cap(self) -> int:
         return min(self.max_steps, STEP_CAP)

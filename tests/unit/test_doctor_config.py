@@ -85,3 +85,12 @@ def test_the_cli_exits_nonzero_for_a_bad_file_and_zero_for_a_good_one(tmp_path: 
     failed = runner.invoke(main, ["doctor", "--config", str(good), "--config", str(bad)])
     assert failed.exit_code == 1
     assert "`max_turn`: unknown key" in failed.output
+
+
+@pytest.mark.parametrize(
+    ("written", "read"),
+    [("off", "off"), ("on", "on"), ("auto", "auto"), ("false", "off"), ("true", "on")],
+)
+def test_milestones_off_and_on_as_yaml_reads_them(written: str, read: str) -> None:
+    # YAML 1.1 turns a bare off/on into a boolean: `milestones: off` must still mean off.
+    assert repo_config.parse(f"verify: x\nmilestones: {written}\n").milestones == read
