@@ -157,6 +157,11 @@ class MetricConfig(_Strict):
     max_iterations: int = Field(20, ge=1, le=200)
     max_consecutive_discards: int = Field(10, ge=2, le=100)
 
+    @field_validator("scope", mode="before")
+    @classmethod
+    def _one_glob(cls, v: Any) -> Any:
+        return (v,) if isinstance(v, str) else v  # `scope: src/**`, a list of one
+
 
 class RepoConfig(_Strict):
     verify: str = Field(min_length=1)

@@ -94,3 +94,9 @@ def test_the_cli_exits_nonzero_for_a_bad_file_and_zero_for_a_good_one(tmp_path: 
 def test_milestones_off_and_on_as_yaml_reads_them(written: str, read: str) -> None:
     # YAML 1.1 turns a bare off/on into a boolean: `milestones: off` must still mean off.
     assert repo_config.parse(f"verify: x\nmilestones: {written}\n").milestones == read
+
+
+def test_a_metric_scope_may_be_one_glob() -> None:
+    text = "verify: x\nmetric: {command: y, direction: lower, scope: 'src/**'}\n"
+    metric = repo_config.parse(text).metric
+    assert metric is not None and metric.scope == ("src/**",)
