@@ -173,7 +173,9 @@ def keep_pace(rt: Runtime) -> list[str]:
             if record.status is Status.QUEUED and not lifecycle.job_pending(
                 rt.redis, record.id.job_id
             ):
-                pacing = lifecycle.Pacing(False, None, rt.settings.max_parallel)
+                # Its priority as last known (no GitHub call here); the sweep re-reads labels.
+                priority = record.waiting.priority if record.waiting is not None else False
+                pacing = lifecycle.Pacing(priority, None, rt.settings.max_parallel)
                 lifecycle.rejoin(store, record, pacing)
             else:
                 line.adopt(key, record.repo)  # it runs already: counted, not stopped

@@ -264,3 +264,26 @@ def test_github_down_does_not_hold_the_line(
     admitted = store.get(two)
     assert admitted is not None and admitted.phase == "queued" and queued(redis) == 2
     assert "1st in line" in _status_body(github, 2)  # the edit that failed
+
+
+def test_a_loop_the_reconciler_puts_back_in_line_keeps_its_priority(
+    rt: Runtime, github: GitHubServer, redis: Redis
+) -> None:
+    from bot.core.record import Waiting
+
+    iid = sample_repo(github)
+    store, pace = rt.store, Pace(redis)
+    _create(rt, github, iid, 1)  # holds the one slot
+    plain = _create(rt, github, iid, 1)  # waits, first in line
+    # A priority loop whose place in line a crash lost (its record says it waited, with
+    # the priority label); the reconciler puts it back ahead of the plain one.
+    template = store.get(plain)
+    assert template is not None
+    urgent = k(REPO, 7)
+    place = Waiting(place=2, running=1, cap=1, scope="repository", priority=True)
+    store.put(template.model_copy(update={"issue": 7, "waiting": place, "phase": "x"}))
+    assert pace.waiter(urgent) is None
+    assert urgent in keep_pace(rt)
+    assert pace.waiter(urgent).priority  # type: ignore[union-attr]
+    assert store.get(urgent).waiting.place == 1  # type: ignore[union-attr]
+    assert store.get(plain).waiting.place == 2  # type: ignore[union-attr]
