@@ -379,7 +379,8 @@ def thinking_invalid(body: Json, spec: ModelSpec) -> str | None:
     """Why the API would reject ``body``'s thinking or effort for ``spec``, in its words.
 
     The ``thinking`` type must be one the model accepts (``enabled`` with a budget of at
-    least 1024 below ``max_tokens``), ``output_config.effort`` one of its levels; every
+    least 1024 below ``max_tokens``), ``output_config.effort`` one of its levels (and
+    ``output_config.format`` a schema the API compiles: ``format_invalid``); every
     ``thinking`` block sent back must carry the signature this server gave it, for its text
     and the request's model, and come before the message's other blocks.
     """
@@ -420,6 +421,9 @@ def thinking_invalid(body: Json, spec: ModelSpec) -> str | None:
         if kind in ("enabled", "adaptive") and forced:
             return "Thinking may not be enabled when tool_choice forces tool use."
     config = body.get("output_config")
+    fmt = config.get("format") if isinstance(config, dict) else None
+    if fmt is not None and (why := format_invalid(fmt)) is not None:
+        return why
     effort = config.get("effort") if isinstance(config, dict) else None
     if effort is not None:
         if effort not in EFFORTS:
@@ -708,6 +712,67 @@ def invalid(body: Json, spec: ModelSpec | None = None) -> str | None:
             f"number of output tokens for {body.get('model')}"
         )
     return conversation_invalid(body)
+
+
+# What structured outputs' grammar compiler refuses: bounds it cannot express (the
+# caller checks them after the answer, as the SDKs do).
+UNSUPPORTED_SCHEMA_KEYWORDS = (
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "minLength",
+    "maxLength",
+    "maxItems",
+    "uniqueItems",
+    "minProperties",
+    "maxProperties",
+)
+
+
+def format_invalid(fmt: Any) -> str | None:
+    """Why the API would refuse ``output_config.format``: only ``json_schema``; every
+    object with ``additionalProperties: false``; none of the keywords it cannot compile."""
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        return "output_config.format.type: Input should be 'json_schema'"
+    schema = fmt.get("schema")
+    if not isinstance(schema, dict):
+        return "output_config.format.schema: Field required"
+
+    def walk(node: Any, where: str) -> str | None:
+        if isinstance(node, list):
+            for i, item in enumerate(node):
+                if (why := walk(item, f"{where}.{i}")) is not None:
+                    return why
+            return None
+        if not isinstance(node, dict):
+            return None
+        for word in UNSUPPORTED_SCHEMA_KEYWORDS:
+            if word in node:
+                kind = node.get("type", "schema")
+                return (
+                    f"output_config.format.schema: For '{kind}' type, property '{word}' "
+                    "is not supported"
+                )
+        if node.get("type") == "object" and node.get("additionalProperties") is not False:
+            return (
+                "output_config.format.schema: For 'object' type, 'additionalProperties' "
+                f"must be explicitly set to false ({where or 'the root'})"
+            )
+        for key, value in node.items():
+            if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+                for name, sub in value.items():
+                    if (why := walk(sub, f"{where}.{name}")) is not None:
+                        return why
+            elif (
+                key in ("items", "anyOf", "allOf")
+                and (why := walk(value, f"{where}.{key}")) is not None
+            ):
+                return why
+        return None
+
+    return walk(schema, "")
 
 
 def conversation_invalid(body: Json) -> str | None:
