@@ -125,6 +125,8 @@ def test_keep_discard_and_guard_failure_then_a_merged_pull_request_with_the_tabl
     assert "| 3 | " in status and "guard failed" in status
     kinds = [e["kind"] for e in Store(redis).events(LoopId(REPO, n).key)]
     assert kinds.count("metric_iteration") == 3 and "metric_finished" in kinds
+    # Its preconditions stand for triage: a metric loop is never triaged.
+    assert model.triage_requests == [] and "triage" not in kinds
 
 
 def test_stuck_stop_after_consecutive_discards_reports_and_opens_no_pull_request(
