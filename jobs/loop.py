@@ -379,7 +379,7 @@ class LoopRunner:
             if out := budget.before_turn(self.budget, budget.Spent.of(record), smallest):
                 return self._finish(Status.FAILED, Reason.BUDGET, out.detail)
             turn = step.turn
-            record = self.store.update(self.key, _start_turn(turn))
+            record = self.store.update(self.key, transitions.started(turn))
             # Where the turn begins in the conversation: the session log splits it there.
             self.store.event(
                 self.key,
@@ -482,17 +482,7 @@ class LoopRunner:
             if not changed:
                 self.store.event(self.key, "no_change", turn=turn, idle_turns=idle)
             record = self._record()
-            self.store.event(
-                self.key,
-                "turn_completed",
-                turn=turn,
-                end=outcome.end,
-                steps=outcome.steps,
-                tool_calls=outcome.tool_calls,
-                cost_usd=round(outcome.cost, 6),
-                model_seconds=round(outcome.model_seconds, 4),
-                tool_seconds=round(outcome.tool_seconds, 4),
-            )
+            self._turn_completed(turn, outcome)
             after = transitions.after_turn(
                 end=outcome.end,
                 verify_passed=verify.passed,
@@ -540,6 +530,20 @@ class LoopRunner:
                     + "): they never reach the commit, so verify ran without them."
                 )
             self._status_comment()
+
+    def _turn_completed(self, turn: int, outcome: Outcome) -> None:
+        """The turn's event: how it ended, its steps, calls, cost and where time went."""
+        self.store.event(
+            self.key,
+            "turn_completed",
+            turn=turn,
+            end=outcome.end,
+            steps=outcome.steps,
+            tool_calls=outcome.tool_calls,
+            cost_usd=round(outcome.cost, 6),
+            model_seconds=round(outcome.model_seconds, 4),
+            tool_seconds=round(outcome.tool_seconds, 4),
+        )
 
     def _before_turn(
         self, record: LoopRecord, issue: IssueInfo, max_turns: int
@@ -726,6 +730,7 @@ class LoopRunner:
             )
         else:
             critic = Critic(self.rt, self.repo, self.issue_number)
+            critic.store = self.store  # the loop's lease-fenced store: its usage is a write
             try:
                 report = critic.audit(
                     self.config,
@@ -1427,14 +1432,6 @@ def _max_tokens(spec: ModelSpec) -> int:
     (``bot.core.rules.agent_stop``), so the usual limit stays small for the budget's
     worst case."""
     return min(MAX_TOKENS, spec.max_output)
-
-
-def _start_turn(turn: int) -> Callable[[LoopRecord], None]:
-    def apply(r: LoopRecord) -> None:
-        r.turn, r.phase, r.resume_note = turn, "coding", ""
-        r.total_turns += 1  # the issue's lifetime count: no restart or review round resets it
-
-    return apply
 
 
 def _inc_error(r: LoopRecord, detail: str) -> None:

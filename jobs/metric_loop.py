@@ -277,7 +277,7 @@ class _MetricLoop:
             if out := budget.before_turn(r.budget, budget.Spent.of(record), smallest):
                 return r._finish(Status.FAILED, Reason.BUDGET, out.detail)
             n = nxt.iteration
-            record = r.store.update(r.key, _start_turn(step.turn))
+            record = r.store.update(r.key, transitions.started(step.turn, "iterating"))
             r.store.event(
                 r.key,
                 "turn_started",
@@ -297,10 +297,18 @@ class _MetricLoop:
             else:
                 feedback = r.store.take_feedback(r.key)  # an approved edit of the issue
                 prompt = text.iteration_prompt(
-                    n, cfg, rows, hint=nxt.hint, note=note, feedback=feedback, extra=news.sections
+                    n,
+                    cfg,
+                    rows,
+                    hint=nxt.hint,
+                    note=note,
+                    feedback=feedback,
+                    extra=news.sections,
+                    since=record.metric_since,
                 )
             if nxt.hint:
-                r.store.event(r.key, "metric_hint", iteration=n, streak=rules.streak(rows))
+                streak = rules.streak(rows, record.metric_since)
+                r.store.event(r.key, "metric_hint", iteration=n, streak=streak)
             limits = Limits(
                 step_cap=r.config.step_cap,
                 tool_budget=r.config.tool_budget,
@@ -331,17 +339,7 @@ class _MetricLoop:
             decided = self._iteration(cfg, n, outcome, rows, ignored_before)
             if isinstance(decided, str):
                 return decided
-            r.store.event(
-                r.key,
-                "turn_completed",
-                turn=step.turn,
-                end=outcome.end,
-                steps=outcome.steps,
-                tool_calls=outcome.tool_calls,
-                cost_usd=round(outcome.cost, 6),
-                model_seconds=round(outcome.model_seconds, 4),
-                tool_seconds=round(outcome.tool_seconds, 4),
-            )
+            r._turn_completed(step.turn, outcome)
             note = ""
             if hidden:
                 note = (
@@ -533,7 +531,9 @@ class _MetricLoop:
             r.repo,
             r.issue_number,
             text.REPORT_KEY,
-            text.final_report(rep, rows, ended, cfg.command, pull=pull),
+            text.final_report(
+                rep, rows, ended, cfg.command, pull=pull, since=r._record().metric_since
+            ),
         )
 
     # -- helpers -----------------------------------------------------------------------------
@@ -576,14 +576,6 @@ def _append(row: rules.Row, head: str) -> Callable[[LoopRecord], None]:
     def apply(rec: LoopRecord) -> None:
         rec.metric_results = [*rec.metric_results, row.as_dict()]
         rec.metric_head = head
-
-    return apply
-
-
-def _start_turn(turn: int) -> Callable[[LoopRecord], None]:
-    def apply(rec: LoopRecord) -> None:
-        rec.turn, rec.phase, rec.resume_note = turn, "iterating", ""
-        rec.total_turns += 1  # the issue's lifetime count, for the budget
 
     return apply
 

@@ -56,14 +56,16 @@ PLAN_CACHE_SECONDS = 7 * 24 * 3600
 class _Item(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    title: str = Field(min_length=1, max_length=200)
-    text: str = Field(min_length=1, max_length=sections.MAX_SECTION_CHARS)
+    # No upper bounds here: ``sections.from_plan`` caps titles and texts and folds extra
+    # sections into the last, where rejecting the answer would cost a paid retry.
+    title: str = Field(min_length=1)
+    text: str = Field(min_length=1)
 
 
 class _Plan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    sections: list[_Item] = Field(min_length=2, max_length=sections.MAX_SECTIONS)
+    sections: list[_Item] = Field(min_length=2)
 
 
 SCHEMA: dict[str, Any] = {

@@ -3,8 +3,8 @@ commands that answer it, ``/loop-accept-spec`` and ``/loop-split``.
 
 The rules (schema, parsing, verdicts, what a command may do) are in
 ``bot/core/rules/triage.py``. Triage never blocks a loop by accident: when the call fails
-for good, or its answer does not validate twice, the loop codes as if triage were off
-(fail open) and records a ``triage_failed`` event.
+for good, or its answer does not validate (it is not asked again), the loop codes as if
+triage were off (fail open) and records a ``triage_failed`` event.
 """
 
 from __future__ import annotations
@@ -386,21 +386,31 @@ def _split(
             store.update(key, _created(entry))
             done[i] = entry
         links = [(str(done[i]["title"]), str(done[i]["url"])) for i in sorted(done)]
-        if not again:
+        reported = bool(record.triage.get("split_reported"))
+        if not reported:
             store.event(key, "split", actor=cmd.actor, issues=[done[i]["number"] for i in done])
-            store.set_fields(
-                key, detail=f"split into {len(links)} sub-issues by {cmd.actor} (`/loop-split`)"
-            )
-    if again:
-        reply = messages.split_done(cmd.actor, links, again=True)
-        gh.upsert_comment(cmd.repo, cmd.issue, f"reply:{cmd.comment_id}", reply)
-        return "already split"
+            detail = f"split into {len(links)} sub-issues by {cmd.actor} (`/loop-split`)"
+            store.update(key, _split_reported(detail))
+    # The ending is written on every run, each step safe to repeat: a retried job, or a
+    # writer's second /loop-split, finishes what a run that failed half-way left undone.
     gh.upsert_comment(
         cmd.repo, cmd.issue, SPLIT_KEY, messages.split_done(cmd.actor, links, again=False)
     )
     gh.remove_label(cmd.repo, cmd.issue, config.labels.needs_spec)
     gh.remove_label(cmd.repo, cmd.issue, config.labels.ready)
+    if again and reported:
+        reply = messages.split_done(cmd.actor, links, again=True)
+        gh.upsert_comment(cmd.repo, cmd.issue, f"reply:{cmd.comment_id}", reply)
+        return "already split"
     return f"split into {len(links)} sub-issues"
+
+
+def _split_reported(detail: str) -> Callable[[LoopRecord], None]:
+    def apply(r: LoopRecord) -> None:
+        r.triage = {**r.triage, "split_reported": True}
+        r.detail = detail
+
+    return apply
 
 
 def _split_started(r: LoopRecord) -> None:

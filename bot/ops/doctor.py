@@ -419,5 +419,12 @@ def run_config_checks(paths: tuple[str, ...], env: Mapping[str, str] | None = No
             )
         ]
     for path in paths:
-        checks.extend(config_checks(path, Path(path).read_text(encoding="utf-8"), ceilings))
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            checks.append(
+                Check(f"config {path}", False, f"cannot be read: {exc}", "save it as UTF-8")
+            )
+            continue
+        checks.extend(config_checks(path, text, ceilings))
     return checks

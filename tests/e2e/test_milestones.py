@@ -159,8 +159,8 @@ def test_restart_resumes_at_the_persisted_section(
     r = record(redis)
     assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
     first = next(b for b in model.requests if "output_config" not in b)
-    assert "Work on section 2 of 3" not in last_prompt(first)
-    assert "Work on section 2 of 2" in last_prompt(first)
+    assert "Work on section 2 of 2" in last_prompt(first)  # resumed there, not at 1
+    assert "Work on section 1 of 2" not in last_prompt(first)
     audits = events(redis, "section_audited")
     assert [a["section"] for a in audits] == [1, 2]  # section 1 is not audited again
 

@@ -237,3 +237,27 @@ def test_a_writer_can_have_a_too_large_issue_worked_as_one(
     assert len(github.repo(REPO).issues) == count
     replies = json.dumps([c["body"] for c in github.repo(REPO).comments.values()])
     assert "had the issue worked as one already" in replies
+
+
+def test_a_split_cut_short_after_its_sub_issues_is_finished_by_the_next_one(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    # Every sub-issue made, then GitHub fails the checklist comment: the next /loop-split
+    # (or the job's retry) posts the checklist and takes the labels off, making nothing.
+    model.play_triage(LARGE)
+    n = start(github, drain, title="Fix add and add subtract", body="Two things.")
+    comment(github, "writer", n, "/loop-split")
+    fault = github.inject("POST", rf"/issues/{n}/comments$", 502, times=1000)  # loopbot's
+    drain()
+    fault.times = 0
+    made = [i for i in github.repo(REPO).issues.values() if i.number != n and not i.is_pull]
+    assert len(made) == 2
+    assert "loop:needs-spec" in github.repo(REPO).issues[n].labels  # not finished
+    comment(github, "writer", n, "/loop-split")
+    drain()
+    issues = github.repo(REPO).issues
+    assert len([i for i in issues.values() if i.number != n and not i.is_pull]) == 2
+    checklist = bot_comment(github, "split")
+    assert all(f"{github.url}/{REPO}/issues/{i.number}" in checklist for i in made)
+    assert not {"loop:needs-spec", "loop:ready"} & set(issues[n].labels)
+    assert kinds(redis, n).count("split") == 1

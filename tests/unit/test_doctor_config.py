@@ -100,3 +100,10 @@ def test_a_metric_scope_may_be_one_glob() -> None:
     text = "verify: x\nmetric: {command: y, direction: lower, scope: 'src/**'}\n"
     metric = repo_config.parse(text).metric
     assert metric is not None and metric.scope == ("src/**",)
+
+
+def test_a_file_that_is_not_utf8_is_a_failed_check_not_a_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "loop.yml"
+    bad.write_bytes(b"verify: \xff\xfe\n")
+    out = CliRunner().invoke(main, ["doctor", "--config", str(bad)])
+    assert out.exit_code == 1 and "cannot be read" in out.output, out.output

@@ -322,3 +322,14 @@ def test_the_status_line_counts_iterations_then_turns() -> None:
     assert "iteration 1 of 5" in messages.status_line(r)
     r.metric_done = True  # the pull request is open: its fix turns are turns
     assert "turn 4 of 20" in messages.status_line(r)
+
+
+def test_the_hint_counts_discards_since_the_restart() -> None:
+    cfg = MetricConfig(command="m", direction="lower", scope=("src/**",))
+    rows = [rules.Row(0, "b", 5.0, None, "baseline", "")] + [
+        rules.Row(i, "c", 6.0, 1.0, "discard", "d", "worse") for i in range(1, 8)
+    ]
+    # Five discards before a writer's restart after iteration 5, two since.
+    since = text.iteration_prompt(8, cfg, rows, hint=True, since=5)
+    assert "The last 2 changes were all discarded" in since
+    assert "The last 7 changes" in text.iteration_prompt(8, cfg, rows, hint=True)

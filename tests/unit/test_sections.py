@@ -160,3 +160,20 @@ def test_gate_merges_the_post_action_head_only_when_established() -> None:
     # Verify must have passed on the post-action commit itself.
     refused = decide(dataclasses.replace(f, verify_sha=REVIEWED))
     assert not isinstance(refused, Merge)
+
+
+def test_an_edit_keeps_where_the_changed_sections_work_began() -> None:
+    # A writer ticks the first box (or fixes a typo in it) after the loop finished it:
+    # the changed section's audit must still see its work from where it began.
+    old = s.started(s.tick(s.started(_state(False, False), 0, "A0"), 0), 1, "B0")
+    ticked = [s.Section("t0", "x0 typo fixed"), s.Section("t1", "x1")]
+    out = s.carry_over(old, ticked)
+    assert [e["done"] for e in out] == [False, False]
+    assert out[0]["start_sha"] == "A0" and out[1]["start_sha"] == ""
+
+
+def test_milestone_titles_keep_their_own_digits() -> None:
+    found = [s.Section("2FA login", "a"), s.Section("Milestone 3: CLI", "b")]
+    text = s.as_markdown(found)
+    assert "## Milestone 1: 2FA login" in text and "## Milestone 2: CLI" in text
+    assert [x.title for x in s.parse(text)] == ["Milestone 1: 2FA login", "Milestone 2: CLI"]

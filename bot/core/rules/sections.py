@@ -171,11 +171,15 @@ def from_plan(items: list[dict[str, Any]]) -> list[Section]:
     return _bounded(found) if len(found) >= 2 else []
 
 
+_MILESTONE_PREFIX = re.compile(r"(?i)^\s*milestone\b[\s\d.:-]*")
+
+
 def as_markdown(found: list[Section]) -> str:
     """Sections as ``## Milestone`` headings, the form ``parse`` reads back."""
     parts = []
     for n, s in enumerate(found, 1):
-        title = s.title.removeprefix("Milestone").lstrip(" :0123456789.-") or s.title
+        # "Milestone 2: CLI" reads back as "CLI"; "2FA login" keeps its digit.
+        title = _MILESTONE_PREFIX.sub("", s.title) or s.title
         parts.append(f"## Milestone {n}: {title}\n\n{s.text.strip()}")
     return "\n\n".join(parts)
 
@@ -210,11 +214,18 @@ def carry_over(old: list[dict[str, Any]], new: list[Section]) -> list[dict[str, 
     the first one that changed nothing in), so a typo fix further down loses nothing."""
     out = []
     same = True
+    # Where the work toward the first changed section began: its audit must see all of
+    # it, not only what comes after the edit (nor an empty diff when the edit just ticks
+    # a box the loop had ticked already).
+    first_start = ""
     for i, s in enumerate(new):
         entry = s.as_record()
         if same and i < len(old) and (old[i].get("title"), old[i].get("text")) == (s.title, s.text):
             entry = dict(old[i])
         else:
+            if same:
+                first_start = next((str(o["start_sha"]) for o in old[i:] if o.get("start_sha")), "")
+                entry["start_sha"] = first_start
             same = False
         out.append(entry)
     return out

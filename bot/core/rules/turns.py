@@ -6,10 +6,10 @@ The loop job (``jobs.loop``) does the I/O and asks these what to do.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from bot.core.record import Reason, Status
+from bot.core.record import LoopRecord, Reason, Status
 
 
 @dataclass(frozen=True)
@@ -167,3 +167,13 @@ def _idle(
     if not verify_passed:
         note += "\n\nverify failed:\n" + verify_tail
     return Continue(note)
+
+
+def started(turn: int, phase: str = "coding") -> Callable[[LoopRecord], None]:
+    """The record's update as turn ``turn`` starts (a metric loop's phase: iterating)."""
+
+    def apply(r: LoopRecord) -> None:
+        r.turn, r.phase, r.resume_note = turn, phase, ""
+        r.total_turns += 1  # the issue's lifetime count: no restart or review round resets it
+
+    return apply

@@ -174,7 +174,9 @@ def preconditions_failed(checks: Sequence[Check]) -> str:
     return "\n".join(lines)
 
 
-def final_report(rep: Report, rows: Sequence[Row], ended: str, command: str, *, pull: bool) -> str:
+def final_report(
+    rep: Report, rows: Sequence[Row], ended: str, command: str, *, pull: bool, since: int = 0
+) -> str:
     """The final report (seed 004): iterations, kept, best against the baseline, the kept
     changes, and what happens next."""
     kept = [r for r in rows if r.status == "keep"]
@@ -192,7 +194,7 @@ def final_report(rep: Report, rows: Sequence[Row], ended: str, command: str, *, 
                 for r in kept
             )
         )
-    run = rules.streak(rows)
+    run = rules.streak(rows, since)  # since this run's allowance began (a restart)
     if not kept:
         advice = (
             "Nothing was kept, so there is no pull request. Every iteration is a commit on "
@@ -312,6 +314,7 @@ def iteration_prompt(
     note: str = "",
     feedback: Sequence[dict[str, Any]] = (),
     extra: Sequence[str] = (),
+    since: int = 0,
 ) -> str:
     """A later iteration's prompt: what became of the last change, the newest rows, a
     nudge to change area or technique after a run of discards."""
@@ -333,7 +336,7 @@ def iteration_prompt(
             )
     parts.append(_recent(rows))
     if hint:
-        run = rules.streak(rows)
+        run = rules.streak(rows, since)
         parts.append(
             f"The last {run} changes were all discarded. Change area or technique: work on "
             "a different file or part of the scope, or try a different kind of change; do "
