@@ -785,6 +785,8 @@ class LoopRunner:
 
         def keep(r: LoopRecord) -> None:
             r.section_findings = [*r.section_findings, *found, *carried][-200:]
+            if not self.config.critic.enabled:  # said so wherever the sections are shown
+                r.sections[i] = {**r.sections[i], "unaudited": True}
 
         def dirty(r: LoopRecord) -> None:
             # A blocking audit is a round (the next one's findings ids and questions follow
@@ -1473,9 +1475,15 @@ def _milestone_lines(record: LoopRecord) -> str:
     out = ""
     if record.sections:
         done = sum(1 for s in record.sections if s.get("done"))
+        audited = sum(
+            1
+            for s in record.sections
+            if s.get("done") and not s.get("preticked") and not s.get("unaudited")
+        )
         out += (
-            f"Milestones: {done} of {len(record.sections)} done, each audited on its own "
-            "before a final audit of the whole change.\n\n"
+            f"Milestones: {done} of {len(record.sections)} done, {audited} of them audited "
+            "on their own (sections ticked in the issue, or worked with the critic off, are "
+            "not).\n\n"
         )
     pa = record.post_action
     if pa.get("status") in ("kept", "dropped", "none"):

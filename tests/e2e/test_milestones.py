@@ -325,3 +325,10 @@ def test_with_the_critic_off_sections_pace_the_work_unaudited(
     assert all("Not audited" in a["summary"] for a in audited)
     prompts = [last_prompt(b) for b in agent_requests(model)]
     assert any("Work on section 3 of 3" in p for p in prompts)
+    # Nothing public claims an audit that never ran.
+    status = next(
+        c["body"] for c in github.repo(REPO).comments.values() if "### loopbot" in c["body"]
+    )
+    assert "Add mul — done (not audited: the critic is off)" in status and "audited (" not in status
+    body = github.repo(REPO).issues[r.pr_number].body  # type: ignore[index]
+    assert "3 of 3 done, 0 of them audited" in body

@@ -177,3 +177,16 @@ def test_milestone_titles_keep_their_own_digits() -> None:
     text = s.as_markdown(found)
     assert "## Milestone 1: 2FA login" in text and "## Milestone 2: CLI" in text
     assert [x.title for x in s.parse(text)] == ["Milestone 1: 2FA login", "Milestone 2: CLI"]
+
+
+def test_a_long_finding_does_not_push_the_heading_or_the_others_out_of_the_prompt() -> None:
+    from bot.core.text import prompts
+
+    found = [
+        {"severity": "sev1", "path": "a.py", "line": i, "title": f"T{i}", "body": "x" * 5000}
+        for i in range(3)
+    ]
+    note = prompts.section_findings(0, 2, found)
+    kept = note[-prompts.TAIL_CHARS :]  # what the continuation prompt keeps of a note
+    assert kept.startswith("The audit of section 1 of 2")
+    assert all(f"T{i}" in kept for i in range(3))

@@ -91,6 +91,8 @@ def section_checklist(r: LoopRecord) -> str:
         note = ""
         if s.get("preticked"):
             note = " (ticked in the issue)"
+        elif s.get("done") and s.get("unaudited"):
+            note = " — done (not audited: the critic is off)"
         elif s.get("done"):
             rounds = int(s.get("audit_rounds") or 0)
             note = f" — audited ({rounds} round{'s' if rounds != 1 else ''})"

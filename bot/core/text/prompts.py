@@ -257,14 +257,26 @@ def section_prompt(sections: Sequence[dict[str, Any]], index: int, *, full: bool
 def section_findings(index: int, total: int, findings: Sequence[dict[str, Any]]) -> str:
     """The note of a dirty section audit: the same section again, with what blocks it
     (the continuation prompt fences what the reviewer wrote)."""
+    # The continuation keeps the note's last TAIL_CHARS: each finding is clipped so that
+    # the heading and every finding fit, however long the reviewer wrote.
+    head = (
+        f"The audit of section {index + 1} of {total} found blocking (sev1) problems. "
+        "Fix them in this section before going on:\n"
+    )
+    room = max((TAIL_CHARS - len(head)) // max(len(findings), 1) - 2, 80)
     rows = "\n".join(
-        f"- [{f.get('severity')}] {f.get('path')}:{f.get('line')} {f.get('title')}: {f.get('body')}"
+        _clipped(
+            f"- [{f.get('severity')}] {f.get('path')}:{f.get('line')} {f.get('title')}: "
+            f"{f.get('body')}",
+            room,
+        )
         for f in findings
     )
-    return (
-        f"The audit of section {index + 1} of {total} found blocking (sev1) problems. "
-        "Fix them in this section before going on:\n" + rows
-    )
+    return head + rows
+
+
+def _clipped(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def section_next(done: int, index: int, total: int) -> str:
