@@ -185,3 +185,25 @@ def test_a_request_on_the_pull_request_during_the_post_action_is_not_merged_away
     assert any("also add sub" in json.dumps(b["messages"][-1]) for b in model.requests)
     assert r.head_sha == r.reviewed_sha  # the gate merged what the critic reviewed last
     assert later == []
+
+
+def test_a_post_action_over_its_line_limit_is_dropped(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """A post-action is never reviewed, so it must stay small: 301 changed lines are one
+    too many, and the gate merges the reviewed head without them."""
+    big = "".join(f"NOTE_{i} = {i}\n" for i in range(301))
+    model.play(
+        m.write_file("calc.py", ADD),
+        m.text("Fixed add."),
+        report(),
+        m.write_file("notes.py", big),
+        m.text("Added notes."),
+    )
+    start_loop(github, drain, "add(2, 3) should be 5.", POST)
+    r = record(redis)
+    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    assert r.post_action["status"] == "dropped", r.post_action
+    assert "300" in r.post_action["why"], r.post_action
+    assert github.file_at(REPO, "main", "notes.py") is None
+    assert r.head_sha == r.reviewed_sha
