@@ -4,15 +4,23 @@ Nothing reads ``os.environ`` at import time: ``load_settings()`` is called by th
 process entry points (``loopbot web``, ``loopbot worker``, the CLI) and the object is
 passed down. A missing or malformed variable stops start-up with a message that names
 the variable, never a traceback.
+
+The environment is the process's own, over the values of an env file (``.env`` in the
+working directory, or ``LOOPBOT_ENV_FILE``): ``loopbot app create`` writes the App's
+credentials there, and a variable set in the environment wins over the file, as in
+foreman, honcho and systemd's ``EnvironmentFile``.
 """
 
 from __future__ import annotations
 
+import io
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
+from dotenv import dotenv_values
 from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -184,11 +192,38 @@ def _alias_of(field: str) -> str:
     return info.alias if info is not None and info.alias else field.upper()
 
 
-def load_settings(env: Mapping[str, str] | None = None, role: Role = "cli") -> Settings:
-    """Build settings from ``env`` (default: the process environment)."""
+ENV_FILE_VARIABLE = "LOOPBOT_ENV_FILE"
+
+
+def env_file_path(environ: Mapping[str, str] | None = None) -> Path:
+    """The env file a process reads: ``$LOOPBOT_ENV_FILE``, else ``.env`` here."""
+    source = os.environ if environ is None else environ
+    return Path(source.get(ENV_FILE_VARIABLE) or ".env")
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """The variables a dotenv file sets (python-dotenv's syntax: ``KEY=value``, quotes,
+    ``\\n`` in double quotes); a missing file sets none. Unreadable is an error."""
+    if not path.exists():
+        return {}
     try:
-        # With env=None, pydantic-settings fills the fields from os.environ.
-        settings = Settings() if env is None else Settings.model_validate(dict(env))
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError([f"{ENV_FILE_VARIABLE} ({path}): cannot be read: {exc}"]) from None
+    values = dotenv_values(stream=io.StringIO(text), interpolate=False)
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables settings are built from: the env file's, under the process's own."""
+    source = dict(os.environ if environ is None else environ)
+    return read_env_file(env_file_path(source)) | source
+
+
+def load_settings(env: Mapping[str, str] | None = None, role: Role = "cli") -> Settings:
+    """Build settings from ``env`` (default: the process environment over its env file)."""
+    try:
+        settings = Settings.model_validate(environment() if env is None else dict(env))
     except ValidationError as exc:
         problems = []
         for err in exc.errors():

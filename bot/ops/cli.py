@@ -5,13 +5,21 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
 from bot.core.ids import LoopId
 from bot.core.record import Status
-from bot.core.settings import Role, Settings, SettingsError, load_settings
+from bot.core.settings import (
+    Role,
+    Settings,
+    SettingsError,
+    env_file_path,
+    environment,
+    load_settings,
+)
 from bot.io.logs import configure, get_logger
 from bot.io.queues import ALL_QUEUES, CONTROL_QUEUE
 from bot.io.redis import RedisProblem, check, check_at_startup, connect
@@ -145,7 +153,7 @@ def worker(burst: bool, control_lane: bool) -> None:
 
 def _redis_only() -> Any:
     """Status, events and cancel need only Redis, not the App's credentials."""
-    url = os.environ.get("REDIS_URL", "redis://localhost:6379/0")
+    url = environment().get("REDIS_URL", "redis://localhost:6379/0")
     try:
         check(url, timeout=5)
     except RedisProblem as exc:
@@ -377,6 +385,76 @@ def doctor(configs: tuple[str, ...]) -> None:
     click.echo(f"{len(checks) - failed} passed, {failed} failed")
     if failed:
         raise SystemExit(1)
+
+
+@main.group()
+def app() -> None:
+    """The GitHub App itself: register it."""
+
+
+@app.command(name="create")
+@click.option(
+    "--url",
+    required=True,
+    help="where GitHub reaches loopbot web (https://HOST); the webhook is URL/webhook",
+)
+@click.option("--org", help="register the App for this organization (default: your account)")
+@click.option("--name", help="the App's name on GitHub (default: app.yml's, loopbot)")
+@click.option(
+    "--env-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="where to write the credentials [default: $LOOPBOT_ENV_FILE or .env]",
+)
+@click.option(
+    "--port", default=0, show_default="any free port", help="the local page's port on 127.0.0.1"
+)
+@click.option("--no-browser", is_flag=True, help="print the local page's address only")
+@click.option("--force", is_flag=True, help="replace an App already in the env file")
+@click.option(
+    "--timeout", default=3600.0, show_default=True, help="seconds to wait (GitHub allows an hour)"
+)
+def app_create(
+    url: str,
+    org: str | None,
+    name: str | None,
+    env_file: Path | None,
+    port: int,
+    no_browser: bool,
+    force: bool,
+    timeout: float,
+) -> None:
+    """Register the GitHub App from loopbot's manifest (app.yml) in one step, and write
+    its id, private key and webhook secret to the env file that web and worker read.
+
+    GitHub Enterprise Server: set GITHUB_API_URL=https://HOST/api/v3 first."""
+    from bot.ops import app_create as flow
+    from bot.ops.manifest import ManifestError
+
+    env = environment()
+    path = env_file or env_file_path(env)
+    api_url = env.get("GITHUB_API_URL") or flow.DEFAULT_API_URL
+    try:
+        flow.check_options(api_url, url, org, name)
+    except ManifestError as exc:
+        raise click.UsageError(str(exc)) from None
+    if flow.already_registered(path) and not force:
+        click.echo(
+            f"loopbot app create: {path} already names an App (GITHUB_APP_ID); --force replaces it",
+            err=True,
+        )
+        raise SystemExit(1)
+    code = flow.run(
+        api_url=api_url,
+        site_url=url,
+        org=org,
+        name=name,
+        env_file=path,
+        port=port,
+        open_browser=not no_browser,
+        timeout=timeout,
+        out=sys.stdout,
+    )
+    raise SystemExit(code)
 
 
 @main.command()

@@ -18,7 +18,13 @@ from bot.core import repo_config
 from bot.core.models import EFFORTS, ModelSpec, standing, thinking_params
 from bot.core.redis_url import mask_url, scrub
 from bot.core.repo_config import Ceilings
-from bot.core.settings import Settings, SettingsError, load_settings
+from bot.core.settings import (
+    Settings,
+    SettingsError,
+    env_file_path,
+    environment,
+    load_settings,
+)
 from bot.io.redis import connect
 
 if TYPE_CHECKING:
@@ -48,7 +54,10 @@ REQUIRED = (
 
 
 def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
-    source = os.environ if env is None else env
+    try:
+        source = environment() if env is None else env
+    except SettingsError as exc:
+        return [Check("env file", False, "; ".join(exc.problems), "fix or remove the file")]
     checks: list[Check] = []
     settings: Settings | None = None
     missing = [
@@ -68,6 +77,7 @@ def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
                 checks.append(
                     Check(f"setting {name}", False, detail.strip(), "see README, Configure")
                 )
+    checks.extend(_env_file(env_file_path(source)))
     checks.append(_tool("git", ["git", "--version"], "apt-get install git"))
     bwrap = _tool("bubblewrap", ["bwrap", "--version"], "apt-get install bubblewrap")
     if not bwrap.ok and settings is not None and settings.allow_unsandboxed:
@@ -87,6 +97,24 @@ def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
     checks.append(_cgroups())
     checks.append(_egress())
     return checks
+
+
+def _env_file(path: Path) -> list[Check]:
+    """The env file holds the App's key and secrets: only its owner may read it."""
+    if not path.exists():
+        return []
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        return [
+            Check(
+                "env file",
+                False,
+                f"{path} is readable by others (mode {mode:04o}); it holds the App's secrets",
+                f"chmod 600 {path}",
+            )
+        ]
+    detail = f"{path} (mode {mode:04o}): read under the environment's own variables"
+    return [Check("env file", True, detail)]
 
 
 def config_checks(path: str, text: str, ceilings: Ceilings) -> list[Check]:

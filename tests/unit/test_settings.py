@@ -59,3 +59,34 @@ def test_worker_needs_the_model_key() -> None:
     with pytest.raises(SettingsError, match="ANTHROPIC_API_KEY"):
         load_settings(base(), role="worker")
     assert load_settings({**base(), "ANTHROPIC_API_KEY": "k"}, role="worker")
+
+
+def test_the_env_file_fills_what_the_environment_leaves_unset(tmp_path: Path) -> None:
+    from bot.core.settings import environment
+
+    env_file = tmp_path / "loopbot.env"
+    key = KEY.replace("\n", "\\n")
+    env_file.write_text(
+        f'GITHUB_APP_ID=99\nGITHUB_PRIVATE_KEY="{key}"\nGITHUB_WEBHOOK_SECRET=from-file\n'
+        "# a comment\nexport REDIS_URL=redis://file:6379/1\n"
+    )
+    process = {"LOOPBOT_ENV_FILE": str(env_file), "GITHUB_WEBHOOK_SECRET": "from-env"}
+    merged = environment(process)
+    s = load_settings(merged, role="web")
+    assert s.github_app_id == 99  # from the file
+    assert s.github_webhook_secret.get_secret_value() == "from-env"  # the environment wins
+    assert s.redis_url == "redis://file:6379/1"  # `export` lines too
+    assert s.private_key_pem() == KEY  # the double-quoted \n became newlines
+
+
+def test_no_env_file_is_no_variables_and_an_unreadable_one_is_named(tmp_path: Path) -> None:
+    from bot.core.settings import environment
+
+    assert environment({"LOOPBOT_ENV_FILE": str(tmp_path / "absent")}) == {
+        "LOOPBOT_ENV_FILE": str(tmp_path / "absent")
+    }
+    bad = tmp_path / "bad.env"
+    bad.write_bytes(b"GITHUB_APP_ID=\xff\xfe\n")
+    with pytest.raises(SettingsError) as exc:
+        environment({"LOOPBOT_ENV_FILE": str(bad)})
+    assert "LOOPBOT_ENV_FILE" in str(exc.value) and str(bad) in str(exc.value)

@@ -28,7 +28,7 @@ from typing import Any, TypeVar, cast
 
 from githubkit import AppAuthStrategy, GitHub, TokenAuthStrategy
 from githubkit.cache import MemCacheStrategy
-from githubkit.exception import GitHubException
+from githubkit.exception import GitHubException, RequestFailed
 from httpx import TransportError
 from pydantic import BaseModel, ConfigDict
 
@@ -44,6 +44,7 @@ from bot.io.github.failures import (
     RetryAfter,
     Unprocessable,
     classify,
+    message_of,
 )
 from bot.io.logs import get_logger
 
@@ -203,6 +204,27 @@ def _check_run(d: Any) -> CheckRunInfo:
         conclusion=d.get("conclusion"),
         app_id=(d.get("app") or {}).get("id"),
     )
+
+
+def convert_manifest_code(api_url: str, code: str, timeout: float = 30.0) -> dict[str, Any]:
+    """``POST /app-manifests/{code}/conversions``: the App that GitHub registered from a
+    manifest, with its private key and webhook secret. Needs no credentials (the code is
+    one; GitHub accepts it once, within an hour). Not retried: a second try of a code the
+    first one used up would only hide the first answer."""
+    with GitHub(
+        base_url=api_url.rstrip("/") + "/",
+        timeout=timeout,
+        auto_retry=False,
+        http_cache=False,
+        user_agent="loopbot",
+    ) as gh:
+        try:
+            return cast(dict[str, Any], gh.rest.apps.create_from_manifest(code).json())
+        except RequestFailed as exc:
+            status = exc.response.status_code
+            raise GitHubError(f"GitHub answered {status}: {message_of(exc)}", status) from None
+        except (GitHubException, TransportError) as exc:
+            raise GitHubError(f"no answer from GitHub: {exc}") from None
 
 
 def _split(repo: str) -> tuple[str, str]:

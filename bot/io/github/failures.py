@@ -72,7 +72,8 @@ def _backoff(attempt: int) -> float:
     return float(min(2**attempt, 30))
 
 
-def _message(exc: RequestFailed) -> str:
+def message_of(exc: RequestFailed) -> str:
+    """GitHub's ``message`` in a failed answer (or its status line)."""
     try:
         data = exc.response.json()
         if isinstance(data, dict) and "message" in data:
@@ -92,7 +93,7 @@ def classify(exc: Exception, attempt: int, *, max_wait: float) -> Decision:
         return RetryAfter(wait, "rate limit")
     if isinstance(exc, RequestFailed):
         status = exc.response.status_code
-        msg = f"{exc.request.method} {exc.request.url.path}: {status} {_message(exc)}"
+        msg = f"{exc.request.method} {exc.request.url.path}: {status} {message_of(exc)}"
         if status >= 500:
             if last:
                 return Fatal(Unavailable(msg, status))

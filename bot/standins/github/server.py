@@ -15,14 +15,23 @@ from flask import Flask, Response, g, jsonify, request
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from bot.standins import gitrepo
-from bot.standins.github import auth, checks, git_http, issues, pulls, repos, webhooks
+from bot.standins.github import (
+    auth,
+    checks,
+    git_http,
+    issues,
+    manifests,
+    pulls,
+    repos,
+    webhooks,
+)
 from bot.standins.github.state import Fault, Repo, State
 from bot.standins.github.wire import Json
 
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request is noise
 
 # Each registers its own routes; together they are the API the server speaks.
-RESOURCES = (auth, repos, issues, pulls, checks, git_http)
+RESOURCES = (auth, repos, issues, pulls, checks, git_http, manifests)
 
 
 class GitHubServer(State):
@@ -82,7 +91,7 @@ class GitHubServer(State):
     def _before_request(self) -> Response | None:
         """Injected faults first (they can stand in for an auth failure), then auth, then
         the request is recorded. git's smart HTTP has its own auth and takes no faults."""
-        if request.path.startswith("/git/"):
+        if request.path.startswith("/git/") or manifests.is_web_page(request.path):
             return None
         fault = self.match_fault(request.method, request.path, request.headers.get("Accept", ""))
         g.fault = None
@@ -93,7 +102,11 @@ class GitHubServer(State):
                 g.fault = fault
             elif fault.status:
                 return _fault_response(fault)
-        g.auth = auth.authenticate(self)
+        anonymous = request.path.startswith("/app-manifests/")
+        if anonymous and not request.headers.get("Authorization"):
+            g.auth = ("anonymous", None)  # the code is the credential
+        else:
+            g.auth = auth.authenticate(self)
         with self.lock:
             self.requests.append((request.method, request.path, g.auth[0]))
         return None

@@ -150,6 +150,35 @@ class State:
         self.token_ttl = timedelta(hours=1)
         self.outbox: queue.Queue[tuple[str, Json] | None] = queue.Queue()
         self.url = ""
+        # The manifest flow (manifests.py): code -> (the App's answer, expiry time).
+        self.manifest_codes: dict[str, tuple[Json, float]] = {}
+        # What the App was registered with (empty: app.yml's, see manifests.py).
+        self.app_permissions: dict[str, str] = {}
+        self.app_events: list[str] = []
+
+    def replace_app(
+        self,
+        *,
+        app_id: int,
+        slug: str,
+        private_key_pem: str,
+        public_key: RSAPublicKey,
+        webhook_secret: str,
+        webhook_url: str,
+        permissions: dict[str, str],
+        events: list[str],
+    ) -> None:
+        """A newly registered App becomes the one this server knows (manifests.py)."""
+        with self.lock:
+            self.app_id = app_id
+            self.app_slug = slug
+            self.private_key_pem = private_key_pem
+            self.public_key = public_key
+            self.webhook_secret = webhook_secret
+            self.webhook_url = webhook_url
+            self.app_permissions = dict(permissions)
+            self.app_events = list(events)
+            self.bot = self.users.get(f"{slug}[bot]") or self.new_user(f"{slug}[bot]", type="Bot")
 
     def next_id(self) -> int:
         """One counter for every id (users, repos, comments, reviews...), as unique as GitHub's."""
