@@ -179,16 +179,17 @@ def _descendants(pid: int) -> list[int]:
 class WorkerProcess:
     """``loopbot worker`` as a real process (forking RQ worker, control lane, reconciler)."""
 
-    def __init__(self, env: dict[str, str], data_dir: Path) -> None:
+    def __init__(self, env: dict[str, str], data_dir: Path, exe: Path | None = None) -> None:
         self.env = {**os.environ, **env, "LOOPBOT_DATA_DIR": str(data_dir)}
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = data_dir.parent / f"worker-{data_dir.name}.log"
+        # Another release's `loopbot` (tests/e2e/test_release_upgrade.py), or this one's.
+        self.exe = exe or Path(sys.executable).parent / "loopbot"
 
     def start(self) -> WorkerProcess:
-        exe = Path(sys.executable).parent / "loopbot"
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [str(exe), "worker"],
+                [str(self.exe), "worker"],
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -222,8 +223,8 @@ class WorkerProcess:
 def workers(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
-    def start(name: str = "a", **extra: str) -> WorkerProcess:
-        w = WorkerProcess({**env, **extra}, tmp_path / f"data-{name}").start()
+    def start(name: str = "a", exe: Path | None = None, **extra: str) -> WorkerProcess:
+        w = WorkerProcess({**env, **extra}, tmp_path / f"data-{name}", exe).start()
         started.append(w)
         return w
 

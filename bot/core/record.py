@@ -108,6 +108,8 @@ class LoopRecord(BaseModel):
     repo: str
     issue: int
     installation_id: int
+    # The record format (bot/core/formats.py); release 0.1.0 wrote none, which is 1.
+    format: int = 1
     status: Status = Status.QUEUED
     phase: str = "queued"
     # Queued by a worker that shut down cleanly (jobs/drain.py): any live worker resumes

@@ -38,14 +38,20 @@ from rq.scripts import _build_hset_args
 from rq.serializers import JSONSerializer
 
 from bot.core.commands import ChecksCompleted, Command
+from bot.core.formats import JOB_FORMAT, JOB_FORMATS_READ, job_format_problem, queue_name
 from bot.core.ids import LoopId
 from bot.io.logs import get_logger
 
 log = get_logger("loopbot.queues")
 
-CONTROL_QUEUE = "loopbot-control"
-LOOP_QUEUE = "loopbot-loops"
-ALL_QUEUES = (CONTROL_QUEUE, LOOP_QUEUE)
+# The queues of this release's job format (bot/core/formats.py): format 1 keeps release
+# 0.1.0's names. A worker also works the queues of the older formats it reads.
+CONTROL_QUEUE = queue_name("loopbot-control")
+LOOP_QUEUE = queue_name("loopbot-loops")
+CONTROL_QUEUES = tuple(queue_name("loopbot-control", f) for f in JOB_FORMATS_READ)
+ALL_QUEUES = CONTROL_QUEUES + tuple(queue_name("loopbot-loops", f) for f in JOB_FORMATS_READ)
+# Every job says which format it is in (its meta); a worker refuses a format it does not run.
+JOB_META = {"format": JOB_FORMAT}
 
 
 class JobKind(StrEnum):
@@ -165,7 +171,7 @@ class LoopbotJob(Job):
             return "it has callbacks (loopbot's jobs have none)"
         if self.webhooks:
             return "it has webhooks (loopbot's jobs have none)"
-        return None
+        return job_format_problem(self.meta)
 
     def _deserialize_data(self) -> None:
         # RQ decodes the data on first use of func_name, args or kwargs; the worker reads
@@ -309,6 +315,7 @@ def _job_options(delivery: str, description: str) -> dict[str, Any]:
         "retry": Retry(max=3, interval=[10, 60, 300]),
         "description": description,
         "timeout": 300,
+        "meta": JOB_META,
     }
 
 
@@ -433,6 +440,7 @@ def enqueue_loop_job(redis: Redis, loop: LoopId) -> None:
         result_ttl=7 * 24 * 3600,
         failure_ttl=7 * 24 * 3600,
         description=f"loop {loop.key}",
+        meta=JOB_META,
         # Transient failures (GitHub down, a git timeout) retry the job; the loop's own
         # error budget (jobs.loop.MAX_ERRORS) decides when to give up.
         retry=Retry(max=LOOP_JOB_RETRIES, interval=[15, 60, 180]),
@@ -447,6 +455,7 @@ def enqueue_critic(redis: Redis, repo: str, issue: int) -> None:
         job_timeout=1800,
         retry=Retry(max=2, interval=30),
         description=f"critic {LoopId(repo, issue).key}",
+        meta=JOB_META,
     )
 
 
@@ -454,7 +463,11 @@ def enqueue_gate(redis: Redis, repo: str, issue: int, *, after: float = 0.0) -> 
     """Wake the merge gate now, or ``after`` seconds from now (needs RQ's scheduler)."""
     name = func_name(JobKind.GATE)
     description = f"merge gate {LoopId(repo, issue).key}"
-    kwargs: dict[str, object] = {"job_timeout": 600, "description": description}
+    kwargs: dict[str, object] = {
+        "job_timeout": 600,
+        "description": description,
+        "meta": JOB_META,
+    }
     if after:
         loop_queue(redis).enqueue_in(timedelta(seconds=after), name, repo, issue, **kwargs)
     else:

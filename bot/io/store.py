@@ -23,6 +23,7 @@ from typing import Any
 from redis import Redis
 from redis.exceptions import WatchError
 
+from bot.core.formats import RECORD_FORMAT, check_record_format
 from bot.core.ids import LoopId
 from bot.core.record import ACTIVE, LoopRecord, Status, summarize
 
@@ -71,6 +72,7 @@ class Store:
         """Write ``record`` whole; ``touch=False`` keeps its ``updated_at`` (restores, tests)."""
         if touch:
             record.updated_at = time.time()
+        record.format = RECORD_FORMAT
         pipe = self.redis.pipeline()
         pipe.set(_k("loop", record.key), record.model_dump_json())
         pipe.sadd(P + "loops", record.key)
@@ -103,6 +105,9 @@ class Store:
                     if raw is None:
                         raise KeyError(key)
                     record = LoopRecord.model_validate_json(raw)
+                    # A newer release's record: rewriting it here would drop what this
+                    # release cannot read (bot/core/formats.py).
+                    check_record_format(record.format)
                     # Queued is waiting for a worker, not working: a backlog must not
                     # spend a loop's hours.
                     was_active = record.status in ACTIVE and record.status != Status.QUEUED

@@ -102,8 +102,7 @@ def make_flow_app(
         # The form may post only to GitHub, and (browsers apply form-action to the
         # redirects that follow a post) be sent back only here.
         resp.headers["Content-Security-Policy"] = (
-            "default-src 'none'; style-src 'unsafe-inline'; "
-            f"form-action {github_web} {local_url}"
+            f"default-src 'none'; style-src 'unsafe-inline'; form-action {github_web} {local_url}"
         )
         return resp
 

@@ -21,7 +21,7 @@ from bot.core.settings import (
     load_settings,
 )
 from bot.io.logs import configure, get_logger
-from bot.io.queues import ALL_QUEUES, CONTROL_QUEUE
+from bot.io.queues import ALL_QUEUES, CONTROL_QUEUES
 from bot.io.redis import RedisProblem, check, check_at_startup, connect
 
 log = get_logger("loopbot.cli")
@@ -110,7 +110,7 @@ def _control_lane(env: dict[str, str]) -> None:
     # A spawned process: it rebuilds settings from the same environment.
     os.environ.update(env)
     settings = _settings("worker")
-    _run_worker(settings, [CONTROL_QUEUE], burst=False, scheduler=False)
+    _run_worker(settings, list(CONTROL_QUEUES), burst=False, scheduler=False)
 
 
 @main.command()
