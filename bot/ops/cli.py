@@ -374,11 +374,24 @@ def restart(loop: str) -> None:
     type=click.Path(exists=True, dir_okay=False),
     help="check this loop.yml instead (repeatable), within the operator's ceilings",
 )
-def doctor(configs: tuple[str, ...]) -> None:
+@click.option(
+    "--github",
+    "live_app",
+    is_flag=True,
+    help="check the live App instead: each installation's permissions and events, the "
+    "webhook URL and GitHub's recent failed deliveries",
+)
+def doctor(configs: tuple[str, ...], live_app: bool) -> None:
     """Check settings, Redis, the App's credentials, git, bubblewrap and the model."""
     from bot.ops.doctor import run_checks, run_config_checks
+    from bot.ops.doctor_github import run_github_checks
 
-    checks = run_config_checks(configs) if configs else run_checks()
+    if configs and live_app:
+        raise click.UsageError("--config and --github check different things: give one")
+    if live_app:
+        checks = run_github_checks()
+    else:
+        checks = run_config_checks(configs) if configs else run_checks()
     for c in checks:
         click.echo(c.line())
     failed = sum(1 for c in checks if not c.ok)

@@ -289,11 +289,40 @@ class GitHubApp:
             ),
         )
 
-    def installation_ids(self) -> list[int]:
+    def installations(self) -> list[dict[str, Any]]:
+        """``GET /app/installations``: each with its account and what its owner granted."""
+
         def page(n: int) -> Any:
             return self.client.rest.apps.list_installations(per_page=100, page=n).json()
 
-        return [inst["id"] for inst in _pages(page, self.settings.github_max_retry_wait)]
+        return list(_pages(page, self.settings.github_max_retry_wait))
+
+    def installation_ids(self) -> list[int]:
+        return [inst["id"] for inst in self.installations()]
+
+    def hook_config(self) -> dict[str, Any]:
+        """``GET /app/hook/config``: the App's webhook URL and content type (the secret
+        is never shown back)."""
+        return cast(
+            dict[str, Any],
+            _with_retries(
+                lambda: self.client.rest.apps.get_webhook_config_for_app().json(),
+                self.settings.github_max_retry_wait,
+                self._sleep,
+            ),
+        )
+
+    def recent_deliveries(self, count: int = 100) -> list[dict[str, Any]]:
+        """``GET /app/hook/deliveries``: the newest ``count`` (at most 100) deliveries of
+        the App's webhook, newest first, with GitHub's status for each."""
+        return cast(
+            list[dict[str, Any]],
+            _with_retries(
+                lambda: self.client.rest.apps.list_webhook_deliveries(per_page=count).json(),
+                self.settings.github_max_retry_wait,
+                self._sleep,
+            ),
+        )
 
 
 def _with_retries(

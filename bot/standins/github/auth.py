@@ -15,7 +15,7 @@ from flask import Flask, Response, abort, g, jsonify, request
 
 from bot.standins.github.shapes import repo_json
 from bot.standins.github.state import State
-from bot.standins.github.wire import add_routes, error, page
+from bot.standins.github.wire import Json, add_routes, error, now, page
 
 
 def new_app_key() -> tuple[str, rsa.RSAPublicKey]:
@@ -75,21 +75,49 @@ def register(app: Flask, state: State) -> None:
 
 def get_app(state: State) -> Response:
     state.need("app")
+    permissions, events = state.registered()
     return jsonify(
         {
             "id": state.app_id,
             "slug": state.app_slug,
             "name": state.app_slug,
             "owner": {"login": "local"},
-            "permissions": {},
-            "events": [],
+            "permissions": permissions,
+            "events": events,
         }
     )
 
 
+def installation_json(state: State, iid: int) -> Json:
+    """One installation as ``GET /app/installations`` shows it: what its owner granted."""
+    account = state.users.get(state.installations[iid])
+    grant = state.grants.get(iid) or {}
+    permissions, events = state.registered()
+    return {
+        "id": iid,
+        "account": account.json() if account else {"login": state.installations[iid]},
+        "repository_selection": "selected",
+        "access_tokens_url": f"{state.url}/app/installations/{iid}/access_tokens",
+        "repositories_url": f"{state.url}/installation/repositories",
+        "html_url": f"{state.url}/settings/installations/{iid}",
+        "app_id": state.app_id,
+        "app_slug": state.app_slug,
+        "target_id": account.id if account else iid,
+        "target_type": account.type if account else "User",
+        "permissions": grant.get("permissions", permissions),
+        "events": grant.get("events", events),
+        "created_at": grant.get("created_at", now()),
+        "updated_at": grant.get("created_at", now()),
+        "single_file_name": None,
+        "suspended_by": None,
+        "suspended_at": grant.get("suspended_at"),
+    }
+
+
 def list_installations(state: State) -> Response:
     state.need("app")
-    return jsonify([{"id": i, "account": {"login": a}} for i, a in state.installations.items()])
+    with state.lock:
+        return jsonify(page([installation_json(state, i) for i in state.installations]))
 
 
 def access_token(state: State, iid: int) -> tuple[Response, int]:

@@ -16,6 +16,7 @@ from werkzeug.serving import BaseWSGIServer, make_server
 
 from bot.standins import gitrepo
 from bot.standins.github import (
+    app_hooks,
     auth,
     checks,
     git_http,
@@ -26,12 +27,12 @@ from bot.standins.github import (
     webhooks,
 )
 from bot.standins.github.state import Fault, Repo, State
-from bot.standins.github.wire import Json
+from bot.standins.github.wire import Json, now
 
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request is noise
 
 # Each registers its own routes; together they are the API the server speaks.
-RESOURCES = (auth, repos, issues, pulls, checks, git_http, manifests)
+RESOURCES = (auth, app_hooks, repos, issues, pulls, checks, git_http, manifests)
 
 
 class GitHubServer(State):
@@ -113,10 +114,25 @@ class GitHubServer(State):
 
     # -- setup helpers (the test's hands) -------------------------------------------------
 
-    def add_installation(self, account: str) -> int:
+    def add_installation(
+        self,
+        account: str,
+        *,
+        permissions: dict[str, str] | None = None,
+        events: list[str] | None = None,
+    ) -> int:
+        """An installation on ``account``, granted the App's permissions and events unless
+        told otherwise (an owner who has not accepted an App's new permissions)."""
+        perms, evs = self.registered()
         with self.lock:
             iid = self.next_id()
             self.installations[iid] = account
+            self.grants[iid] = {
+                "permissions": perms if permissions is None else dict(permissions),
+                "events": evs if events is None else list(events),
+                "created_at": now(),
+                "suspended_at": None,
+            }
             return iid
 
     def add_repo(

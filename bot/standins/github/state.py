@@ -17,11 +17,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import yaml
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 from flask import abort, g
 
 from bot.standins import gitrepo
 from bot.standins.github.wire import Json, error
+
+APP_YML = Path(__file__).resolve().parents[2] / "ops" / "app.yml"
 
 
 @dataclass
@@ -139,6 +142,9 @@ class State:
         self.users: dict[str, User] = {}
         self.bot = self.new_user(f"{app_slug}[bot]", type="Bot")
         self.installations: dict[int, str] = {}
+        # What each installation was granted (its owner accepted): permissions, events,
+        # suspended_at, as GET /app/installations shows them; see add_installation.
+        self.grants: dict[int, Json] = {}
         self.repos: dict[str, Repo] = {}
         self.tokens: dict[str, tuple[str, Any, float]] = {}  # token -> (kind, who, expires)
         self.faults: list[Fault] = []
@@ -179,6 +185,16 @@ class State:
             self.app_permissions = dict(permissions)
             self.app_events = list(events)
             self.bot = self.users.get(f"{slug}[bot]") or self.new_user(f"{slug}[bot]", type="Bot")
+
+    def registered(self) -> tuple[dict[str, str], list[str]]:
+        """The App's own permissions and events: what it was registered with, else what
+        app.yml asks (an App registered by hand with exactly loopbot's manifest)."""
+        with self.lock:
+            if self.app_permissions:
+                return dict(self.app_permissions), list(self.app_events)
+        # The packaged file, read as data: the stand-in does not import bot.ops.
+        manifest = yaml.safe_load(APP_YML.read_text())
+        return dict(manifest["default_permissions"]), list(manifest["default_events"])
 
     def next_id(self) -> int:
         """One counter for every id (users, repos, comments, reviews...), as unique as GitHub's."""

@@ -4,13 +4,14 @@ with the webhook secret as GitHub signs them, and records each outcome in ``deli
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import httpx
 
 from bot.core.signature import sign
 from bot.standins.github.state import State
-from bot.standins.github.wire import Json
+from bot.standins.github.wire import Json, now
 
 
 def send_forever(state: State) -> None:
@@ -37,11 +38,22 @@ def _deliver(state: State, client: httpx.Client, event: str, payload: Json) -> J
         "X-Hub-Signature-256": sign(state.webhook_secret, body),
         "User-Agent": "GitHub-Hookshot/local",
     }
-    record: Json = {"event": event, "delivery": delivery, "action": payload.get("action")}
+    record: Json = {
+        "id": state.next_id(),
+        "event": event,
+        "delivery": delivery,
+        "action": payload.get("action"),
+        "delivered_at": now(),
+        "installation_id": (payload.get("installation") or {}).get("id"),
+        "repository_id": (payload.get("repository") or {}).get("id"),
+        "status_code": 0,  # as GitHub records a delivery that got no HTTP answer
+    }
+    started = time.monotonic()
     try:
         assert state.webhook_url is not None
         resp = client.post(state.webhook_url, content=body, headers=headers)
-        record["status"] = resp.status_code
+        record["status"] = record["status_code"] = resp.status_code
     except httpx.HTTPError as exc:
-        record["error"] = repr(exc)
+        record["error"] = f"{type(exc).__name__}: {exc}"
+    record["duration"] = round(time.monotonic() - started, 3)
     return record
