@@ -7,7 +7,9 @@ and model servers) for ``--turns`` turns. Each turn the scripted model edits one
 and finishes; verify (`exit 1`) always fails, so every turn goes through the whole
 cycle: re-read the issue, agent turn, commit, push, check run, verify, events, status
 comment. Overhead = time from one turn's start to the next, minus the model's answer
-time and verify's run time. Prints median, p90 and max. ``--smoke``: 3 turns (see bench/_smoke.py).
+time and verify's run time. Prints median, p90 and max, and the early turns apart from
+the late ones (a cost that grows with the loop's history shows there). ``--smoke``: 3
+turns (see bench/_smoke.py).
 """
 
 from __future__ import annotations
@@ -70,11 +72,11 @@ def main() -> None:
             raise SystemExit(f"the loop ran {len(starts)} of {args.turns} turns; see {b.root}")
         done = [e["data"] for e in events if e["kind"] == "turn_completed"]
         verify = [e["data"]["seconds"] for e in events if e["kind"] == "verify"]
-        overhead = []
+        in_order = []
         for i in range(len(starts) - 1):
             cycle = starts[i + 1] - starts[i]
-            overhead.append((cycle - done[i]["model_seconds"] - verify[i]) * 1000)
-        overhead.sort()
+            in_order.append((cycle - done[i]["model_seconds"] - verify[i]) * 1000)
+        overhead = sorted(in_order)
         model_ms = statistics.median(d["model_seconds"] for d in done) * 1000
         verify_ms = statistics.median(verify) * 1000
         print(
@@ -84,6 +86,14 @@ def main() -> None:
         print(
             f"  median {statistics.median(overhead):.1f} ms   "
             f"p90 {overhead[int(len(overhead) * 0.9)]:.1f} ms   max {overhead[-1]:.1f} ms"
+        )
+        # A cost that grows with the loop's history shows as late turns slower than early.
+        span = max(1, min(5, len(in_order) // 2))
+        early, late = in_order[:span], in_order[-span:]
+        print(
+            f"  early turns (1-{span}) median {statistics.median(early):.1f} ms   "
+            f"late turns ({len(in_order) - span + 1}-{len(in_order)}) median "
+            f"{statistics.median(late):.1f} ms"
         )
         print(
             f"  (excluded per turn, median: model {model_ms:.1f} ms over 2 calls, "

@@ -28,7 +28,9 @@ only ``bot.core`` and ``bot.io``), so any of them may use it without an import c
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, assert_never
@@ -555,9 +557,7 @@ def post_status(store: Store, gh: Installation, record: LoopRecord, tail: str = 
     ``tail``: the last verify output, shown while the last verify failed.
     """
     _fence(store)
-    timeline = sessionlog.timeline(
-        _all_events(store, record.key), limit=messages.TIMELINE_LIMIT, redact=gh.redact
-    )
+    timeline = _timeline(store, record.key, gh.redact).render(messages.TIMELINE_LIMIT)
     body = messages.status_comment(
         record, "" if record.last_verify.get("passed") else tail, timeline_lines=timeline
     )
@@ -572,18 +572,34 @@ def post_status(store: Store, gh: Installation, record: LoopRecord, tail: str = 
 EVENTS_PAGE = 1000
 
 
-def _all_events(store: Store, key: LoopKey) -> list[dict[str, Any]]:
-    """The loop's whole event stream, oldest first, page by page: one page from the start
-    would miss the newest events of a long loop (each agent step is an event). The
-    stream is capped (``bot.io.store.LOOP_EVENTS_MAXLEN``), and so is this."""
-    found: list[dict[str, Any]] = []
-    after = "-"
+# The timelines this process built last, by loop: an update then reads only the events
+# written since, not even the saved state. Any process's saved state is consistent (its
+# lines with the event they reach), so one held here stays right when another process
+# updated the comment meanwhile: the events it added are read again, after ours.
+_TIMELINES: OrderedDict[LoopKey, sessionlog.Timeline] = OrderedDict()
+_TIMELINES_HELD = 64
+_TIMELINES_LOCK = threading.Lock()
+
+
+def _timeline(store: Store, key: LoopKey, redact: Callable[[str], str]) -> sessionlog.Timeline:
+    """The loop's timeline brought up to date with the events written since it was last
+    built (read page by page, redacted as they are added) and saved: the work of a status
+    update is what happened since the last one, however long the loop has run."""
+    with _TIMELINES_LOCK:
+        held = _TIMELINES.pop(key, None)
+    built = held or sessionlog.Timeline.from_json(store.timeline_state(key))
+    built = built or sessionlog.Timeline()
     while True:
-        page = store.events(key, after=after, count=EVENTS_PAGE)
-        found += page
+        page = store.events(key, after=built.last_id, count=EVENTS_PAGE)
+        built.add(page, redact)
         if len(page) < EVENTS_PAGE:
-            return found
-        after = page[-1]["id"]
+            break
+    store.save_timeline_state(key, built.to_json())
+    with _TIMELINES_LOCK:
+        _TIMELINES[key] = built
+        while len(_TIMELINES) > _TIMELINES_HELD:
+            _TIMELINES.popitem(last=False)
+    return built
 
 
 # -- the loop job --------------------------------------------------------------------------------

@@ -228,6 +228,18 @@ class Store:
             out.append(_decode_event(entry_id, fields))
         return out
 
+    def timeline_state(self, key: LoopKey) -> Any:
+        """The status comment's timeline as last saved (``sessionlog.Timeline.to_json``),
+        or None: built from the events once, then only from the newer ones."""
+        raw = self.redis.get(_k("timeline", key))
+        try:
+            return None if raw is None else json.loads(raw)
+        except ValueError:
+            return None
+
+    def save_timeline_state(self, key: LoopKey, state: dict[str, Any]) -> None:
+        self.redis.set(_k("timeline", key), json.dumps(state))
+
     def follow(
         self, key: LoopKey | None, last: str = "$", block_ms: int = 1000
     ) -> list[dict[str, Any]]:

@@ -636,3 +636,68 @@ def test_timeline_names_triage_and_metric_iterations() -> None:
         "iteration 2 — discard (worse)",
         "split into sub-issues by maint",
     ]
+
+
+# -- the timeline built event by event (status updates) --------------------------------------
+
+
+def _long_loop() -> list[dict[str, Any]]:
+    """A loop of 40 turns, a review round in the middle, steps the timeline skips."""
+    events: list[dict[str, Any]] = []
+    i = 0
+    for turn in range(1, 41):
+        for kind, data in (
+            ("turn_started", {"turn": turn}),
+            ("step", {"tool": "bash", "command": "ls"}),
+            ("verify", {"turn": turn, "passed": turn % 7 == 0, "tail": f"FAILED t::test_{turn}"}),
+        ):
+            i += 1
+            events.append(ev(i, kind, **data))
+        if turn == 20:
+            i += 1
+            events.append(ev(i, "review_started", round=1))
+            i += 1
+            events.append(ev(i, "reviewed", round=1, verdict="request_changes", sev1=1))
+    return events
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 1000])
+def test_a_timeline_built_in_steps_reads_as_one_built_at_once(chunk: int) -> None:
+    events = _long_loop()
+    whole = sessionlog.timeline(events)
+    built: sessionlog.Timeline | None = sessionlog.Timeline()
+    for start in range(0, len(events), chunk):
+        assert built is not None
+        # Carried from one status update to the next as it is saved in Redis.
+        built = sessionlog.Timeline.from_json(json.loads(json.dumps(built.to_json())))
+        assert built is not None
+        built.add(events[start : start + chunk])
+    assert built is not None and built.render(12) == whole
+    assert whole[0] == "… 30 earlier steps"  # 40 turns and a review round, 11 shown
+    # Past its window a longer listing still counts what it no longer holds.
+    assert sessionlog.timeline(events, limit=100)[0] == "… 17 earlier steps"
+    assert len(built.lines) <= sessionlog.TIMELINE_WINDOW  # its size does not grow
+
+
+def test_a_timeline_redacts_only_the_events_it_shows() -> None:
+    seen: list[str] = []
+
+    def redact(text: str) -> str:
+        seen.append(text)
+        return text.replace("s3cr3t-value", "[redacted]")
+
+    events = _long_loop()
+    events.append(ev(999, "merge_refused", reason="token s3cr3t-value leaked"))
+    built = sessionlog.Timeline()
+    built.add(events, redact)
+    assert built.render(12)[-1] == "merge refused (token [redacted] leaked)"
+    assert "ls" not in seen and "bash" not in seen  # the skipped steps were never redacted
+    assert built.last_id == events[-1]["id"]
+
+
+@pytest.mark.parametrize(
+    "saved",
+    [None, {}, {"format": 2, "lines": [], "dropped": 0, "last_id": "1-0"}, "x", {"format": 1}],
+)
+def test_a_saved_timeline_in_another_shape_is_built_again(saved: Any) -> None:
+    assert sessionlog.Timeline.from_json(saved) is None

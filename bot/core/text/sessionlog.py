@@ -608,27 +608,100 @@ class _Line:
     label: int | None = None
 
 
+# The kinds the timeline has a line for. Every other event (each agent step, each
+# command) is skipped before anything is redacted: most of a loop's events are those.
+TIMELINE_KINDS = frozenset(
+    {
+        "turn_started", "turn_capped", "verify", "no_change", "test_requested",
+        "pr_opened", "review_started", "section_audit_started", "section_audited",
+        "section_done", "post_action", "triage", "triage_failed", "spec_accepted",
+        "split", "metric_iteration", "reviewed", "review_skipped", "back_to_coding",
+        "handoff", "loop_resumed", "loop_restarted", "loop_cancelled", "shrink",
+        "context_shrunk", "base_merged", "merge_refused", "merged", "loop_finished",
+    }
+)  # fmt: skip
+# Lines a Timeline keeps: the comment shows 12, and an event updates a line of its own
+# turn or review round, a few lines back at most. What it drops is counted.
+TIMELINE_WINDOW = 24
+TIMELINE_FORMAT = 1
+
+
+@dataclass
+class Timeline:
+    """The status comment's checklist, built event by event: ``add`` the events written
+    since ``last_id``, ``render`` the newest lines. It keeps the newest
+    ``TIMELINE_WINDOW`` lines and a count of the rest, so neither its size nor an
+    update's cost grows with the loop's history; ``to_json``/``from_json`` carry it from
+    one status update to the next."""
+
+    lines: list[_Line] = field(default_factory=list)
+    dropped: int = 0
+    last_id: str = "-"  # the newest event seen (a stream id), "-" for none
+
+    def add(self, events: list[dict[str, Any]], redact: Callable[[str], str] | None = None) -> None:
+        """Apply ``events`` (newer than ``last_id``), redacting each one that makes or
+        changes a line before any of its text is clipped or defused (see build)."""
+        ordered = sorted(events, key=_event_order)
+        shown = [e for e in ordered if str(e.get("kind", "")) in TIMELINE_KINDS]
+        if redact is not None:
+            shown = deep(shown, redact)
+        for event in shown:
+            _timeline_event(self.lines, str(event.get("kind", "")), event.get("data") or {})
+        if ordered and "id" in ordered[-1]:
+            self.last_id = str(ordered[-1]["id"])
+        excess = len(self.lines) - TIMELINE_WINDOW
+        if excess > 0:
+            del self.lines[:excess]
+            self.dropped += excess
+
+    def render(self, limit: int = 12) -> list[str]:
+        """The newest lines, oldest first; more than ``limit`` fold the oldest into one
+        "… N earlier steps" line. A step under way ends with "…"."""
+        texts = [_clip(line.text, TIMELINE_CHARS) for line in self.lines]
+        total = self.dropped + len(texts)
+        if total <= limit and not self.dropped:
+            return texts
+        keep = min(max(limit - 1, 0), len(texts))
+        return [f"… {total - keep} earlier steps", *(texts[-keep:] if keep else [])]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": TIMELINE_FORMAT,
+            "last_id": self.last_id,
+            "dropped": self.dropped,
+            "lines": [[ln.text, ln.turn, ln.review, ln.label] for ln in self.lines],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Timeline | None:
+        """The timeline saved by ``to_json``; None for anything else (another format, a
+        damaged value): the caller builds it again from the events."""
+        try:
+            if data.get("format") != TIMELINE_FORMAT:
+                return None
+            lines = [
+                _Line(str(text), _opt_int(turn), _opt_int(review), _opt_int(label))
+                for text, turn, review, label in data["lines"]
+            ]
+            return cls(lines, int(data["dropped"]), str(data["last_id"]))
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return None
+
+
+def _opt_int(v: Any) -> int | None:
+    return int(v) if v is not None else None
+
+
 def timeline(
     events: list[dict[str, Any]],
     *,
     limit: int = 12,
     redact: Callable[[str], str] | None = None,
 ) -> list[str]:
-    """The status comment's checklist, oldest first; a step under way ends with "…".
-
-    More than ``limit`` lines fold the oldest into one "… N earlier steps" line.
-    """
-    lines: list[_Line] = []
-    if redact is not None:  # before any line is clipped or defused (see build)
-        events = deep(events, redact)
-    for event in sorted(events, key=_event_order):
-        _timeline_event(lines, str(event.get("kind", "")), event.get("data") or {})
-    texts = [_clip(line.text, TIMELINE_CHARS) for line in lines]
-    if len(texts) <= limit:
-        return texts
-    keep = max(limit - 1, 0)
-    folded = len(texts) - keep
-    return [f"… {folded} earlier steps", *(texts[-keep:] if keep else [])]
+    """The status comment's checklist from ``events`` (a whole stream), oldest first."""
+    built = Timeline()
+    built.add(events, redact)
+    return built.render(limit)
 
 
 def _timeline_event(lines: list[_Line], kind: str, data: dict[str, Any]) -> None:

@@ -368,6 +368,7 @@ class Installation:
         self.app = app
         self.installation_id = installation_id
         self._clients: dict[int, tuple[str, GitHub[Any]]] = {}
+        self._redactor: tuple[str, Redactor] | None = None  # (token, redactor knowing it)
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -408,7 +409,11 @@ class Installation:
     def redact(self, text: str) -> str:
         """``text`` without the secrets of the settings and this installation's token:
         what every write here sends, and what loopbot pushes by git (commit messages)."""
-        return self.app.redactor().with_secrets(self.token())(text)
+        token = self.token()
+        held = self._redactor
+        if held is None or held[0] != token:  # built once per token: it compiles a pattern
+            held = self._redactor = (token, self.app.redactor().with_secrets(token))
+        return held[1](text)
 
     def _text(self, text: str) -> str:
         """``text`` as loopbot may post it: secrets redacted first (an exact secret with an

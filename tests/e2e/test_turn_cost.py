@@ -1,0 +1,97 @@
+"""A turn's orchestration work does not grow with the loop's history: the Redis commands,
+the bytes Redis sends back and the redactions of one turn are the same at turn 30 as at
+turn 3. Counted, not timed: a slow machine cannot make it fail, and a per-turn cost that
+grows (re-reading and re-redacting every event on each status update) cannot pass."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from redis import Redis
+
+from bot.core import repo_config
+from bot.core.text import redact
+from bot.standins import anthropic as m
+from bot.standins.anthropic import AnthropicServer
+from bot.standins.github import GitHubServer
+from jobs.dispatch import start_loop
+from jobs.runtime import Runtime
+from tests.conftest import run_worker
+
+REPO = "acme/cost"
+TURNS = 30
+
+
+@pytest.mark.parametrize("env_extra", [{"LOOPBOT_MAX_TURNS": str(TURNS)}])
+def test_turn_30_costs_what_turn_3_costs(
+    github: GitHubServer,
+    model: AnthropicServer,
+    redis: Redis,
+    rt: Runtime,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    yml = (
+        f"verify: exit 1\nmax_turns: {TURNS}\ncritic:\n  enabled: false\nmerge:\n  enabled: false\n"
+    )
+    iid = github.add_installation("acme")
+    github.add_repo(
+        REPO,
+        {".github/loop.yml": yml, "app.py": "x = 0\n"},
+        installation_id=iid,
+        collaborators={"writer": "write"},
+    )
+    with github.as_user("writer") as u:
+        n = u.post(f"/repos/{REPO}/issues", json={"title": "t", "body": "b"}).json()["number"]
+        u.post(f"/repos/{REPO}/issues/{n}/labels", json={"labels": ["loop:ready"]})
+
+    redactions = {"built": 0, "strings": 0}
+    real_init, real_call = redact.Redactor.__init__, redact.Redactor.__call__
+
+    def counting_init(self: redact.Redactor, *a: Any, **kw: Any) -> None:
+        redactions["built"] += 1
+        real_init(self, *a, **kw)
+
+    def counting_call(self: redact.Redactor, text: str) -> str:
+        redactions["strings"] += 1
+        return real_call(self, text)
+
+    monkeypatch.setattr(redact.Redactor, "__init__", counting_init)
+    monkeypatch.setattr(redact.Redactor, "__call__", counting_call)
+
+    snapshots: list[dict[str, int]] = []
+
+    def snapshot() -> None:
+        """What Redis and the redactor have done so far, taken as each turn starts."""
+        stats = redis.info("commandstats")
+        calls = sum(v["calls"] for k, v in stats.items() if k != "cmdstat_info")
+        sent = int(redis.info("stats")["total_net_output_bytes"])
+        snapshots.append({"commands": calls, "bytes": sent, **redactions})
+
+    turn = {"n": 0}
+
+    def respond(body: dict[str, Any]) -> m.Item:
+        last = body["messages"][-1]["content"]
+        if any(block.get("type") == "tool_result" for block in last):
+            return m.text("edited")
+        snapshot()
+        turn["n"] += 1
+        # The same size every turn: a turn's own data must not differ with its number.
+        return m.write_file("app.py", f"x = {turn['n']:04d}\n")
+
+    model.responder = respond
+    start_loop(rt, REPO, n, iid, "writer", repo_config.parse(yml))
+    run_worker(redis)
+    assert len(snapshots) == TURNS, f"the loop ran {len(snapshots)} turns"
+
+    def cost(k: int) -> dict[str, int]:
+        """Turn ``k``'s work: from its start to the next turn's."""
+        return {name: snapshots[k][name] - snapshots[k - 1][name] for name in snapshots[k]}
+
+    early, late = cost(3), cost(TURNS - 1)
+    assert late["commands"] == early["commands"], (early, late)
+    assert late["built"] == early["built"] == 0, (early, late)  # one redactor per token
+    assert late["strings"] == early["strings"], (early, late)
+    # Bytes vary by a few digits (ids, counters, the record's totals); re-reading the
+    # history (or a saved timeline that grows) would add kilobytes with every turn.
+    assert late["bytes"] <= early["bytes"] * 1.02 + 256, (early, late)
