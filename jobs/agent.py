@@ -15,6 +15,7 @@ another worker.
 from __future__ import annotations
 
 import copy
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -204,6 +205,7 @@ class Agent:
         params_for: Callable[[str], dict[str, Any]] = lambda model: {},
         max_tokens: int = MAX_TOKENS,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.client = client
         self.model = model
@@ -242,6 +244,10 @@ class Agent:
         self.cancelled = cancelled
         self.draining = draining  # the worker is shutting down: hand over at the next step
         self.resources = resources  # what is over a resource limit after a tool call
+        # The client's retries, made here instead of in the SDK (see run_turn).
+        self.retries = int(getattr(client, "max_retries", 2))
+        self.sleep = sleep
+        self._worst: budget.Call | None = None  # the pending call's worst case
 
     def _request(
         self,
@@ -349,14 +355,38 @@ class Agent:
         output) and the conversation's length just after it; the request's input is at
         most that plus the bytes added since.
         """
-        if limits.budget is None:
-            return None
         bound = (
             budget.grown_bound(counted[0], messages[counted[1] :]) if counted is not None else None
         )
+        if limits.budget is None:
+            model, max_tokens = str(request["model"]), int(request["max_tokens"])
+            self._worst = budget.worst_call(
+                model, bound if bound is not None else budget.input_bound(request), max_tokens
+            )
+            return None
         spent = limits.spent.plus(usd=outcome.cost, tokens=outcome.tokens, seconds=seconds)
-        out = precall.check(self.client, request, limits.budget, spent, bound)
+        out, self._worst = precall.check_worst(self.client, request, limits.budget, spent, bound)
         return None if out is None else out.detail
+
+    def _charge_lost_call(self, outcome: Outcome, model: str, max_tokens: int) -> None:
+        """A call that timed out or lost its connection may have reached the API and been
+        billed in full: it is charged at the worst case the pre-check allowed it, so no
+        number of such calls can spend past the budget unseen."""
+        worst = self._worst
+        if worst is None:
+            return
+        output = min(max_tokens, worst.tokens)
+        outcome.usage.append(
+            (
+                model,
+                Usage(
+                    cache_write_tokens=worst.tokens - output,
+                    output_tokens=output,
+                    messages=1,
+                    cost_usd=worst.usd,
+                ),
+            )
+        )
 
     def run_turn(self, messages: list[dict[str, Any]], prompt: str, limits: Limits) -> Outcome:
         """Run one turn on ``messages`` (mutated in place) starting with ``prompt``."""
@@ -364,6 +394,7 @@ class Agent:
         outcome = Outcome(end="finished")
         recent: tuple[str, ...] = ()  # the latest tool calls' fingerprints, for doom loops
         stalls = 0
+        busy = 0  # refusals in a row (429, 5xx, 529) retried for this request
         model = self.model
         with_tools = not rules.text_only(limits.step_cap)
         started = time.monotonic()
@@ -399,16 +430,36 @@ class Agent:
                 return _ended(outcome, rules.BudgetExhausted(why))
             called = time.monotonic()
             try:
-                resp = self.client.with_options(timeout=limits.stall_timeout).messages.create(
-                    **request
-                )
+                # No retries in the SDK: a timed-out attempt may have been billed, and each
+                # attempt must pass the budget's pre-check first (retried here, below).
+                resp = self.client.with_options(
+                    timeout=limits.stall_timeout, max_retries=0
+                ).messages.create(**request)
             except (anthropic.APITimeoutError, anthropic.APIConnectionError) as exc:
                 outcome.model_seconds += time.monotonic() - called
+                self._charge_lost_call(outcome, model, max_tokens)
                 stalls += 1
                 self.on_step(outcome.steps, f"stall {stalls}: {type(exc).__name__}")
                 if (stop := _stop_of(rules.after_stall(stalls))) is not None:
                     return _ended(outcome, stop)
-                continue  # retry the same request
+                continue  # retry the same request, once the pre-check allows it
+            except (anthropic.RateLimitError, anthropic.InternalServerError) as exc:
+                # Refused, not billed: retried as the SDK would (retry-after, else backoff),
+                # then the fallback model for a server error, as before.
+                outcome.model_seconds += time.monotonic() - called
+                if busy < self.retries and exc.response.headers.get("x-should-retry") != "false":
+                    busy += 1
+                    self.sleep(retry_delay(exc.response.headers, busy))
+                    continue
+                busy = 0
+                if (
+                    isinstance(exc, anthropic.InternalServerError)
+                    and self.fallback_model
+                    and model != self.fallback_model
+                ):
+                    model = self.fallback_model
+                    continue
+                raise
             except anthropic.BadRequestError as exc:
                 outcome.model_seconds += time.monotonic() - called
                 found = context.too_long(str(exc))
@@ -433,14 +484,8 @@ class Agent:
                     if context.chars(messages) != before:
                         continue
                 raise
-            except anthropic.InternalServerError:
-                # The SDK already retried 5xx and 529; try the fallback model once if set.
-                if self.fallback_model and model != self.fallback_model:
-                    model = self.fallback_model
-                    continue
-                raise
             outcome.model_seconds += time.monotonic() - called
-            stalls = 0
+            stalls = busy = 0
             too_long = 0 if resp.stop_reason != "model_context_window_exceeded" else too_long
             outcome.steps += 1  # every call is a step, dropped replies too: retries are bounded
             used = usage_from(resp.model or model, resp.usage)
@@ -549,3 +594,18 @@ class Agent:
                 }
             )
         return results, recent, stop
+
+
+def retry_delay(headers: Any, attempt: int) -> float:
+    """Seconds before retrying a refused call: the API's ``retry-after`` (or
+    ``retry-after-ms``) when it is sensible, else the SDK's backoff: 0.5 s doubling to 8 s,
+    less up to a quarter at random."""
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        try:
+            seconds: float = float(headers.get(name)) * scale
+        except (TypeError, ValueError):
+            continue
+        if 0 <= seconds <= 60:
+            return seconds
+    backoff: float = min(0.5 * 2.0 ** (attempt - 1), 8.0)
+    return backoff * (1 - 0.25 * random.random())

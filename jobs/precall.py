@@ -55,18 +55,32 @@ def check(
     """None when ``request`` may be sent: ``spent`` plus its worst case (``bound`` input
     tokens, default the request's bytes, and ``max_tokens`` of output) fits ``limits``.
     Otherwise which budget it would cross, and nothing is sent."""
+    return check_worst(client, request, limits, spent, bound)[0]
+
+
+def check_worst(
+    client: anthropic.Anthropic,
+    request: dict[str, Any],
+    limits: Budget,
+    spent: Spent,
+    bound: int | None = None,
+) -> tuple[Exhausted | None, budget.Call]:
+    """``check``, and the worst case it judged the call by: what a call that times out
+    or is cut off is charged (it may have reached the API and been billed)."""
     model, max_tokens = str(request["model"]), int(request["max_tokens"])
     if bound is None:
         bound = budget.input_bound(request)
-    out = budget.before_call(limits, spent, budget.worst_call(model, bound, max_tokens))
+    worst = budget.worst_call(model, bound, max_tokens)
+    out = budget.before_call(limits, spent, worst)
     if out is None:
-        return None
+        return None, worst
     if budget.before_call(limits, spent, budget.worst_call(model, 0, max_tokens)) is not None:
-        return out  # not even an empty request fits: counting cannot help
+        return out, worst  # not even an empty request fits: counting cannot help
     counted = count_input(client, request)
     if counted is None or counted >= bound:
-        return out  # no better number: the bound stands, and the call is not made
-    return budget.before_call(limits, spent, budget.worst_call(model, counted, max_tokens))
+        return out, worst  # no better number: the bound stands, and the call is not made
+    worst = budget.worst_call(model, counted, max_tokens)
+    return budget.before_call(limits, spent, worst), worst
 
 
 def count_input(client: anthropic.Anthropic, request: dict[str, Any]) -> int | None:

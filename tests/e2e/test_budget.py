@@ -410,3 +410,41 @@ def test_the_critic_call_is_held_to_the_budget(
     assert len(model.requests) == 2  # ...and the critic never called the model
     assert r.cost_usd <= 0.78
     assert "loop:needs-human" in github.repo(REPO).issues[n].labels
+
+
+def test_calls_that_time_out_are_charged_and_cannot_spend_past_the_budget(
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    env: dict[str, str],
+    drain: Any,
+) -> None:
+    """Every call stalls past the client's timeout. Each may have reached the API and been
+    billed in full, so each is charged at the worst case its pre-check allowed, and the
+    pre-check of the next refuses it once that would cross: what the API could have
+    billed for every request it received stays within the budget."""
+    from jobs import runtime as runtime_mod
+    from jobs.runtime import Runtime
+
+    settings = load_settings(
+        {**env, "LOOPBOT_STALL_TIMEOUT": "0.3", "LOOPBOT_MODEL_RETRIES": "2"}, role="worker"
+    )
+    runtime_mod.install(Runtime(settings, redis))
+    model.responder = lambda body: m.text("too late", delay=1.0)
+    n = _start(github, drain, NO_REVIEW.format(max_turns=5, extra="max_cost_usd: 1.2\n"))
+    r = Store(redis).get(f"{REPO}#{n}")
+    assert r is not None
+    assert (r.status, r.reason) == (Status.FAILED, "budget_exhausted"), r
+    # One request per attempt: the SDK does not retry a timeout behind the pre-check.
+    agent_calls = [b for b in model.requests if b.get("tools")]
+    could_bill = sum(
+        budget.worst_call(b["model"], budget.input_bound(b), b["max_tokens"]).usd
+        for b in agent_calls
+    )
+    assert 1 <= len(agent_calls) < 5  # stopped by the budget, not by five stalls
+    assert could_bill <= 1.2
+    assert r.cost_usd >= could_bill * 0.999  # charged for all of it
+    assert r.cost_usd <= 1.2
+    steps = [e["data"]["tool"] for e in Store(redis).events(f"{REPO}#{n}") if e["kind"] == "step"]
+    assert steps[0] == "stall 1: APITimeoutError"

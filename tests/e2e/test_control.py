@@ -201,6 +201,35 @@ def test_five_stalls_stop_the_loop(
     assert steps == [f"stall {i}: APITimeoutError" for i in range(1, 6)]
 
 
+def test_refused_calls_are_retried_as_the_api_asks_and_cost_nothing(
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    env: dict[str, str],
+    drain: Any,
+) -> None:
+    """A 429 and a 529 (the agent retries them itself, the SDK's retries being off so a
+    timed-out attempt is never resent unchecked): waited for as ``retry-after`` says,
+    then the loop goes on; a refusal is not billed, so only the answered calls count."""
+    settings = load_settings({**env, "LOOPBOT_MODEL_RETRIES": "2"}, role="worker")
+    runtime_mod.install(Runtime(settings, redis))
+    model.play(
+        m.Fail(429, "slow down", "rate_limit_error", headers={"retry-after": "0"}),
+        m.Fail(529, "Overloaded", "overloaded_error", headers={"retry-after": "0"}),
+        FIX,
+        m.text("Fixed add."),
+    )
+    sample_repo(github, loop_yml=YML)
+    n = open_issue(github)
+    label(github, "writer", n)
+    drain()
+    r = rec(redis)
+    assert r.status == Status.COMPLETED, r
+    assert len(model.requests) == 4
+    assert sum(u.messages for k, u in r.usage.items() if not k.endswith("/triage")) == 2
+
+
 def test_non_writer_cancel_has_no_effect_and_says_nothing(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:
