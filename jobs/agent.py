@@ -15,7 +15,6 @@ another worker.
 from __future__ import annotations
 
 import copy
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -372,21 +371,8 @@ class Agent:
         """A call that timed out or lost its connection may have reached the API and been
         billed in full: it is charged at the worst case the pre-check allowed it, so no
         number of such calls can spend past the budget unseen."""
-        worst = self._worst
-        if worst is None:
-            return
-        output = min(max_tokens, worst.tokens)
-        outcome.usage.append(
-            (
-                model,
-                Usage(
-                    cache_write_tokens=worst.tokens - output,
-                    output_tokens=output,
-                    messages=1,
-                    cost_usd=worst.usd,
-                ),
-            )
-        )
+        if self._worst is not None:
+            outcome.usage.append((model, precall.worst_usage(self._worst, max_tokens)))
 
     def run_turn(self, messages: list[dict[str, Any]], prompt: str, limits: Limits) -> Outcome:
         """Run one turn on ``messages`` (mutated in place) starting with ``prompt``."""
@@ -447,9 +433,9 @@ class Agent:
                 # Refused, not billed: retried as the SDK would (retry-after, else backoff),
                 # then the fallback model for a server error, as before.
                 outcome.model_seconds += time.monotonic() - called
-                if busy < self.retries and exc.response.headers.get("x-should-retry") != "false":
+                if busy < self.retries and precall.retryable(exc):
                     busy += 1
-                    self.sleep(retry_delay(exc.response.headers, busy))
+                    self.sleep(precall.retry_delay(exc.response.headers, busy))
                     continue
                 busy = 0
                 if (
@@ -594,18 +580,3 @@ class Agent:
                 }
             )
         return results, recent, stop
-
-
-def retry_delay(headers: Any, attempt: int) -> float:
-    """Seconds before retrying a refused call: the API's ``retry-after`` (or
-    ``retry-after-ms``) when it is sensible, else the SDK's backoff: 0.5 s doubling to 8 s,
-    less up to a quarter at random."""
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        try:
-            seconds: float = float(headers.get(name)) * scale
-        except (TypeError, ValueError):
-            continue
-        if 0 <= seconds <= 60:
-            return seconds
-    backoff: float = min(0.5 * 2.0 ** (attempt - 1), 8.0)
-    return backoff * (1 - 0.25 * random.random())

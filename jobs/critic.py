@@ -19,7 +19,6 @@ from bot.core import repo_config
 from bot.core.diffmap import changed_line_count
 from bot.core.ids import LoopId
 from bot.core.models import ModelSpec, merged, thinking_params
-from bot.core.pricing import usage_from
 from bot.core.record import LoopRecord, Reason, Status, Usage
 from bot.core.rules import findings as flog
 from bot.core.rules import intake, sections
@@ -445,14 +444,13 @@ class Critic:
             if self.spec is not None:  # the effort joins the format in output_config
                 request = merged(request, thinking_params(self.spec, self.effort))
             # The issue's budget, checked before the call: raises OverBudget instead.
-            precall.guard(self.rt.model, request, self.store.get(self.key), self.rt.settings)
-            resp = self.rt.model.messages.create(**request)
-            used = usage_from(resp.model or model, resp.usage)
-
-            def add_usage(r: LoopRecord, name: str = resp.model or model, used: Any = used) -> None:
-                r.record_usage(name, "critic", used)
-
-            self.store.update(self.key, add_usage)
+            resp, _ = precall.call(
+                self.rt.model,
+                request,
+                record=self.store.get(self.key),
+                settings=self.rt.settings,
+                charge=self._charge,
+            )
             # Thinking blocks are not the answer; an answer asked for again is a new
             # exchange, where a past turn's thinking may be left out.
             text = "".join(b.text for b in resp.content if b.type == "text")
@@ -521,14 +519,14 @@ class Critic:
         ) as checkout:
             yield checkout, config.verify
 
+    def _charge(self, model: str, used: Usage) -> None:
+        """A critic call's usage on the loop's record."""
+        self.store.update(self.key, lambda r: r.record_usage(model, "critic", used))
+
     def _look(self, look: tuple[ReviewCheckout, str], prompt: str, schema: dict[str, Any]) -> str:
         """One review with read-only tools; usage recorded call by call."""
         checkout, verify = look
         limits = ReviewLimits()
-
-        def record(model: str, used: Usage) -> None:
-            self.store.update(self.key, lambda r: r.record_usage(model, "critic", used))
-
         review = review_with_tools(
             self.rt.model,
             model=self.model,
@@ -542,10 +540,15 @@ class Critic:
             verify_command=verify,
             limits=limits,
             after_tests=checkout.reset,
-            on_usage=record,
-            # The issue's budget, checked before each call: raises OverBudget instead.
-            before_call=lambda req: precall.guard(
-                self.rt.model, req, self.store.get(self.key), self.rt.settings
+            # The issue's budget, checked before each call (raises OverBudget instead),
+            # and every call charged, a lost one at its worst case (precall.call).
+            send=lambda req, timeout: precall.call(
+                self.rt.model,
+                req,
+                record=self.store.get(self.key),
+                settings=self.rt.settings,
+                charge=self._charge,
+                timeout=timeout,
             ),
         )
         self.store.event(

@@ -399,12 +399,16 @@ def review_with_tools(
     before_call: Callable[[dict[str, Any]], None] | None = None,
     spec: ModelSpec | None = None,
     effort: str | None = None,
+    send: Callable[[dict[str, Any], float], tuple[Any, Usage]] | None = None,
 ) -> ToolReview:
     """Review with tools until the model answers or a bound is hit, then ask for the
     report without tools. ``on_usage`` hears of every call's usage as soon as it is
     known (so it is recorded even when a later call raises); ``ToolReview.usage`` holds
     the same. ``before_call`` sees each request before it is sent and may raise to stop
-    the review (the issue's budget guard, ``jobs.precall.guard``). ``spec``: the model's
+    the review (the issue's budget guard, ``jobs.precall.guard``). ``send``, when given,
+    makes each call instead (request, timeout) and charges it (``jobs.precall.call``: the
+    guard, refusals retried, a lost call charged): ``before_call`` and ``on_usage`` are
+    then not used. ``spec``: the model's
     limits and what it accepts (None: no thinking, no effort); ``effort``: the level to
     ask for, dropped when the model does not take it. Model errors propagate, as the SDK
     raises them."""
@@ -458,15 +462,19 @@ def review_with_tools(
         """One call, charged; its reply's blocks exactly as the model wrote them (thinking
         blocks and their signatures included), not yet in the conversation."""
         nonlocal priced_as, last, seen
-        if before_call is not None:
-            before_call(req)
-        resp = client.with_options(timeout=timeout).messages.create(**req)
-        priced_as = resp.model or model
-        last = usage_from(priced_as, resp.usage)
+        if send is not None:
+            resp, last = send(req, timeout)
+            priced_as = resp.model or model
+        else:
+            if before_call is not None:
+                before_call(req)
+            resp = client.with_options(timeout=timeout).messages.create(**req)
+            priced_as = resp.model or model
+            last = usage_from(priced_as, resp.usage)
+            if on_usage is not None:
+                on_usage(priced_as, last)
         review.steps += 1
         review.usage.append((priced_as, last))
-        if on_usage is not None:
-            on_usage(priced_as, last)
         # Kept or dropped, the next call's input is at most this one's input and output
         # plus what is added after it: the bound for ``worst`` starts here.
         seen = len(messages)

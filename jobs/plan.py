@@ -20,7 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from bot.core import repo_config
 from bot.core.commands import ControlCommand
 from bot.core.models import merged, thinking_params
-from bot.core.pricing import usage_from
 from bot.core.record import LoopRecord, Usage, intake_hash
 from bot.core.rules import sections
 from bot.core.text import messages
@@ -130,17 +129,10 @@ def propose(
         }
         request = merged(request, thinking_params(spec, config.agent_effort(rt.ceilings)))
         record = store.get(key) if store is not None and key else None
-        precall.guard(rt.model, request, record, rt.settings)
-        resp = rt.model.messages.create(**request)
-        used = usage_from(resp.model or model, resp.usage)
+        resp, used = precall.call(
+            rt.model, request, record=record, settings=rt.settings, charge=_charger(store, key)
+        )
         cost += used.cost_usd
-        if store is not None and key and record is not None:
-            name = resp.model or model
-
-            def add(r: LoopRecord, name: str = name, used: Usage = used) -> None:
-                r.record_usage(name, ROLE, used)
-
-            store.update(key, add)
         text = "".join(b.text for b in resp.content if b.type == "text")
         try:
             plan = _Plan.model_validate(json.loads(text))
@@ -253,3 +245,18 @@ def command(rt: Runtime, gh: Installation, cmd: ControlCommand, record: LoopReco
             cost_usd=round(found.cost_usd, 6),
         )
     return f"planned {len(found.sections)} sections"
+
+
+def _charger(store: Store | None, key: str | None) -> precall.Charge:
+    """Where the planner's calls are charged: the loop's record, when there is one."""
+
+    def charge(name: str, used: Usage) -> None:
+        if store is None or not key or store.get(key) is None:
+            return
+
+        def add(r: LoopRecord) -> None:
+            r.record_usage(name, ROLE, used)
+
+        store.update(key, add)
+
+    return charge

@@ -9,11 +9,15 @@ nor let past the budget, and every other call costs no extra round trip.
 
 from __future__ import annotations
 
+import random
+import time
+from collections.abc import Callable
 from typing import Any
 
 import anthropic
 
-from bot.core.record import LoopRecord
+from bot.core.pricing import usage_from
+from bot.core.record import LoopRecord, Usage
 from bot.core.repo_config import Ceilings
 from bot.core.rules import budget
 from bot.core.rules.budget import Budget, Exhausted, Spent
@@ -32,17 +36,92 @@ def guard(
     request: dict[str, Any],
     record: LoopRecord | None,
     settings: Settings,
-) -> None:
+) -> budget.Call:
     """Raise ``OverBudget`` unless ``request`` fits the budget the loop stored on
-    ``record`` (read just before the call, so it counts every call made so far)."""
-    if record is None:
-        return
-    limits = Budget.stored(record, Ceilings.of(settings))
-    if limits is None:
-        return
-    out = check(client, request, limits, Spent.of(record))
+    ``record`` (read just before the call, so it counts every call made so far). Returns
+    the call's worst case, the figure it was judged by."""
+    model, max_tokens = str(request["model"]), int(request["max_tokens"])
+    limits = Budget.stored(record, Ceilings.of(settings)) if record is not None else None
+    if record is None or limits is None:
+        return budget.worst_call(model, budget.input_bound(request), max_tokens)
+    out, worst = check_worst(client, request, limits, Spent.of(record))
     if out is not None:
         raise OverBudget(out.detail)
+    return worst
+
+
+Charge = Callable[[str, Usage], None]
+
+
+def call(
+    client: anthropic.Anthropic,
+    request: dict[str, Any],
+    *,
+    record: LoopRecord | None,
+    settings: Settings,
+    charge: Charge,
+    timeout: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[Any, Usage]:
+    """One model call of loopbot's own (triage, planner, critic), held to the budget:
+    ``guard`` first; refusals (429, 5xx, 529, not billed) retried as the API asks, up to
+    ``LOOPBOT_MODEL_RETRIES``; an attempt that times out or loses its connection may have
+    been billed, so it is charged at the worst case ``guard`` allowed before the error is
+    raised (the SDK never resends it unchecked). The answer is charged as the API counted
+    it. Returns the response and its usage."""
+    worst = guard(client, request, record, settings)
+    model, max_tokens = str(request["model"]), int(request["max_tokens"])
+    options: dict[str, Any] = {"max_retries": 0}
+    if timeout is not None:
+        options["timeout"] = timeout
+    sender = client.with_options(**options)
+    refused = 0
+    while True:
+        try:
+            resp = sender.messages.create(**request)
+        except (anthropic.APITimeoutError, anthropic.APIConnectionError):
+            charge(model, worst_usage(worst, max_tokens))
+            raise
+        except (anthropic.RateLimitError, anthropic.InternalServerError) as exc:
+            if refused < settings.model_retries and retryable(exc):
+                refused += 1
+                sleep(retry_delay(exc.response.headers, refused))
+                continue
+            raise
+        name = resp.model or model
+        used = usage_from(name, resp.usage)
+        charge(name, used)
+        return resp, used
+
+
+def worst_usage(worst: budget.Call, max_tokens: int) -> Usage:
+    """``worst`` as a charge: every output token, the rest input priced as cache writes."""
+    output = min(max_tokens, worst.tokens)
+    return Usage(
+        cache_write_tokens=worst.tokens - output,
+        output_tokens=output,
+        messages=1,
+        cost_usd=worst.usd,
+    )
+
+
+def retryable(exc: anthropic.APIStatusError) -> bool:
+    return exc.response.headers.get("x-should-retry") != "false"
+
+
+def retry_delay(headers: Any, attempt: int) -> float:
+    """Seconds before retrying a refused call: the API's ``retry-after`` (or
+    ``retry-after-ms``) when it is sensible, else the SDK's backoff: 0.5 s doubling to 8 s,
+    less up to a quarter at random."""
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        try:
+            seconds: float = float(headers.get(name)) * scale
+        except (TypeError, ValueError):
+            continue
+        if 0 <= seconds <= 60:
+            return seconds
+    backoff: float = min(0.5 * 2.0 ** (attempt - 1), 8.0)
+    return backoff * (1 - 0.25 * random.random())
 
 
 def check(

@@ -18,7 +18,6 @@ import anthropic
 
 from bot.core import repo_config
 from bot.core.commands import ControlCommand
-from bot.core.pricing import usage_from
 from bot.core.record import LoopRecord, Reason, Usage, approve, intake_hash
 from bot.core.rules import intake
 from bot.core.rules import triage as rules
@@ -209,15 +208,18 @@ def judge(
         "output_config": {"format": {"type": "json_schema", "schema": rules.output_schema()}},
     }
     try:
-        precall.guard(rt.model, request, store.get(record.key), rt.settings)
-        resp = rt.model.messages.create(**request)
+        resp, used = precall.call(
+            rt.model,
+            request,
+            record=store.get(record.key),
+            settings=rt.settings,
+            charge=_charger(store, record.key),
+        )
     except precall.OverBudget as exc:
         return Judged(None, model, 0.0, f"not asked: {exc}"[:300])
-    except anthropic.APIError as exc:  # the SDK retried already
+    except anthropic.APIError as exc:  # retried already, where a retry could help
         return Judged(None, model, 0.0, f"{type(exc).__name__}: {exc}"[:300])
     name = resp.model or model
-    used = usage_from(name, resp.usage)
-    store.update(record.key, _add_usage(name, used))
     text = "".join(b.text for b in resp.content if b.type == "text")
     try:
         return Judged(rules.parse(text), name, used.cost_usd)
@@ -225,6 +227,13 @@ def judge(
         problem = str(exc).splitlines()[0][:300]
         store.event(record.key, "triage_invalid", attempt=1, problem=problem)
         return Judged(None, name, used.cost_usd, f"the answer did not validate: {problem}")
+
+
+def _charger(store: Store, key: str) -> precall.Charge:
+    def charge(name: str, used: Usage) -> None:
+        store.update(key, _add_usage(name, used))
+
+    return charge
 
 
 def _add_usage(model: str, used: Usage) -> Callable[[LoopRecord], None]:

@@ -181,6 +181,44 @@ def test_precall_counts_near_the_edge_and_refuses_when_it_cannot(model: Anthropi
     assert model.requests == []
 
 
+def test_a_lost_call_is_charged_its_worst_case_and_a_refused_one_is_retried(
+    model: AnthropicServer, env: dict[str, str]
+) -> None:
+    """``precall.call``, the way triage, the planner and the critic call the model: a
+    client built with the SDK's retries on (as the worker's is) still sends a timed-out
+    request once, and charges it at the worst case it was judged by; a 429 is retried as
+    its retry-after says and only the answer is charged."""
+    settings = load_settings({**env, "LOOPBOT_MODEL_RETRIES": "3"}, role="worker")
+    client = anthropic.Anthropic(api_key="sk-test", base_url=model.url, max_retries=4)
+    request = {
+        "model": "claude-test",
+        "max_tokens": 1000,
+        "messages": [{"role": "user", "content": "judge this issue"}],
+    }
+    charged: list[tuple[str, Usage]] = []
+
+    def charge(name: str, used: Usage) -> None:
+        charged.append((name, used))
+
+    model.responder = lambda body: m.text("too late", delay=1.0)
+    with pytest.raises(anthropic.APITimeoutError):
+        precall.call(client, request, record=None, settings=settings, charge=charge, timeout=0.3)
+    assert len(model.requests) == 1  # not resent by the SDK
+    worst = budget.worst_call("claude-test", budget.input_bound(request), 1000)
+    ((name, used),) = charged
+    assert name == "claude-test" and used.cost_usd == worst.usd and used.output_tokens == 1000
+
+    charged.clear()
+    model.responder = None
+    model.play(
+        m.Fail(429, "slow down", "rate_limit_error", headers={"retry-after": "0"}),
+        m.text("ready"),
+    )
+    resp, used = precall.call(client, request, record=None, settings=settings, charge=charge)
+    assert resp.content[0].text == "ready" and len(model.requests) == 3
+    assert charged == [(resp.model, used)] and used.cost_usd < worst.usd
+
+
 def test_store_banks_active_time_only(redis: Redis) -> None:
     store = Store(redis)
     store.put(_record(status=Status.RUNNING))
