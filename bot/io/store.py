@@ -26,6 +26,7 @@ from redis.exceptions import WatchError
 from bot.core.formats import RECORD_FORMAT, check_record_format
 from bot.core.ids import LoopId
 from bot.core.record import ACTIVE, LoopRecord, Status, summarize
+from bot.core.rules.budget import alive_until
 
 P = "loopbot:"
 GLOBAL_EVENTS_MAXLEN = 50_000
@@ -102,6 +103,7 @@ class Store:
                         if holder is None or _s(holder) != owner:
                             raise LeaseLost(f"{key}: the lease is held by {holder!r}")
                     raw = pipe.get(rkey)
+                    beat = pipe.get(_k("beat", key))
                     if raw is None:
                         raise KeyError(key)
                     record = LoopRecord.model_validate_json(raw)
@@ -111,13 +113,16 @@ class Store:
                     # Queued is waiting for a worker, not working: a backlog must not
                     # spend a loop's hours.
                     was_active = record.status in ACTIVE and record.status != Status.QUEUED
+                    running = record.status == Status.RUNNING  # a lease-holding worker's
                     last = record.updated_at
                     fn(record)
                     now = time.time()
                     if was_active:
                         # The issue's hours budget (bot/core/rules/budget.py): the time between two
-                        # writes of a working loop was spent; time it sat failed is not.
-                        record.active_seconds += max(0.0, now - last)
+                        # writes of a working loop was spent; time it sat failed is not, nor
+                        # time a running loop's worker was gone (its heartbeats had stopped).
+                        end = alive_until(_s(beat), last, now) if running and beat else now
+                        record.active_seconds += max(0.0, end - last)
                     record.updated_at = now
                     pipe.multi()
                     pipe.set(rkey, record.model_dump_json())
@@ -253,17 +258,25 @@ class Store:
         """Take the loop's lease unless another owner holds it."""
         lkey = _k("lease", key)
         if self.redis.set(lkey, owner, nx=True, px=int(ttl * 1000)):
+            self.redis.set(_k("beat", key), f"{time.time():.3f}:{ttl:g}", ex=86400)
             return True
         current = self.redis.get(lkey)
         return current is not None and current.decode() == owner
 
     def renew_lease(self, key: LoopKey, owner: str, ttl: float) -> bool:
-        # Compare-and-renew in Lua: never extend a lease someone else took over.
+        # Compare-and-renew in Lua: never extend a lease someone else took over. A renewal
+        # is also the loop's heartbeat (see ``_update``): when, and the lease's TTL.
         script = (
             "if redis.call('get', KEYS[1]) == ARGV[1] then "
+            "redis.call('set', KEYS[2], ARGV[3], 'EX', 86400) "
             "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
         )
-        return bool(self.redis.eval(script, 1, _k("lease", key), owner, int(ttl * 1000)))
+        beat = f"{time.time():.3f}:{ttl:g}"
+        return bool(
+            self.redis.eval(
+                script, 2, _k("lease", key), _k("beat", key), owner, int(ttl * 1000), beat
+            )
+        )
 
     def release_lease(self, key: LoopKey, owner: str) -> None:
         script = (

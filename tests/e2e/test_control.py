@@ -123,6 +123,34 @@ def test_killed_worker_is_resumed_elsewhere(
     assert "loop_resumed" in events
 
 
+def test_hours_stop_counting_when_the_worker_is_gone(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, workers: Any
+) -> None:
+    """A worker killed mid-turn writes nothing more; its loop is resumed only once another
+    worker runs, 8 s later. The hours budget counts the dead worker up to its last
+    heartbeat (a lease renewal) and the lease's TTL, not the whole gap until the resume."""
+    sample_repo(github, loop_yml=YML)
+    a = workers("a", **FAST)
+    started = time.time()
+    turn_one_pushes_then_turn_two_sleeps(model)
+    n = open_issue(github)
+    label(github, "writer", n)
+    wait_for(lambda: len(model.requests) >= 3, 60, "turn 2")
+    time.sleep(0.5)
+    a.kill()
+    gap = 8.0
+    time.sleep(gap)
+    model.play(FIX, m.text("Fixed add."))
+    workers("b", **FAST)
+    wait_for(lambda: rec(redis).status == Status.COMPLETED, 60, "the loop to complete on b")
+    r = rec(redis)
+    assert r.auto_resumes == 1
+    elapsed = time.time() - started
+    ttl = float(FAST["LOOPBOT_LEASE_TTL"])
+    # Without heartbeats the whole gap would count: elapsed minus the waits before start.
+    assert r.active_seconds <= elapsed - gap + ttl + 1.0, (r.active_seconds, elapsed)
+
+
 def test_sigterm_hands_the_loop_over_without_counting_a_lost_worker(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, workers: Any
 ) -> None:

@@ -144,6 +144,19 @@ def tokens_of(record: LoopRecord) -> int:
     )
 
 
+def alive_until(beat: str, last: float, now: float) -> float:
+    """Until when a running loop's worker was working, from its heartbeat (``"TIME:TTL"``,
+    written at each lease renewal): past its last beat by at most the lease's TTL (it
+    renews every third of it), never past ``now``. A heartbeat that cannot be read
+    counts up to ``now``, as without one."""
+    try:
+        at, _, ttl = beat.partition(":")
+        alive = max(last, float(at)) + float(ttl)
+    except ValueError:
+        return now
+    return min(now, alive)
+
+
 def active_seconds(record: LoopRecord, now: float) -> float:
     """The time banked so far, plus the stretch since the last write if still active."""
     live = max(0.0, now - record.updated_at) if record.status in ACTIVE else 0.0
