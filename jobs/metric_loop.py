@@ -42,6 +42,7 @@ from bot.core.text import prompts
 from bot.core.text.defuse import one_line
 from jobs.agent import MAX_TOKENS, Agent, Limits, Outcome
 from jobs.drain import DRAIN
+from jobs.sandbox import safefs
 from jobs.sandbox.bwrap import Result
 
 if TYPE_CHECKING:
@@ -70,6 +71,17 @@ class _MetricLoop:
 
     # -- entry -----------------------------------------------------------------------------
 
+    def _read(self, path: str) -> str | None:
+        """A tracked file's text for following the guard statically (a makefile, a
+        package.json): never through a symlink, at most 256 KB, None when unreadable."""
+        try:
+            text, _ = safefs.read_text(
+                self.r.checkout.path / path, 256 * 1024, root=self.r.checkout.path, whole=True
+            )
+        except (OSError, safefs.AccessError, safefs.TooLarge):
+            return None
+        return text
+
     def run(self) -> str:
         r = self.r
         record = r._record()
@@ -90,8 +102,8 @@ class _MetricLoop:
                 "add it back and comment `/loop-restart`",
             )
         cfg = self.cfg
-        self.named = rules.named_paths(
-            (cfg.command, self.guard), r.worktrees.tracked_files(r.checkout)
+        self.named = rules.protected_paths(
+            cfg.command, self.guard, r.worktrees.tracked_files(r.checkout), self._read
         )
         self.agent.system += "\n\n" + text.system(cfg, self.guard, self.named)
         record = self._allowance(record, cfg)

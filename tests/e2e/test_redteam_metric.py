@@ -209,6 +209,67 @@ def test_the_files_the_metric_and_the_guard_name_are_never_in_scope(
     assert not github.repo(REPO).pulls
 
 
+# -- a guard that names no tests: `make test` -------------------------------------------------
+
+MAKE_YML = """\
+verify: make check
+metric:
+  command: python3 metric.py --file src/work.txt
+  direction: higher
+  scope: ['**']
+  max_iterations: 3
+  max_consecutive_discards: 5
+critic:
+  enabled: false
+merge:
+  enabled: false
+"""
+MAKEFILE = "check: lint\n\tcd checks && sh -c 'python3 -m unittest -q'\n\nlint:\n\t@true\n"
+
+
+def test_a_guard_that_names_no_tests_still_protects_them(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """The guard is ``make check``: its recipe runs ``cd checks && sh -c '...unittest'``,
+    naming no test file. Under ``scope: ['**']`` the agent weakens the test so its change
+    passes, then edits the Makefile to skip the tests: both are discarded unmeasured (the
+    Makefile is the guard's; the tests under ``checks/`` are found through its recipe,
+    and test folders and runner config are out of scope when a guard names no test).
+    Before, both were kept: the number rose and the guard passed."""
+    sample_repo(
+        github,
+        loop_yml=MAKE_YML,
+        extra={
+            "Makefile": MAKEFILE,
+            "metric.py": "import sys\nprint(open(sys.argv[2]).read().count('x'))\n",
+            "checks/test_work.py": WORK_TEST.replace("src/work.txt", "../src/work.txt"),
+            "tests/test_other.py": "import unittest\n",
+            "src/work.txt": "xx\n",
+        },
+    )
+    model.play(
+        m.write_file("checks/test_work.py", "import unittest\n"),
+        m.bash("printf 'xxxxxx BAD\\n' > src/work.txt"),
+        m.text("More x, and a test that tolerates it"),
+        m.write_file("Makefile", "check:\n\t@true\n"),
+        m.bash("printf 'xxxxxxx BAD\\n' > src/work.txt"),
+        m.text("More x, and a quicker check"),
+        m.write_file("tests/test_other.py", "import unittest  # touched\n"),
+        m.text("Touch another test"),
+    )
+    n = open_issue(github, "More x", "Raise the x count of src/work.txt.")
+    label(github, "writer", n, "loop:optimize")
+    drain()
+    record = record_of(redis, n)
+    rows = [(r["iteration"], r["status"], r["reason"]) for r in record.metric_results]
+    assert rows == [
+        (0, "baseline", ""),
+        (1, "discard", "changed files outside the scope: checks/test_work.py"),
+        (2, "discard", "changed files outside the scope: Makefile"),
+        (3, "discard", "changed files outside the scope: tests/test_other.py"),
+    ], rows
+
+
 # -- GitHub fails the pull request's creation, after the iterations are over ---------------
 
 PULL_YML = """\

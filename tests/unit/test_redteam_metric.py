@@ -79,3 +79,99 @@ def test_a_worked_loop_never_switches_kind(fields: dict[str, object], switch: bo
     record = LoopRecord(repo="a/b", issue=1, installation_id=1, branch="loop/issue-1", **fields)
     assert text.switch_refused(record, "metric") is switch
     assert text.switch_refused(record, "code") is False  # its own kind restarts as always
+
+
+# -- guards followed statically: cd, sh -c, make, npm; and guards that name no test ---------
+
+FILES = {
+    "Makefile": (
+        "PY ?= python3\n"
+        ".PHONY: check lint\n"
+        "check: lint unit ; @echo done\n"
+        "lint:\n\t@ruff check src\n"
+        "unit:\n\t-cd tests && $(PY) -m pytest test_a.py\n"
+        "\tpython3 bench/run.py\n"
+        "other:\n\t./size.sh\n"
+    ),
+    "ci/Makefile": "all:\n\tsh -c 'python3 ../metric.py'\n",
+    "package.json": '{"scripts": {"test": "bash size.sh && jest", "lint": "eslint ."}}',
+}
+FOLLOWED = [*TRACKED, *FILES]
+
+
+def read(path: str) -> str | None:
+    return FILES.get(path)
+
+
+@pytest.mark.parametrize(
+    ("command", "named"),
+    [
+        ("cd tests && python3 -m pytest test_a.py", ["tests/test_a.py"]),
+        ("cd bench; cd ..; python3 metric.py", ["metric.py"]),
+        ("cd .. && python3 metric.py", []),  # leaves the repository: nothing there
+        ("sh -c 'python3 bench/run.py --fast'", ["bench/run.py"]),
+        ('bash -lc "cd tests && pytest test_a.py"', ["tests/test_a.py"]),
+        # The default target's recipe and prerequisites; its own makefile.
+        ("make", ["Makefile", "bench/run.py", "tests/test_a.py"]),
+        ("make other", ["Makefile", "size.sh"]),
+        ("make -C ci", ["ci/Makefile", "metric.py"]),
+        ("make -f ci/Makefile all", ["ci/Makefile"]),  # -f: paths stay relative to here
+        ("npm test", ["package.json", "size.sh"]),
+        ("npm run lint", ["package.json"]),
+        ("tox -e py311", []),  # no tox.ini here
+    ],
+)
+def test_guards_are_followed_as_far_as_they_can_be_read(command: str, named: list[str]) -> None:
+    assert rules.named_paths([command], FOLLOWED, read) == named
+
+
+def test_a_recursive_makefile_stops() -> None:
+    loop = {"Makefile": "a:\n\tmake b\nb:\n\tmake a\n\tpython3 metric.py\n"}
+    assert rules.named_paths(["make a"], [*TRACKED, "Makefile"], loop.get) == [
+        "Makefile",
+        "metric.py",
+    ]
+
+
+def test_without_a_test_of_its_own_the_guard_protects_tests_and_runner_config() -> None:
+    tracked = [
+        *TRACKED,
+        "Makefile",
+        "conftest.py",
+        "pytest.ini",
+        "pyproject.toml",
+        "src/a_test.go",
+        "web/app.test.ts",
+        "web/app.ts",
+        "src/conftest.py",
+        "docs/testing.md",
+    ]
+    # `make lint` runs `ruff check src`: no test of its own, so every test is the guard's.
+    by_make = rules.protected_paths("python3 metric.py", "make lint", tracked, read)
+    assert by_make == [
+        "Makefile",
+        "conftest.py",
+        "metric.py",
+        "pyproject.toml",
+        "pytest.ini",
+        "spec",
+        "src/a_test.go",
+        "src/conftest.py",
+        "tests",
+        "web/app.test.ts",
+    ]
+    assert rules.in_scope("web/app.ts", ("**",), by_make)
+    assert rules.in_scope("docs/testing.md", ("**",), by_make)
+    # `make check` reaches tests/test_a.py through its recipe: those tests, what the
+    # recipe runs, and the runner-only config and conftest files (they change any run).
+    assert rules.protected_paths("python3 metric.py", "make check", tracked, read) == [
+        "Makefile",
+        "bench/run.py",
+        "conftest.py",
+        "metric.py",
+        "pytest.ini",
+        "src/conftest.py",
+        "tests/test_a.py",
+    ]
+    named = rules.protected_paths("python3 metric.py", "pytest tests/test_a.py", tracked)
+    assert named == ["conftest.py", "metric.py", "pytest.ini", "src/conftest.py", "tests/test_a.py"]

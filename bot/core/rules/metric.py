@@ -11,10 +11,11 @@ Nothing here reads a clock, a file or the network: each function is a table of c
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shlex
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import cache
 from typing import Any, Literal
@@ -195,29 +196,254 @@ def _script_words(words: list[str]) -> list[str]:
     return out
 
 
-def named_paths(commands: Iterable[str], tracked: Iterable[str]) -> list[str]:
+Reader = Callable[[str], str | None]  # a tracked file's text, None when it cannot be read
+_SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh"})
+_MAKES = frozenset({"make", "gmake"})
+_MAKEFILES = ("GNUmakefile", "makefile", "Makefile")
+_NPMS = frozenset({"npm", "yarn", "pnpm"})
+_DEPTH = 4  # commands within commands (sh -c, make recipes, npm scripts) followed this deep
+
+
+def named_paths(
+    commands: Iterable[str], tracked: Iterable[str], read: Reader | None = None
+) -> list[str]:
     """The tracked files and directories the metric and guard commands run: the script
     that measures (``python3 bench/run.py``, ``./size.sh``) and the tests the guard runs
     (``pytest tests/``, ``python -m unittest tests.test_x``). A wide scope (``**/*.py``)
     would otherwise let a change rewrite the measurement, or the check it must pass, and
     be kept for it. Arguments that are data (``cloc src``, ``wc -l src/big.py``) are
-    what is measured, and stay in scope. Sorted."""
+    what is measured, and stay in scope. Sorted.
+
+    Followed as far as they can be read without running anything (``read`` gives a
+    tracked file's text): ``cd DIR && ...`` (later paths are under DIR), ``sh -c '...'``,
+    ``make [-C DIR] [-f FILE] [TARGET]`` (the makefile, and the recipes of the target
+    and its prerequisites), ``npm|yarn|pnpm test|run NAME`` (package.json and the
+    script), ``tox`` and ``nox`` (their config). Not followed: variables, functions,
+    includes, scripts a script calls."""
     files = set(tracked)
     dirs = {f.rsplit("/", i)[0] for f in files for i in range(1, f.count("/") + 1)}
     found: set[str] = set()
-    for command in commands:
+
+    def add(path: str) -> bool:
+        path = _normal(path)
+        if path and (path in files or path in dirs):
+            found.add(path)
+            return True
+        return False
+
+    def follow(command: str, cwd: str, depth: int) -> None:
+        if depth > _DEPTH:
+            return
         for words in _words(command):
             while words and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):
                 words = words[1:]  # FOO=1 python3 bench.py
             if not words:
                 continue
+            program = words[0].rsplit("/", 1)[-1]
+            if program == "cd" and len(words) > 1:
+                cwd = _join(cwd, words[1])  # for the rest of the line: cd x && pytest
+                continue
+            if program in _SHELLS and (code := _inline_code(words)) is not None:
+                follow(code, cwd, depth + 1)
+                continue
+            if program in _MAKES:
+                _make(words[1:], cwd, depth)
+                continue
+            if program in _NPMS and len(words) > 1:
+                _npm(words[1:], cwd, depth)
+                continue
+            if program in ("tox", "nox"):
+                for config in ("tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py"):
+                    add(_join(cwd, config))
+                continue
             for word in _script_words(words):
                 word = word.partition("::")[0].removeprefix("./").rstrip("/")
-                candidates = [word]
+                candidates = [_join(cwd, word)]
                 if _MODULE.fullmatch(word):  # a module: a/b.py or the package a/b/
-                    candidates += [word.replace(".", "/") + ".py", word.replace(".", "/")]
-                found.update(c for c in candidates if c and (c in files or c in dirs))
+                    module = word.replace(".", "/")
+                    candidates += [_join(cwd, module + ".py"), _join(cwd, module)]
+                for c in candidates:
+                    add(c)
+
+    def _make(args: list[str], cwd: str, depth: int) -> None:
+        where, makefile, targets, i = cwd, "", [], 0
+        while i < len(args):
+            a = args[i]
+            if a in ("-C", "--directory") and i + 1 < len(args):
+                where, i = _join(cwd, args[i + 1]), i + 2
+                continue
+            if a in ("-f", "--file", "--makefile") and i + 1 < len(args):
+                makefile, i = args[i + 1], i + 2
+                continue
+            if not a.startswith("-") and "=" not in a:
+                targets.append(a)
+            i += 1
+        names = [makefile] if makefile else list(_MAKEFILES)
+        for name in names:
+            path = _join(where, name)
+            if add(path):
+                text = read(_normal(path)) if read is not None else None
+                if text is not None:
+                    for recipe in make_recipes(text, targets):
+                        follow(recipe, where, depth + 1)
+                return
+
+    def _npm(args: list[str], cwd: str, depth: int) -> None:
+        path = _join(cwd, "package.json")
+        if not add(path):
+            return
+        name = args[0]
+        if name in ("run", "run-script") and len(args) > 1:
+            name = args[1]
+        text = read(_normal(path)) if read is not None else None
+        try:
+            scripts = json.loads(text or "{}").get("scripts") or {}
+        except (ValueError, AttributeError):
+            return
+        script = scripts.get(name) if isinstance(scripts, dict) else None
+        if isinstance(script, str):
+            follow(script, cwd, depth + 1)
+
+    for command in commands:
+        follow(command, "", 0)
     return sorted(found)
+
+
+OUTSIDE = "\0outside"  # a directory outside the repository: nothing there is tracked
+
+
+def _normal(path: str) -> str:
+    """``a/./b/../c`` as ``a/c``; ``OUTSIDE`` for a path that leaves the repository."""
+    if path.startswith("/") or path.startswith(OUTSIDE):
+        return OUTSIDE
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not parts:
+                return OUTSIDE
+            parts.pop()
+        else:
+            parts.append(part)
+    return "/".join(parts)
+
+
+def _join(cwd: str, path: str) -> str:
+    return _normal(f"{cwd}/{path}" if cwd else path)
+
+
+def _inline_code(words: list[str]) -> str | None:
+    """The command string of ``sh -c '...'`` (also ``bash -lc '...'``), if any."""
+    for i, word in enumerate(words[1:-1], start=1):
+        if re.fullmatch(r"-[a-zA-Z]*c[a-zA-Z]*", word):
+            return words[i + 1]
+        if not word.startswith("-"):
+            return None
+    return None
+
+
+_RULE = re.compile(r"^([^\s:=#][^:=#]*?)\s*::?(?!=)\s*(.*)$")
+
+
+def make_recipes(text: str, targets: Sequence[str]) -> list[str]:
+    """The recipe lines ``make TARGETS`` runs, read statically: each target's recipe and
+    its prerequisites' (the first rule's target when none is given), with ``@``, ``-``
+    and ``+`` prefixes dropped. Pattern rules, variables and includes are not expanded."""
+    rules: dict[str, tuple[list[str], list[str]]] = {}
+    order: list[str] = []
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("\t"):
+            if current is not None:
+                current.append(line[1:].lstrip("@-+ \t"))
+            continue
+        current = None
+        match = _RULE.match(line)
+        if match is None or line.lstrip().startswith(("#", ".PHONY")):
+            continue
+        prereqs = match.group(2).split(";", 1)
+        recipe = [prereqs[1].strip()] if len(prereqs) > 1 and prereqs[1].strip() else []
+        for target in match.group(1).split():
+            entry = rules.setdefault(target, ([], []))
+            entry[0].extend(prereqs[0].split())
+            entry[1].extend(recipe)
+            if target not in order and not target.startswith("."):
+                order.append(target)
+        current = rules[match.group(1).split()[0]][1] if match.group(1).split() else None
+    wanted = list(targets) or order[:1]
+    out: list[str] = []
+    seen: set[str] = set()
+    while wanted:
+        target = wanted.pop(0)
+        if target in seen or target not in rules:
+            continue
+        seen.add(target)
+        prereqs, recipe = rules[target]
+        out.extend(r for r in recipe if r)
+        wanted.extend(prereqs)
+    return out
+
+
+# What a guard that names no tests is assumed to run: the tests where test runners look
+# for them, and what configures those runners. Out of scope then, changes to them are
+# discarded unmeasured: a change that weakens a test cannot pass the guard by it.
+TEST_DIRS = frozenset({"test", "tests", "spec", "specs", "__tests__", "testing"})
+_TEST_FILE = re.compile(
+    r"(?:^|/)(?:test_[^/]*\.py|[^/]*_test\.(?:py|go|rb)|[^/]*\.(?:test|spec)\.[cm]?[jt]sx?"
+    r"|conftest\.py)$"
+)
+# Files that only configure test runners: always the guard's.
+RUNNER_CONFIG = frozenset(
+    {
+        "pytest.ini", "tox.ini", "noxfile.py", "conftest.py", "jest.config.js",
+        "jest.config.ts", "jest.config.mjs", "jest.config.cjs", "vitest.config.ts",
+        "vitest.config.js", "vitest.config.mjs", ".mocharc.js", ".mocharc.json",
+        ".mocharc.yml", ".mocharc.yaml", "karma.conf.js", ".rspec", "phpunit.xml",
+    }
+)  # fmt: skip
+# Files that may configure a test runner among other things: the guard's too when it
+# names no test of its own (then what they say decides what it runs).
+SHARED_CONFIG = frozenset(
+    {"setup.cfg", "pyproject.toml", "package.json", "Makefile", "makefile", "GNUmakefile"}
+)
+_BUILD_FILES = frozenset({*_MAKEFILES, "package.json", "tox.ini", "noxfile.py", "setup.cfg"})
+
+
+def default_protected(tracked: Iterable[str], *, tests: bool = True) -> list[str]:
+    """The test-runner config and conftest files of a tree (they change what any test
+    run does), and with ``tests`` its test folders and test files: what a guard that
+    names no tests (``make test``, ``npm test``, a bare ``pytest``) runs. Sorted."""
+    out: set[str] = set()
+    for path in tracked:
+        parts = path.split("/")
+        if parts[-1] in RUNNER_CONFIG or (tests and parts[-1] in SHARED_CONFIG):
+            out.add(path)
+            continue
+        if not tests:
+            continue
+        for i, part in enumerate(parts[:-1]):
+            if part in TEST_DIRS:
+                out.add("/".join(parts[: i + 1]))
+                break
+        else:
+            if _TEST_FILE.search(path):
+                out.add(path)
+    return sorted(out)
+
+
+def protected_paths(
+    command: str, guard: str, tracked: Sequence[str], read: Reader | None = None
+) -> list[str]:
+    """What the agent of a metric loop may never change, whatever the scope says: the
+    paths the metric and guard commands name (``named_paths``); the test-runner config
+    and conftest files, which change what any test run does; and, when the guard names
+    no test of its own (only a makefile or package.json, or nothing), the test folders
+    and test files it then runs (``default_protected``). Sorted."""
+    named = named_paths((command, guard), tracked, read)
+    by_guard = named_paths((guard,), tracked, read)
+    own_tests = [p for p in by_guard if p.rsplit("/", 1)[-1] not in _BUILD_FILES]
+    return sorted({*named, *default_protected(tracked, tests=not own_tests)})
 
 
 # -- keep or discard --------------------------------------------------------------------------
