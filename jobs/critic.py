@@ -276,6 +276,7 @@ class Critic:
             r.finding_log, r.next_finding = now.log, now.next_id
             r.verdicts = {**r.verdicts, sha: report.verdict}
             r.reviewed_sha = sha
+            r.reviewed_whole = len(diff) <= MAX_DIFF_CHARS
             r.verdict = report.verdict
             r.findings = [e | {"sha": sha, "round": round_} for e in flog.open_entries(now.log)]
             r.critic_round = round_
@@ -325,7 +326,12 @@ class Critic:
             self.key, "review_skipped", sha=sha, verdict=verdict, plan=type(plan).__name__
         )
         if record.reviewed_sha != sha:
-            self.store.set_fields(self.key, reviewed_sha=sha, verdict=verdict)
+            self.store.set_fields(
+                self.key,
+                reviewed_sha=sha,
+                verdict=verdict,
+                reviewed_whole=len(diff) <= MAX_DIFF_CHARS,
+            )
         return self._act(gh, record, plan, config)
 
     def _act(

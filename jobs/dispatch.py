@@ -33,7 +33,7 @@ from bot.core.record import (
 from bot.core.rules import budget, intake
 from bot.core.rules import findings as flog
 from bot.core.rules.lifecycle import Create, Refused, Requeue, Restart, may_start
-from bot.core.rules.review import gate_after_dismissal
+from bot.core.rules.review import AfterDismissal, after_dismissal
 from bot.core.text import messages
 from bot.core.text import metric as metric_text
 from bot.core.text.messages import code_span
@@ -107,9 +107,47 @@ def _label_added(rt: Runtime, gh: Installation, cmd: LabelAdded) -> str:
         gh.upsert_comment(cmd.repo, cmd.issue, metric_text.MISSING_KEY, missing)
         return "no metric section in loop.yml"
     issue = gh.issue(cmd.repo, cmd.issue)  # the text this writer approves
+    how = f"adding the `{cmd.label}` label again"
+    held = _unconfirmed(rt, gh, cmd.repo, issue, how, label=cmd.label)
+    if held is not None:
+        return held
     return start_loop(
         rt, cmd.repo, cmd.issue, cmd.installation_id, cmd.actor, config, approved=issue, kind=kind
     )
+
+
+def _unconfirmed(
+    rt: Runtime, gh: Installation, repo: str, issue: IssueInfo, how: str, label: str = ""
+) -> str | None:
+    """Why the writer's approval of ``issue`` waits for a confirmation, or None to go on.
+
+    The latest edit of the body or title, when made by someone who cannot write, must be
+    confirmed by a writer approving again (``intake.needs_confirmation``): the label is
+    taken off so that labelling again is one step, and the comment says why."""
+    number = issue.number
+    key = LoopId(repo, number).key
+    app = gh.app.slug()
+    untrusted: str | None = None
+    for editor in gh.last_editors(repo, number):
+        if editor.bot and editor.login == app:
+            continue  # loopbot's own edits (the sections checklist)
+        login = f"{editor.login}[bot]" if editor.bot else editor.login
+        if not editor.login or not gh.can_write(repo, login):
+            untrusted = login
+            break
+    sha = intake_hash(issue.title, issue.body)
+    if not intake.needs_confirmation(untrusted, rt.store.confirmation_asked(key), sha):
+        if untrusted is not None:
+            rt.store.event(key, "intake_confirmed", editor=untrusted)
+        rt.store.clear_confirmation(key)
+        return None
+    assert untrusted is not None
+    rt.store.ask_confirmation(key, sha)
+    if label:
+        gh.remove_label(repo, number, label)
+    gh.upsert_comment(repo, number, intake.CONFIRM_KEY, intake.confirm_comment(untrusted, how))
+    rt.store.event(key, "intake_unconfirmed", editor=untrusted)
+    return f"the latest edit is by {untrusted or 'a deleted account'}: a writer must confirm it"
 
 
 def start_loop(
@@ -268,6 +306,15 @@ def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
             cmd.repo, cmd.issue, reply_key, messages.cancelled(record, cmd.actor, result)
         )
         return result
+    if record.status in (Status.REVIEWING, Status.MERGING):
+        # Its pull request is with the critic or the gate, not with a coding worker: a
+        # restart would race that job. Said what is at work, or its lost job revived.
+        alive = lifecycle.stage_job_pending(rt.redis, record)
+        if not alive:
+            lifecycle.revive(rt.store, key)
+        reply = messages.restart_at_stage(record, cmd.actor, job_alive=alive)
+        gh.upsert_comment(cmd.repo, cmd.issue, reply_key, reply)
+        return "refused: its stage job is at work" if alive else "stage job queued again"
     text = gh.file(cmd.repo, repo_config.CONFIG_PATH)
     try:
         config = rt.parse_config(text)
@@ -276,6 +323,10 @@ def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
             cmd.repo, cmd.issue, reply_key, messages.config_error(exc.problems, cmd.actor)
         )
         return "bad config"
+    issue = gh.issue(cmd.repo, cmd.issue)  # a writer's restart approves the text
+    held = _unconfirmed(rt, gh, cmd.repo, issue, "commenting `/loop-restart` again")
+    if held is not None:
+        return held
     result = start_loop(
         rt,
         cmd.repo,
@@ -284,7 +335,7 @@ def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
         cmd.actor,
         config,
         restart=True,
-        approved=gh.issue(cmd.repo, cmd.issue),  # a writer's restart approves the text
+        approved=issue,
     )
     gh.upsert_comment(cmd.repo, cmd.issue, reply_key, messages.restarted(record, cmd.actor, result))
     return result
@@ -335,6 +386,9 @@ def _edited(rt: Runtime, gh: Installation, cmd: IssueEdited) -> str:
         )
     if not record.active:
         return "edit by a non-writer; no active loop"
+    # The stopped comment asks a writer to approve this text by labelling again: that
+    # label is the confirmation the edit needs (``_unconfirmed``).
+    rt.store.ask_confirmation(key, intake_hash(cmd.title, cmd.body))
     rt.store.event(key, "intake_edited", actor=cmd.actor)
     result = lifecycle.cancel(rt.redis, key, Reason.ISSUE_EDITED, cmd.actor)
     label = repo_config.loop_label(gh.file(cmd.repo, repo_config.CONFIG_PATH), record.kind)
@@ -431,15 +485,20 @@ def _dismiss(rt: Runtime, gh: Installation, cmd: DismissFinding) -> str:
             reply(f"⚠️ @{cmd.actor}: nothing was dismissed: {exc}.")
             return f"dismiss refused: {exc}"
         entry = next(e for e in updated.finding_log if e["id"] == fid)
-        go = config.merge.enabled and gate_after_dismissal(
+        then = after_dismissal(
             status=updated.status,
             reason=updated.reason,
             severity=str(entry["severity"]),
             log=updated.finding_log,
             head=head,
             reviewed_sha=updated.reviewed_sha,
+            reviewed_whole=updated.reviewed_whole,
             verdicts=updated.verdicts,
         )
+        if then is AfterDismissal.GATE and not config.merge.enabled:
+            then = AfterDismissal.NOTHING
+        if then is AfterDismissal.REVIEW and not config.critic.enabled:
+            then = AfterDismissal.GATE if config.merge.enabled else AfterDismissal.NOTHING
         rt.store.event(
             key,
             "finding_dismissed",
@@ -448,43 +507,50 @@ def _dismiss(rt: Runtime, gh: Installation, cmd: DismissFinding) -> str:
             actor=cmd.actor,
             reason=cmd.reason,
             sha=head,
-            unblocked=go,
+            unblocked=then is not AfterDismissal.NOTHING,
+            then=then.value,
         )
-        if go:
-            # The critic's verdict on this head stays as it was: the gate reads the
-            # dismissal from the finding log and its receipt names the writer who overrode
-            # the critic. It still re-reads the issue, the checks and mergeability.
+        if then is not AfterDismissal.NOTHING:
+            # To the gate: the critic's verdict on this head stays as it was; the gate
+            # reads the dismissal from the finding log and its receipt names the writer who
+            # overrode the critic. It still re-reads the issue, the checks and mergeability.
+            # A new round first: the critic reviews the head as it is, whole, with the
+            # dismissal standing (a dismissed finding is never raised again).
             # The ended loop gave its slot back: an active one holds one again, counted
-            # before its gate job can run (and end it), so the line admits no loop on top
-            # of it, nor of the fix turns the gate may send it back to (the reconciler
-            # would count it too, a pass later; never stopped for the cap: a person asked).
+            # before its job can run (and end it), so the line admits no loop on top of
+            # it, nor of the fix turns it may be sent back to (the reconciler would count
+            # it too, a pass later; never stopped for the cap: a person asked).
             Pace(rt.redis).adopt(key, updated.repo)
-            go = (
-                lifecycle.advance(
-                    rt.store,
-                    key,
-                    Status.MERGING,
-                    came_from=frozenset({Status.REFUSED, Status.FAILED}),
-                    reason="",
-                    detail="",
-                )
-                is not None
+            stage = Status.MERGING if then is AfterDismissal.GATE else Status.REVIEWING
+            moved = lifecycle.advance(
+                rt.store,
+                key,
+                stage,
+                came_from=frozenset({Status.REFUSED, Status.FAILED}),
+                reason="",
+                detail="",
             )
-            if not go:
+            if moved is None:
                 lifecycle.release(rt.store, key)  # it did not become active after all
+                then = AfterDismissal.NOTHING
     standing = [str(e["id"]) for e in flog.blocking(updated.finding_log)]
-    then = (
-        "No sev1 finding stands on this head: loopbot goes on to the merge gate."
-        if go
-        else f"Still blocking the merge: {', '.join(standing)}."
-        if standing
-        else "It no longer counts, and later reviews keep it dismissed."
-    )
+    if then is AfterDismissal.GATE:
+        after = "No sev1 finding stands on this head: loopbot goes on to the merge gate."
+    elif then is AfterDismissal.REVIEW:
+        after = (
+            "No sev1 finding stands, but the last review did not read this head's whole "
+            "diff: the critic judges it once more (the dismissal stands) before the gate."
+        )
+    elif standing:
+        after = f"Still blocking the merge: {', '.join(standing)}."
+    else:
+        after = "It no longer counts, and later reviews keep it dismissed."
     reply(
         f"@{cmd.actor} dismissed **{fid}** ({entry['severity']}, {entry['title']}) on "
-        f"{code_span(head[:10] or 'no head')}: {cmd.reason}\n\n{then}"
+        f"{code_span(head[:10] or 'no head')}: {cmd.reason}\n\n{after}"
     )
-    return f"dismissed {fid}" + ("; merge gate queued" if go else "")
+    queued = {AfterDismissal.GATE: "; merge gate queued", AfterDismissal.REVIEW: "; review queued"}
+    return f"dismissed {fid}" + queued.get(then, "")
 
 
 def _checks(rt: Runtime, cmd: ChecksCompleted) -> str:

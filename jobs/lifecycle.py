@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from rq import get_current_job
 from rq.command import send_stop_job_command
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import JobStatus
+from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
 from bot.core.ids import LoopId
 from bot.core.record import LoopRecord, Reason, Status, Waiting, approve
@@ -52,7 +54,16 @@ from bot.io import queues
 from bot.io.github.client import GitHubApp, Installation, IssueInfo
 from bot.io.logs import get_logger
 from bot.io.pace import Outcome, Pace
-from bot.io.queues import JobKind, enqueue_critic, enqueue_gate, enqueue_loop_job, fetch_job
+from bot.io.queues import (
+    LOOP_QUEUE,
+    JobKind,
+    enqueue_critic,
+    enqueue_gate,
+    enqueue_loop_job,
+    fetch_job,
+    kind_of,
+    loop_queue,
+)
 from bot.io.store import FencedStore, LeaseLost, LoopKey, Store
 
 log = get_logger("loopbot.lifecycle")
@@ -239,6 +250,32 @@ def enqueue_stage(redis: Redis, record: LoopRecord) -> None:
             enqueue_gate(redis, record.repo, record.issue)
         case _:
             raise ValueError(f"a {record.status} loop waits for no critic or gate")
+
+
+def pending_stage_jobs(redis: Redis) -> set[tuple[JobKind, str, int]]:
+    """(kind, repo, issue) of every critic and gate job queued, running, scheduled
+    (the gate's timer, an RQ retry) or deferred on the loop queue."""
+    queue = loop_queue(redis)
+    ids = set(queue.get_job_ids())
+    for registry in (StartedJobRegistry, ScheduledJobRegistry, DeferredJobRegistry):
+        ids.update(registry(LOOP_QUEUE, connection=redis).get_job_ids())
+    found: set[tuple[JobKind, str, int]] = set()
+    for job_id in ids:
+        try:
+            job = fetch_job(job_id, redis)
+            name, args = job.func_name, job.args
+        except Exception:  # noqa: BLE001 - gone meanwhile, or not ours: not a pending job
+            continue
+        kind = kind_of(name)
+        if kind in (JobKind.CRITIC, JobKind.GATE) and len(args) == 2:
+            found.add((kind, str(args[0]), int(args[1])))
+    return found
+
+
+def stage_job_pending(redis: Redis, record: LoopRecord) -> bool:
+    """Whether a reviewing loop's critic job, or a merging loop's gate job, is queued,
+    scheduled or running."""
+    return (_STAGE_JOB[record.status], record.repo, record.issue) in pending_stage_jobs(redis)
 
 
 def revive(store: Store, key: LoopKey) -> LoopRecord:
@@ -572,11 +609,12 @@ def post_status(store: Store, gh: Installation, record: LoopRecord, tail: str = 
 EVENTS_PAGE = 1000
 
 
-# The timelines this process built last, by loop: an update then reads only the events
-# written since, not even the saved state. Any process's saved state is consistent (its
-# lines with the event they reach), so one held here stays right when another process
-# updated the comment meanwhile: the events it added are read again, after ours.
-_TIMELINES: OrderedDict[LoopKey, sessionlog.Timeline] = OrderedDict()
+# The timelines this process built last, by loop, with their token: an update then reads
+# only the token and the events written since. Any process's saved state is consistent
+# (its lines with the event they reach), so a copy held here stays right when another
+# process updated the comment meanwhile: the events it added are read again, after ours.
+# A token that differs (Redis lost the state, or it was built again) drops the copy.
+_TIMELINES: OrderedDict[LoopKey, tuple[str, sessionlog.Timeline]] = OrderedDict()
 _TIMELINES_HELD = 64
 _TIMELINES_LOCK = threading.Lock()
 
@@ -587,16 +625,23 @@ def _timeline(store: Store, key: LoopKey, redact: Callable[[str], str]) -> sessi
     update is what happened since the last one, however long the loop has run."""
     with _TIMELINES_LOCK:
         held = _TIMELINES.pop(key, None)
-    built = held or sessionlog.Timeline.from_json(store.timeline_state(key))
-    built = built or sessionlog.Timeline()
+    built: sessionlog.Timeline | None = None
+    if held is not None and store.timeline_token(key) == held[0]:
+        token, built = held
+    else:
+        saved = store.timeline_state(key)
+        if saved is not None:
+            token, built = saved[0], sessionlog.Timeline.from_json(saved[1])
+    if built is None:
+        token, built = uuid.uuid4().hex, sessionlog.Timeline()
     while True:
         page = store.events(key, after=built.last_id, count=EVENTS_PAGE)
         built.add(page, redact)
         if len(page) < EVENTS_PAGE:
             break
-    store.save_timeline_state(key, built.to_json())
+    store.save_timeline_state(key, token, built.to_json())
     with _TIMELINES_LOCK:
-        _TIMELINES[key] = built
+        _TIMELINES[key] = (token, built)
         while len(_TIMELINES) > _TIMELINES_HELD:
             _TIMELINES.popitem(last=False)
     return built

@@ -564,6 +564,9 @@ class LoopRunner:
         match step:
             case transitions.Stop(reason=reason):
                 if reason == Reason.ISSUE_EDITED:
+                    # The comment asks a writer to approve the text as it reads now: their
+                    # next label is that confirmation (jobs.dispatch._unconfirmed).
+                    self.store.ask_confirmation(self.key, intake_hash(issue.title, issue.body))
                     self.gh.upsert_comment(
                         self.repo,
                         self.issue_number,

@@ -36,8 +36,6 @@ import threading
 import time
 from typing import assert_never
 
-from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, StartedJobRegistry
-
 from bot.core import repo_config
 from bot.core.ids import LoopId
 from bot.core.record import ACTIVE, LoopRecord, Reason, Status
@@ -46,7 +44,7 @@ from bot.core.rules.lifecycle import Guard, Requeue
 from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
 from bot.io.pace import Pace
-from bot.io.queues import LOOP_QUEUE, JobKind, fetch_job, kind_of, loop_queue
+from bot.io.queues import JobKind, fetch_job
 from jobs import lifecycle
 from jobs.dispatch import start_loop
 from jobs.runtime import Runtime
@@ -191,26 +189,6 @@ def show_places(rt: Runtime) -> int:
     return lifecycle.show_waiting(rt.store, rt.github)
 
 
-def _pending_jobs(rt: Runtime) -> set[tuple[JobKind, str, int]]:
-    """(kind, repo, issue) of every critic and gate job queued, running, scheduled
-    (the gate's timer, an RQ retry) or deferred on the loop queue."""
-    queue = loop_queue(rt.redis)
-    ids = set(queue.get_job_ids())
-    for registry in (StartedJobRegistry, ScheduledJobRegistry, DeferredJobRegistry):
-        ids.update(registry(LOOP_QUEUE, connection=rt.redis).get_job_ids())
-    found: set[tuple[JobKind, str, int]] = set()
-    for job_id in ids:
-        try:
-            job = fetch_job(job_id, rt.redis)
-            name, args = job.func_name, job.args
-        except Exception:  # noqa: BLE001 - gone meanwhile, or not ours: not a pending job
-            continue
-        kind = kind_of(name)
-        if kind in (JobKind.CRITIC, JobKind.GATE) and len(args) == 2:
-            found.add((kind, str(args[0]), int(args[1])))
-    return found
-
-
 def revive_stranded(rt: Runtime) -> list[str]:
     """Give a reviewing or merging loop whose job is gone its job again, or end it."""
     store = rt.store
@@ -223,7 +201,7 @@ def revive_stranded(rt: Runtime) -> list[str]:
     ]
     if not candidates:
         return []
-    pending = _pending_jobs(rt)
+    pending = lifecycle.pending_stage_jobs(rt.redis)
     acted = []
 
     def decide(record: LoopRecord | None) -> recovery.Stranded:

@@ -122,6 +122,9 @@ class LoopRecord(BaseModel):
     pr_url: str = ""
     head_sha: str = ""
     reviewed_sha: str = ""
+    # Whether the critic's latest round on ``reviewed_sha`` read its whole diff (not cut
+    # at the critic's limit). False until known: a dismissal then asks a new round.
+    reviewed_whole: bool = False
     critic_round: int = 0
     sev1_rounds: dict[str, int] = Field(default_factory=dict)  # finding fingerprint -> rounds
     verdict: str = ""

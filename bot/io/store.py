@@ -233,17 +233,39 @@ class Store:
             out.append(_decode_event(entry_id, fields))
         return out
 
-    def timeline_state(self, key: LoopKey) -> Any:
-        """The status comment's timeline as last saved (``sessionlog.Timeline.to_json``),
-        or None: built from the events once, then only from the newer ones."""
-        raw = self.redis.get(_k("timeline", key))
+    # -- an edit a writer must confirm (bot/core/rules/intake.py) -----------------------
+
+    def ask_confirmation(self, key: LoopKey, sha256: str) -> None:
+        """A writer was asked to confirm the issue's text as it reads now (its hash)."""
+        self.redis.set(_k("confirm", key), sha256, ex=30 * 86400)
+
+    def confirmation_asked(self, key: LoopKey) -> str | None:
+        raw = self.redis.get(_k("confirm", key))
+        return None if raw is None else _s(raw)
+
+    def clear_confirmation(self, key: LoopKey) -> None:
+        self.redis.delete(_k("confirm", key))
+
+    def timeline_token(self, key: LoopKey) -> str | None:
+        """The saved timeline's token: a new one each time it is built from nothing, so a
+        copy held in a process is known to be this one (not one Redis lost, or an older
+        stream's), for a few bytes a status update."""
+        raw = self.redis.hget(_k("timeline", key), "token")
+        return None if raw is None else _s(raw)
+
+    def timeline_state(self, key: LoopKey) -> tuple[str, Any] | None:
+        """The status comment's timeline as last saved (``sessionlog.Timeline.to_json``)
+        with its token, or None: built from the events once, then from the newer ones."""
+        token, raw = self.redis.hmget(_k("timeline", key), ["token", "state"])
+        if token is None or raw is None:
+            return None
         try:
-            return None if raw is None else json.loads(raw)
+            return _s(token), json.loads(raw)
         except ValueError:
             return None
 
-    def save_timeline_state(self, key: LoopKey, state: dict[str, Any]) -> None:
-        self.redis.set(_k("timeline", key), json.dumps(state))
+    def save_timeline_state(self, key: LoopKey, token: str, state: dict[str, Any]) -> None:
+        self.redis.hset(_k("timeline", key), mapping={"token": token, "state": json.dumps(state)})
 
     def follow(
         self, key: LoopKey | None, last: str = "$", block_ms: int = 1000

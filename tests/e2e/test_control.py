@@ -371,3 +371,47 @@ def test_a_worker_that_lost_its_lease_leaves_the_loop_alone(
     assert r.status == Status.RUNNING and r.reason == ""  # untouched for the new owner
     assert Store(redis).lease_holder(KEY) == "other-worker"
     assert Store(redis).conversation(KEY) == []  # the old worker saved nothing
+
+
+def test_restart_while_the_critic_has_the_pull_request(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, rt: Runtime
+) -> None:
+    """``/loop-restart`` on a reviewing loop: refused while its critic job waits or runs
+    (a restart would race it), and saying so; once that job is lost, the restart queues
+    it again and the loop goes on from review, not from a new coding round."""
+    from rq import SimpleWorker
+
+    from bot.io.queues import LOOP_QUEUE, loop_queue, make_worker
+
+    model.play(FIX, m.text("Fixed add."))
+    sample_repo(github, loop_yml="verify: python3 -m unittest -q\nmax_turns: 5\n")
+    n = open_issue(github)
+    label(github, "writer", n)
+    github.wait_for_webhooks()
+    run_control_jobs(redis)
+    make_worker([LOOP_QUEUE], redis, SimpleWorker).work(burst=True, max_jobs=1)  # the loop
+    assert rec(redis).status == Status.REVIEWING
+    assert len(loop_queue(redis)) == 1  # its critic job, not yet run
+
+    comment(github, "writer", n, "/loop-restart")
+    github.wait_for_webhooks()
+    run_control_jobs(redis)
+    r = rec(redis)
+    assert r.status == Status.REVIEWING and r.turn == 1, r
+    replies = [c["body"] for c in github.repo(REPO).comments.values() if "reply:" in c["body"]]
+    assert "Not restarted: the critic is reviewing pull request" in replies[-1]
+    assert len(loop_queue(redis)) == 1  # nothing else queued: no second coding job
+
+    loop_queue(redis).empty()  # the critic's job is lost (its worker died before it ran)
+    time.sleep(1.1)  # a second comment in the same second is a byte-identical delivery
+    comment(github, "writer", n, "/loop-restart")
+    github.wait_for_webhooks()
+    run_control_jobs(redis)
+    replies = [c["body"] for c in github.repo(REPO).comments.values() if "reply:" in c["body"]]
+    assert "had been lost" in replies[-1] and "stays reviewing" in replies[-1]
+    assert len(loop_queue(redis)) == 1
+    model.play(m.structured({"verdict": "approve", "summary": "ok", "findings": []}))
+    make_worker([LOOP_QUEUE], redis, SimpleWorker).work(burst=True)
+    r = rec(redis)
+    assert r.status in (Status.MERGING, Status.COMPLETED), r
+    assert r.turn == 1  # no new coding round

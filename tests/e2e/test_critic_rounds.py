@@ -210,3 +210,45 @@ def test_the_critic_reads_the_code_and_runs_the_tests_on_the_head_before_judging
     looked = [e["data"] for e in Store(redis).events(KEY) if e["kind"] == "critic_looked"]
     assert looked and looked[0]["tool_calls"] == 2 and looked[0]["stopped"] == "answered"
     assert all(u.messages for k, u in r.usage.items() if k.endswith("/critic"))
+
+
+def test_a_dismissal_after_a_review_that_saw_part_of_the_diff_asks_a_new_round_first(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """The loop stops at critic_rounds_exhausted over one sev1, on a change whose diff is
+    past what the critic reads (it was cut). A writer dismisses that sev1: that does not
+    send the unread rest of the change to the gate. The critic's round judges the head
+    again with the dismissal standing; its diff is still cut, so a person is asked, and
+    nothing is merged (before: straight to the gate, and merged)."""
+    big = "".join(f"row {i:06d} " + "x" * 60 + "\n" for i in range(2_600))  # ~180 KB
+    model.play(FIX, m.write_file("data.txt", big), m.text("Fixed, with the data."))
+
+    def play(body: dict[str, Any]) -> m.Item:
+        if is_critic(body):
+            if len(critic_requests(model)) == 1:
+                return answer("request_changes", [SEV1], [])
+            return answer("approve", [], [])
+        return m.text("Nothing to change.")
+
+    model.responder = play
+    sample_repo(github, loop_yml="verify: python3 -m unittest -q\ncritic:\n  max_rounds: 1\n")
+    label(github, "writer", open_issue(github))
+    drain()
+    r = record(redis)
+    assert (r.status, r.reason) == (Status.FAILED, "critic_rounds_exhausted"), r
+    assert r.reviewed_whole is False
+    comment(github, "writer", 1, "/loop-dismiss F1 add() only ever sees small ints here")
+    drain()
+    r = record(redis)
+    # The critic's round on the head, not the gate: the head keeps its verdict (a head is
+    # never asked again), judged again with the dismissal standing and the diff still cut.
+    assert len(critic_requests(model)) == 1
+    skipped = [e["data"] for e in Store(redis).events(KEY) if e["kind"] == "review_skipped"]
+    assert [s["plan"] for s in skipped] == ["NeedsHuman"]
+    assert (r.status, r.reason) == (Status.REFUSED, "needs_human"), r
+    assert "too large for the critic to read whole" in r.detail
+    assert len(main_log(github)) == 1  # nothing merged
+    said = [b for b in replies(github, 1) if "dismissed **F1**" in b]
+    assert len(said) == 1 and "judges it once more" in said[0]
+    events = [e["data"] for e in Store(redis).events(KEY) if e["kind"] == "finding_dismissed"]
+    assert [(e["then"], e["unblocked"]) for e in events] == [("review", True)]

@@ -4,8 +4,11 @@ agent and the critic see. Real web app, real RQ workers, local GitHub and model.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
+import httpx
+import jwt
 from redis import Redis
 
 from bot.core.record import Status, intake_hash
@@ -225,3 +228,109 @@ def test_routing_and_before_turn() -> None:
     step = transitions.before_turn(cancel="issue_edited", **kw)
     assert isinstance(step, transitions.Stop) and step.reason == Reason.ISSUE_EDITED
     assert isinstance(transitions.before_turn(cancel=None, **kw), transitions.RunTurn)
+
+
+# -- the edit before the label: GitHub's GraphQL API says who edited -------------------------
+
+
+def _confirm_asks(github: GitHubServer) -> list[str]:
+    return [b for b in bot_comments(github) if "loopbot did not start" in b]
+
+
+def test_an_edit_by_a_non_writer_just_before_the_label_waits_for_a_writer(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """The author (read access) rewrites the issue seconds before a writer labels it: the
+    label does not approve that text. A writer is asked to confirm the text as it reads
+    now; their second label starts the loop on it. Another edit asks again."""
+    sample_repo(github, loop_yml=NO_REVIEW)
+    n = open_as(github, "reader")
+    edit(github, "reader", n, body=INJECTED)
+    label(github, "writer", n)
+    drain()
+    assert Store(redis).get(KEY) is None and model.requests == []
+    (ask,) = _confirm_asks(github)
+    assert f"@{J}reader" in ask and "adding the `loop:ready` label again" in ask
+    assert "loop:ready" not in github.repo(REPO).issues[n].labels  # one step to confirm
+    # The author edits again after the ask: that text was not the one asked about.
+    edit(github, "reader", n, title="add() is wrong")
+    label(github, "writer", n)
+    drain()
+    assert Store(redis).get(KEY) is None and model.requests == []
+    assert len(_confirm_asks(github)) == 1  # the one comment, updated
+    # The writer has read it and labels again: approved, as it reads now. (A second
+    # later: the same label on the same issue within one second is a byte-identical
+    # delivery, which the web refuses as a replay.)
+    time.sleep(1.1)
+    model.play(FIX, m.text("Fixed."))
+    label(github, "writer", n)
+    drain()
+    r = record(redis)
+    assert r.status == Status.COMPLETED, r
+    assert (r.approved_title, r.approved_body, r.approved_by) == (
+        "add() is wrong",
+        INJECTED,
+        "writer",
+    )
+    kinds = [e["kind"] for e in Store(redis).events(KEY)]
+    assert kinds.count("intake_unconfirmed") == 2 and "intake_confirmed" in kinds
+
+
+def test_a_retitle_by_a_non_writer_counts_and_a_writers_own_edit_does_not(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    sample_repo(github, loop_yml=NO_REVIEW)
+    n = open_as(github, "reader")
+    edit(github, "writer", n, body=BODY + " (clarified)")  # the body's last edit: a writer's
+    edit(github, "reader", n, title="do something else")  # the title's: the author's
+    label(github, "writer", n)
+    drain()
+    assert Store(redis).get(KEY) is None
+    assert len(_confirm_asks(github)) == 1
+    # Issues edited only by writers (or never edited) start at once.
+    model.play(FIX, m.text("Fixed."))
+    m2 = open_as(github, "reader")
+    edit(github, "writer", m2, title="add() subtracts, see #1")
+    label(github, "writer", m2)
+    drain()
+    r = Store(redis).get(f"{REPO}#{m2}")
+    assert r is not None and r.approved_title == "add() subtracts, see #1"
+
+
+def test_the_graphql_stand_in_is_as_strict_as_github(github: GitHubServer) -> None:
+    sample_repo(github, loop_yml=NO_REVIEW)
+    n = open_as(github, "reader")
+    edit(github, "reader", n, body="changed")
+    q = 'query($n: Int!) { repository(owner: "acme", name: "widgets") { issue(number: $n) {%s} } }'
+    with github.as_user("writer") as u:
+
+        def ask(fields: str) -> dict[str, Any]:
+            r = u.post("/graphql", json={"query": q % fields, "variables": {"n": n}})
+            assert r.status_code == 200
+            return dict(r.json())
+
+        ok = ask("userContentEdits(last: 1) { nodes { editor { __typename login } } }")
+        edits = ok["data"]["repository"]["issue"]["userContentEdits"]["nodes"]
+        assert edits == [{"editor": {"__typename": "User", "login": "reader"}}]
+        both = ask("userContentEdits(first: 10) { totalCount nodes { editor { login } } }")
+        assert both["data"]["repository"]["issue"]["userContentEdits"]["totalCount"] == 2
+        unpaged = ask("userContentEdits { nodes { editedAt } }")
+        assert unpaged["errors"][0]["type"] == "MISSING_PAGINATION_BOUNDARIES"
+        assert (
+            ask("userContentEdits(last: 101) { nodes { editedAt } }")["errors"][0]["type"]
+            == "EXCESSIVE_PAGINATION"
+        )
+        assert "Cannot query field" in ask("lastEditor { login }")["errors"][0]["message"]
+    # The App's own JWT is not a token GraphQL takes.
+    now = int(time.time())
+    app_jwt = jwt.encode(
+        {"iat": now - 30, "exp": now + 300, "iss": str(github.app_id)},
+        github.private_key_pem,
+        algorithm="RS256",
+    )
+    r = httpx.post(
+        f"{github.url}/graphql",
+        json={"query": "{ __typename }"},
+        headers={"Authorization": f"Bearer {app_jwt}"},
+    )
+    assert r.status_code == 401

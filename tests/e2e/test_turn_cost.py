@@ -95,3 +95,21 @@ def test_turn_30_costs_what_turn_3_costs(
     # Bytes vary by a few digits (ids, counters, the record's totals); re-reading the
     # history (or a saved timeline that grows) would add kilobytes with every turn.
     assert late["bytes"] <= early["bytes"] * 1.02 + 256, (early, late)
+
+
+def test_a_timeline_held_in_the_process_is_dropped_when_redis_lost_it(
+    redis: Redis, rt: Runtime
+) -> None:
+    """The process keeps the timeline it built; when Redis no longer has it (flushed, a
+    failover, a loop whose history began again), the copy is not reused: the comment
+    shows the loop's own events, not a past one's."""
+    from jobs import lifecycle
+
+    key = "acme/cost#9"
+    rt.store.event(key, "turn_started", turn=1)
+    rt.store.event(key, "verify", turn=1, passed=True)
+    first = lifecycle._timeline(rt.store, key, str).render(12)
+    assert first == ["turn 1 — verify passed"]
+    redis.delete(f"loopbot:timeline:{key}", f"loopbot:events:{key}")  # Redis lost both
+    rt.store.event(key, "turn_started", turn=1)
+    assert lifecycle._timeline(rt.store, key, str).render(12) == ["turn 1 — coding…"]

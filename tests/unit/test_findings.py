@@ -12,15 +12,16 @@ from bot.core.record import Reason, Status
 from bot.core.rules import findings as flog
 from bot.core.rules.review import (
     NO_TEST,
+    AfterDismissal,
     CodeAgain,
     CriticReport,
     Finding,
     MergeNext,
     NeedsHuman,
+    after_dismissal,
     check_answers,
     evidence,
     evidence_finding,
-    gate_after_dismissal,
     output_schema,
     plan_after_review,
     plan_for_reviewed_head,
@@ -196,25 +197,41 @@ def gate_kw(**over: Any) -> dict[str, Any]:
         "log": log,
         "head": "h",
         "reviewed_sha": "h",
+        "reviewed_whole": True,
         "verdicts": {"h": "request_changes"},
     } | over
 
 
+GATE, REVIEW, NOTHING = AfterDismissal.GATE, AfterDismissal.REVIEW, AfterDismissal.NOTHING
+
+
 @pytest.mark.parametrize(
-    ("over", "go"),
+    ("over", "then"),
     [
-        ({}, True),
-        ({"reason": Reason.CRITIC_ROUNDS.value, "status": Status.FAILED}, True),
-        ({"severity": "sev2"}, False),
-        ({"head": "moved"}, False),  # a new head needs its own review first
-        ({"status": Status.RUNNING, "reason": ""}, False),  # coding: the next round sees it
-        ({"status": Status.CANCELLED, "reason": Reason.CANCELLED.value}, False),
-        ({"verdicts": {}}, False),
-        ({"log": round1(f("one"), f("two")).log}, False),  # another sev1 stands
+        ({}, GATE),
+        ({"reason": Reason.CRITIC_ROUNDS.value, "status": Status.FAILED}, GATE),
+        ({"severity": "sev2"}, NOTHING),
+        ({"head": "moved"}, REVIEW),  # a new head needs its own review first
+        ({"status": Status.RUNNING, "reason": ""}, NOTHING),  # coding: the next round sees it
+        ({"status": Status.CANCELLED, "reason": Reason.CANCELLED.value}, NOTHING),
+        ({"verdicts": {}}, REVIEW),
+        ({"verdicts": {"h": "error"}}, REVIEW),
+        ({"log": round1(f("one"), f("two")).log}, NOTHING),  # another sev1 stands
+        # The last round's diff was cut: the writer overrode a review of part of it.
+        ({"reviewed_whole": False}, REVIEW),
+        (
+            {
+                "reviewed_whole": False,
+                "reason": Reason.CRITIC_ROUNDS.value,
+                "status": Status.FAILED,
+            },
+            REVIEW,
+        ),
+        ({"head": ""}, NOTHING),  # no pull request head to review
     ],
 )
-def test_when_a_dismissal_lets_the_loop_go_to_the_gate(over: dict[str, Any], go: bool) -> None:
-    assert gate_after_dismissal(**gate_kw(**over)) is go
+def test_what_a_dismissal_leads_to(over: dict[str, Any], then: AfterDismissal) -> None:
+    assert after_dismissal(**gate_kw(**over)) is then
 
 
 def test_evidence_and_loopbots_own_no_test_finding() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from bot.core.record import LoopRecord, intake_hash
 
 COMMENT_KEY = "issue-edited"
+CONFIRM_KEY = "confirm-text"
 
 
 def approved_text(record: LoopRecord, title: str, body: str | None) -> tuple[str, str]:
@@ -41,4 +42,30 @@ def reapproved_comment(actor: str) -> str:
     return (
         f"@{actor} (write access) edited the issue: loopbot took the edited title and body "
         "as the approved text and continues from it."
+    )
+
+
+# -- the edit before the label ---------------------------------------------------------------
+#
+# The label approves the text as it reads when loopbot looks, seconds later. An edit by
+# someone without write access just before (or just after) the label would be approved
+# with it; GitHub's GraphQL API says who made the latest edit of the body and the title.
+# When either is not a writer's, a writer confirms the text as it reads now by labelling
+# (or restarting) again: that second approval is of the text the first one asked about.
+
+
+def needs_confirmation(untrusted_editor: str | None, asked: str | None, sha256: str) -> bool:
+    """Whether to ask a writer to confirm instead of starting: the latest edit is by
+    someone who cannot write (``untrusted_editor``), and no writer has been asked about
+    exactly this text before (``asked``: the hash of the text a writer was asked about)."""
+    return untrusted_editor is not None and asked != sha256
+
+
+def confirm_comment(editor: str, how: str) -> str:
+    who = f"@{editor}" if editor else "an account since deleted"
+    return (
+        f"**loopbot did not start:** the issue's latest edit was made by {who}, who has no "
+        "write access, and a label approves the text as it reads now. A maintainer who has "
+        f"read the title and body as they are now can confirm them by {how}; an edit after "
+        "that asks again."
     )

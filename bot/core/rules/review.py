@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -462,7 +463,15 @@ def plan_for_reviewed_head(
 STOPPED_ON_SEV1 = frozenset({Reason.NEEDS_HUMAN.value, Reason.CRITIC_ROUNDS.value})
 
 
-def gate_after_dismissal(
+class AfterDismissal(StrEnum):
+    """What a writer's dismissal of a finding leads to (``after_dismissal``)."""
+
+    NOTHING = "nothing"  # the loop carries it into its next round, or other sev1s stand
+    GATE = "gate"  # the reviewed head stands as reviewed: on to the merge gate
+    REVIEW = "review"  # a new critic round on the head first
+
+
+def after_dismissal(
     *,
     status: Status,
     reason: str,
@@ -470,19 +479,25 @@ def gate_after_dismissal(
     log: Sequence[dict[str, Any]],
     head: str,
     reviewed_sha: str,
+    reviewed_whole: bool,
     verdicts: Mapping[str, str],
-) -> bool:
-    """Whether dismissing a finding of ``severity`` (already applied to ``log``) lets the
-    loop go on to the merge gate: it was a sev1, the pull request's head is the reviewed
-    one, no other sev1 stands, and the loop stopped over it. A loop still coding or
-    reviewing just carries the dismissal into its next round; one waiting at the gate
-    reads it there."""
-    return (
+) -> AfterDismissal:
+    """What dismissing a finding of ``severity`` (already applied to ``log``) leads to.
+
+    Only a loop that stopped over sev1 findings moves, once no other sev1 stands: to the
+    merge gate when the critic's last round reviewed this very head and read its whole
+    diff (its verdict stands, overridden by the writer); otherwise a new round first (the
+    head moved, the round failed, or its diff was cut: the writer dismissed a finding in
+    a review that did not see all of the change). A loop still coding or reviewing just
+    carries the dismissal into its next round; one waiting at the gate reads it there."""
+    if not (
         severity == "sev1"
         and status in (Status.REFUSED, Status.FAILED)
         and reason in STOPPED_ON_SEV1
-        and bool(head)
-        and head == reviewed_sha
-        and verdicts.get(head) not in (None, "error")
         and not flog.blocking(log)
-    )
+        and head
+    ):
+        return AfterDismissal.NOTHING
+    if head == reviewed_sha and reviewed_whole and verdicts.get(head) not in (None, "error"):
+        return AfterDismissal.GATE
+    return AfterDismissal.REVIEW

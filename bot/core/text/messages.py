@@ -180,6 +180,24 @@ def cancelled(r: LoopRecord, actor: str, result: str) -> str:
     )
 
 
+def restart_at_stage(r: LoopRecord, actor: str, *, job_alive: bool) -> str:
+    """The answer to ``/loop-restart`` on a loop whose pull request is being reviewed or
+    checked for merging: what is at work, or that its lost job was queued again."""
+    reviewing = r.status is Status.REVIEWING
+    pr = f"#{r.pr_number}" if r.pr_number else "its pull request"
+    if job_alive:
+        who = "the critic is reviewing" if reviewing else "the merge gate is checking"
+        return (
+            f"Not restarted: {who} pull request {pr} now. `/loop-cancel` stops it; "
+            "`/loop-restart` after that starts a new coding round on the same branch."
+        )
+    job = "critic's review" if reviewing else "merge gate's check"
+    return (
+        f"🔁 @{actor}: the {job} of pull request {pr} had been lost (its worker stopped); "
+        f"it is queued again, and the loop stays {r.status.value}."
+    )
+
+
 def restarted(r: LoopRecord, actor: str, result: str) -> str:
     if result in ("restarted", "started"):
         return f"🔁 Restarted by @{actor}: same branch `{r.branch}`, turn count reset."

@@ -22,6 +22,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar, cast
@@ -227,6 +228,30 @@ def convert_manifest_code(api_url: str, code: str, timeout: float = 30.0) -> dic
             raise GitHubError(f"no answer from GitHub: {exc}") from None
 
 
+# The latest edit of an issue's body and its latest retitling, with who made them.
+EDITORS_QUERY = """
+query($owner: String!, $name: String!, $number: Int!) {
+  repository(owner: $owner, name: $name) {
+    issue(number: $number) {
+      userContentEdits(last: 1) { nodes { editedAt editor { __typename login } } }
+      timelineItems(last: 1, itemTypes: [RENAMED_TITLE_EVENT]) {
+        nodes { ... on RenamedTitleEvent { createdAt actor { __typename login } } }
+      }
+    }
+  }
+}
+"""
+
+
+@dataclass(frozen=True)
+class Editor:
+    """Who made an issue's latest edit of one kind (``what``: body or title)."""
+
+    what: str
+    login: str  # "" for an account since deleted
+    bot: bool  # an App: GraphQL names it by its slug, without "[bot]"
+
+
 def _split(repo: str) -> tuple[str, str]:
     owner, _, name = repo.partition("/")
     return owner, name
@@ -241,6 +266,7 @@ class GitHubApp:
         self._lock = threading.Lock()
         self._tokens: dict[int, tuple[str, float]] = {}
         self._redactor: Redactor | None = None
+        self._slug: str | None = None
         self.client = GitHub(
             AppAuthStrategy(settings.github_app_id, settings.private_key_pem()),
             base_url=settings.api_url + "/",
@@ -277,6 +303,12 @@ class GitHubApp:
         if self._redactor is None:
             self._redactor = Redactor(settings_secrets(self.settings))
         return self._redactor
+
+    def slug(self) -> str:
+        """The App's slug (its bot is ``SLUG[bot]``), asked once."""
+        if self._slug is None:
+            self._slug = str(self.app_info().get("slug") or "")
+        return self._slug
 
     def app_info(self) -> dict[str, Any]:
         """``GET /app``: the App's own record (used by ``loopbot doctor``)."""
@@ -474,6 +506,34 @@ class Installation:
 
     def can_write(self, repo: str, user: str) -> bool:
         return self.permission(repo, user) in WRITE_PERMISSIONS
+
+    def last_editors(self, repo: str, number: int) -> list[Editor]:
+        """Who last edited the issue's body and who last retitled it (GraphQL: REST does
+        not say who edited an issue). Each is left out when it never happened; an account
+        since deleted has an empty login."""
+        owner, name = _split(repo)
+        data = self._call(
+            lambda gh: gh.graphql.request(
+                EDITORS_QUERY, {"owner": owner, "name": name, "number": number}
+            )
+        )
+        issue = ((data or {}).get("repository") or {}).get("issue") or {}
+        found: list[Editor] = []
+        for what, conn, actor in (
+            ("body", "userContentEdits", "editor"),
+            ("title", "timelineItems", "actor"),
+        ):
+            nodes = (issue.get(conn) or {}).get("nodes") or []
+            if nodes and nodes[-1] is not None:
+                who = nodes[-1].get(actor) or {}
+                found.append(
+                    Editor(
+                        what=what,
+                        login=str(who.get("login") or ""),
+                        bot=who.get("__typename") == "Bot",
+                    )
+                )
+        return found
 
     def repositories(self) -> list[str]:
         return [

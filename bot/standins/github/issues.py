@@ -94,7 +94,9 @@ def create_issue(state: State, owner: str, name: str) -> tuple[Response, int]:
     body = request.get_json(force=True)
     with state.lock:
         number = len(repo.issues) + 1
-        issue = Issue(number, body["title"], body.get("body") or "", state.actor())
+        issue = Issue(
+            number, body["title"], body.get("body") or "", state.actor(), created_at=now()
+        )
         repo.issues[number] = issue
     state.emit(
         "issues",
@@ -114,6 +116,23 @@ def get_issue(state: State, owner: str, name: str, number: int) -> Response:
     return jsonify(issue_json(state, repo, state.find_issue(repo, number)))
 
 
+def record_edit(issue: Issue, key: str, login: str, kind: str, before: str) -> None:
+    """Who changed the title or body: GitHub keeps the body's versions (the first edit
+    also records the original, by its author) and a rename event for the title."""
+    at = now()
+    if key == "body" and not any(e["field"] == "body" for e in issue.edits):
+        issue.edits.append(
+            {
+                "field": "body",
+                "editor": issue.user.login,
+                "type": issue.user.type,
+                "at": issue.created_at or at,
+                "text": before,
+            }
+        )
+    issue.edits.append({"field": key, "editor": login, "type": kind, "at": at, "before": before})
+
+
 def update_issue(state: State, owner: str, name: str, number: int) -> Response:
     repo = state.find_repo(owner, name)
     issue = state.find_issue(repo, number)
@@ -128,11 +147,13 @@ def update_issue(state: State, owner: str, name: str, number: int) -> Response:
     ):
         abort(error(403, "Must have write access or be the author to edit an issue"))
     changes: Json = {}
+    editor = state.actor()
     with state.lock:
         for key in text_keys:
             if body[key] != getattr(issue, key):
                 changes[key] = {"from": getattr(issue, key)}
                 setattr(issue, key, body[key])
+                record_edit(issue, key, editor.login, editor.type, changes[key]["from"])
     if changes:
         state.emit(
             "issues",

@@ -20,6 +20,7 @@ from bot.standins.github import (
     auth,
     checks,
     git_http,
+    graphql,
     issues,
     manifests,
     pulls,
@@ -32,7 +33,7 @@ from bot.standins.github.wire import Json, now
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request is noise
 
 # Each registers its own routes; together they are the API the server speaks.
-RESOURCES = (auth, app_hooks, repos, issues, pulls, checks, git_http, manifests)
+RESOURCES = (auth, app_hooks, repos, issues, pulls, checks, git_http, graphql, manifests)
 
 
 class GitHubServer(State):

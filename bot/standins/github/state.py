@@ -62,6 +62,10 @@ class Issue:
     labels: list[str] = field(default_factory=list)
     is_pull: bool = False
     events: list[Json] = field(default_factory=list)
+    # Who changed the title or body, and when ({"field", "editor", "type", "at"}): what
+    # GitHub's GraphQL API shows as userContentEdits and RenamedTitleEvent.
+    edits: list[Json] = field(default_factory=list)
+    created_at: str = ""
 
 
 @dataclass

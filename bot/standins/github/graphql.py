@@ -1,0 +1,254 @@
+"""``POST /graphql``: the part of GitHub's GraphQL API loopbot reads, executed by a real
+GraphQL executor (graphql-core) against a schema cut from GitHub's: an unknown field, a
+missing argument or a connection without ``first``/``last`` is an error, as on GitHub.
+
+What it serves: who last edited an issue's body (``userContentEdits``, ``editor``,
+``lastEditedAt``) and retitled it (``timelineItems`` of ``RENAMED_TITLE_EVENT``), which
+REST does not say. Tokens only (installation or user), as GitHub's GraphQL API.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Flask, Response, abort, g, jsonify, request
+from graphql import GraphQLError, build_schema, graphql_sync
+
+from bot.standins.github.state import Issue, Repo, State
+from bot.standins.github.wire import Json, add_routes, error
+
+SCHEMA = build_schema(
+    """
+    scalar DateTime
+
+    type Query {
+      repository(owner: String!, name: String!): Repository
+    }
+
+    type Repository {
+      nameWithOwner: String!
+      issue(number: Int!): Issue
+    }
+
+    interface Actor {
+      login: String!
+    }
+
+    type User implements Actor {
+      login: String!
+    }
+
+    type Bot implements Actor {
+      login: String!
+    }
+
+    type Issue {
+      number: Int!
+      title: String!
+      body: String!
+      author: Actor
+      createdAt: DateTime!
+      lastEditedAt: DateTime
+      editor: Actor
+      userContentEdits(first: Int, last: Int, after: String, before: String):
+        UserContentEditConnection
+      timelineItems(
+        first: Int, last: Int, after: String, before: String,
+        itemTypes: [IssueTimelineItemsItemType!]
+      ): IssueTimelineItemsConnection!
+    }
+
+    type UserContentEdit {
+      editedAt: DateTime!
+      createdAt: DateTime!
+      editor: Actor
+      diff: String
+    }
+
+    type UserContentEditConnection {
+      nodes: [UserContentEdit]
+      totalCount: Int!
+    }
+
+    enum IssueTimelineItemsItemType {
+      RENAMED_TITLE_EVENT
+      LABELED_EVENT
+    }
+
+    type RenamedTitleEvent {
+      actor: Actor
+      createdAt: DateTime!
+      previousTitle: String!
+      currentTitle: String!
+    }
+
+    type LabeledEvent {
+      actor: Actor
+      createdAt: DateTime!
+    }
+
+    union IssueTimelineItems = RenamedTitleEvent | LabeledEvent
+
+    type IssueTimelineItemsConnection {
+      nodes: [IssueTimelineItems]
+      totalCount: Int!
+    }
+    """
+)
+
+MAX_PAGE = 100
+
+
+class _Failed(GraphQLError):
+    """An error GitHub reports with a ``type`` (NOT_FOUND, EXCESSIVE_PAGINATION...)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message, extensions={"type": kind})
+
+
+def register(app: Flask, state: State) -> None:
+    add_routes(app, state, [("POST", "/graphql", query)])
+
+
+def query(state: State) -> tuple[Response, int] | Response:
+    kind, _ = g.auth
+    if kind not in ("installation", "user"):
+        abort(error(401, "This endpoint requires you to be authenticated."))
+    body = request.get_json(force=True, silent=True)
+    if not isinstance(body, dict) or not isinstance(body.get("query"), str):
+        return jsonify({"errors": [{"message": "A query attribute must be specified"}]}), 200
+    with state.lock:
+        result = graphql_sync(
+            SCHEMA,
+            body["query"],
+            root_value={"repository": lambda info, owner, name: _repository(state, owner, name)},
+            variable_values=body.get("variables") or None,
+        )
+    out: Json = {}
+    if result.data is not None:
+        out["data"] = result.data
+    if result.errors:
+        out["errors"] = [_error(e) for e in result.errors]
+    return jsonify(out)
+
+
+def _error(e: GraphQLError) -> Json:
+    d: Json = {"message": e.message}
+    if e.path:
+        d["path"] = list(e.path)
+    if e.locations:
+        d["locations"] = [{"line": loc.line, "column": loc.column} for loc in e.locations]
+    if e.extensions and "type" in e.extensions:
+        d["type"] = e.extensions["type"]
+    return d
+
+
+def _repository(state: State, owner: str, name: str) -> Json:
+    repo = state.repos.get(f"{owner}/{name}")
+    kind, who = g.auth
+    if repo is None or (kind == "installation" and repo.installation_id != who):
+        raise _Failed(
+            f"Could not resolve to a Repository with the name '{owner}/{name}'.", "NOT_FOUND"
+        )
+    return {
+        "nameWithOwner": repo.full_name,
+        "issue": lambda info, number: _issue(state, repo, number),
+    }
+
+
+def _actor(state: State, login: str | None, kind: str = "User") -> Json | None:
+    if login is None:
+        return None
+    # GraphQL names an App by its slug: "loopbot", where REST says "loopbot[bot]".
+    if kind == "Bot":
+        return {"__typename": "Bot", "login": login.removesuffix("[bot]")}
+    return {"__typename": "User", "login": login}
+
+
+def _page(items: list[Any], first: int | None, last: int | None, field: str) -> list[Any]:
+    """GitHub's connection rules: ``first`` or ``last``, at most 100."""
+    if first is None and last is None:
+        raise _Failed(
+            f"You must provide a `first` or `last` value to properly paginate the `{field}` "
+            "connection.",
+            "MISSING_PAGINATION_BOUNDARIES",
+        )
+    for arg, n in (("first", first), ("last", last)):
+        if n is not None and not 0 <= n <= MAX_PAGE:
+            raise _Failed(
+                f"Requesting {n} records on the `{field}` connection exceeds the `{arg}` "
+                f"limit of {MAX_PAGE} records.",
+                "EXCESSIVE_PAGINATION",
+            )
+    if first is not None:
+        items = items[:first]
+    if last is not None:
+        items = items[-last:] if last else []
+    return items
+
+
+def _issue(state: State, repo: Repo, number: int) -> Json:
+    issue = repo.issues.get(number)
+    if issue is None or issue.is_pull:
+        raise _Failed(f"Could not resolve to an Issue with the number of {number}.", "NOT_FOUND")
+    body_edits = [e for e in issue.edits if e["field"] == "body"]
+    latest = body_edits[-1] if len(body_edits) > 1 else None  # [0] is the original
+    return {
+        "number": issue.number,
+        "title": issue.title,
+        "body": issue.body,
+        "author": _actor(state, issue.user.login, issue.user.type),
+        "createdAt": issue.created_at or "1970-01-01T00:00:00Z",
+        "lastEditedAt": latest["at"] if latest else None,
+        "editor": _actor(state, latest["editor"], latest["type"]) if latest else None,
+        "userContentEdits": lambda info, first=None, last=None, after=None, before=None: _edits(
+            state, body_edits, first, last
+        ),
+        "timelineItems": lambda info, first=None, last=None, after=None, before=None, itemTypes=None: (  # noqa: E501
+            _timeline(state, issue, first, last, itemTypes)
+        ),
+    }
+
+
+def _edits(state: State, edits: list[Json], first: int | None, last: int | None) -> Json:
+    nodes = [
+        {
+            "editedAt": e["at"],
+            "createdAt": e["at"],
+            "editor": _actor(state, e["editor"], e["type"]),
+            "diff": e.get("text") or e.get("before") or "",
+        }
+        for e in edits
+    ]
+    return {"nodes": _page(nodes, first, last, "userContentEdits"), "totalCount": len(nodes)}
+
+
+def _timeline(
+    state: State, issue: Issue, first: int | None, last: int | None, types: list[str] | None
+) -> Json:
+    items: list[Json] = []
+    if types is None or "RENAMED_TITLE_EVENT" in types:
+        renames = [e for e in issue.edits if e["field"] == "title"]
+        afters = [e["before"] for e in renames[1:]] + ([issue.title] if renames else [])
+        for e, after in zip(renames, afters, strict=True):
+            items.append(
+                {
+                    "__typename": "RenamedTitleEvent",
+                    "actor": _actor(state, e["editor"], e["type"]),
+                    "createdAt": e["at"],
+                    "previousTitle": e["before"],
+                    "currentTitle": after,
+                }
+            )
+    if types is None or "LABELED_EVENT" in types:
+        for e in issue.events:
+            if e.get("event") == "labeled":
+                items.append(
+                    {
+                        "__typename": "LabeledEvent",
+                        "actor": _actor(state, e["actor"]["login"], e["actor"].get("type", "User")),
+                        "createdAt": e["created_at"],
+                    }
+                )
+    items.sort(key=lambda i: i["createdAt"])
+    return {"nodes": _page(items, first, last, "timelineItems"), "totalCount": len(items)}
