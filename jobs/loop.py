@@ -460,8 +460,10 @@ class LoopRunner:
             if (problem := self.sandbox.worktree_problem()) is not None:
                 return self._over_limit(f"verify: {problem}")
             self._verify_tail = verify.output[-prompts.TAIL_CHARS :]
+            record = self._record()
             result = {
                 "turn": turn,
+                "total": record.total_turns,  # the turn over the life, as people count
                 "passed": verify.passed,
                 "exit_code": verify.exit_code,
                 "seconds": round(verify.seconds, 3),
@@ -474,7 +476,6 @@ class LoopRunner:
                 if changed
                 else []
             )
-            record = self._record()
             idle = 0 if changed else record.idle_turns + 1
             self._set(last_verify=result, idle_turns=idle, tests_changed=tests)
             # The output's tail too: the session log shows what verify said, turn by turn.
@@ -944,6 +945,7 @@ class LoopRunner:
                 head_sha=sha,
                 last_verify={
                     "turn": record.turn,
+                    "total": record.total_turns,
                     "passed": True,
                     "exit_code": verify.exit_code,
                     "seconds": round(verify.seconds, 3),

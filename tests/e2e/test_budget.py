@@ -143,7 +143,7 @@ def test_budget_line_in_the_status_comment() -> None:
     r.record_usage("m", "agent", Usage(input_tokens=1_200_000, output_tokens=30_000, cost_usd=4.2))
     assert budget.line(r) == ""  # the loop has not stored its limits yet
     r.budget_limits = LIMITS.limits() | {"tokens": 2_000_000}
-    line = "budget: $4.20 of $10.00 · tokens 1.23M of 2M · turns 4 of 40 · hours 0.5 of 2"
+    line = "budget: $4.20 of $10.00 · tokens 1.23M of 2M · turns 4 of 40 · time 30 min of 2 h"
     assert budget.line(r) == line
     assert line in messages.status_comment(r)
     assert budget.table(r)["dollars"] == {"spent": 4.2, "limit": 10.0}

@@ -183,7 +183,9 @@ def test_the_receipt_renders_every_condition_and_adds_the_merge_commit_once() ->
     text = receipt.render(table, head=HEAD, outcome=f"Merging {HEAD} now.")
     lines = text.splitlines()
     assert lines[3] == "| condition | sha | result | detail |"
-    assert f"| verify passed on head | `{HEAD}` | ✅ pass | passed |" in lines
+    # The head is named once, above the table; its rows say "head".
+    assert f"checked on the head `{HEAD}`" in lines[1] and text.count(HEAD) == 2
+    assert "| verify passed on head | head | ✅ pass | passed |" in lines
     assert "| check `ci\\|test` |" in text  # a pipe would end the cell
     assert "F2 sev2: rename x; F3 sev3: typo" in text
     assert "40 of 1000 lines, 3 of 100 files" in text
@@ -286,9 +288,9 @@ def test_merge_receipt_lists_every_condition_on_the_merged_head_then_the_merge_c
         ("within scope", "2 of 1000 lines, 1 of 100 files"),
         ("mergeable", "no conflicts with the base"),
     ]:
-        assert row(body, condition) == [condition, f"`{head}`", "✅ pass", detail]
+        assert row(body, condition) == [condition, "head", "✅ pass", detail]
     contains = row(body, "head contains the default branch")
-    assert contains[:3] == ["head contains the default branch", f"`{head}`", "✅ pass"], contains
+    assert contains[:3] == ["head contains the default branch", "head", "✅ pass"], contains
     assert row(body, "merge commit") == ["merge commit", f"`{merge}`", "✅ pass", "squash-merged"]
     assert body.rstrip().splitlines()[-3].endswith(f"Merged as `{merge}`.")
     assert r.merge_sha == merge and r.last_verify.get("sha", head) == head

@@ -129,7 +129,8 @@ def test_agent_text_cannot_close_other_issues_or_ping_people(
     body = repo.issues[r.pr_number].body
     assert f"fixes #{J}{other}" in body and f"cc @{J}writer" in body  # no close, no ping
     message = gitrepo.git(repo.path, "log", "-1", "--format=%B", "main")
-    assert f"Closes #{n}." in message and "Merged by loopbot after 1 turn(s)" in message
+    assert f"Closes #{n}." in message
+    assert "Merged by loopbot after 1 turn and 1 review round" in message
 
 
 def test_issue_closed_during_review_refuses(

@@ -156,7 +156,7 @@ def test_status_comment_timeline_pr_body_and_no_secret_on_github(
     expected = [
         "turn 1 — verify failed (test_add)",
         "turn 2 — verify passed",
-        f"PR #{r.pr_number} opened",
+        f"[PR #{r.pr_number}]({r.pr_url}) opened",  # loopbot's own pull request: a link
         "review round 1 — 1 sev1",
         "back to coding (findings)",
         "turn 3 — verify passed",  # the fix turn, numbered over the whole life

@@ -22,6 +22,7 @@ from bot.core import repo_config
 from bot.core.pricing import price_of
 from bot.core.record import ACTIVE, LoopRecord
 from bot.core.repo_config import Ceilings, RepoConfig
+from bot.core.text.numbers import duration
 
 NAMES = ("dollars", "tokens", "turns", "hours")
 # budget -> (its key in .github/loop.yml, the operator's ceiling variable)
@@ -296,7 +297,7 @@ def refusal(
 
 
 def line(record: LoopRecord, now: float | None = None) -> str:
-    """``budget: $x of $y · tokens a of b · turns c of d · hours e of f`` from the record
+    """``budget: $x of $y · tokens a of b · turns c of d · time e of f`` from the record
     (empty before the loop first ran and stored its limits)."""
     limits = record.budget_limits
     if not all(n in limits for n in NAMES):
@@ -306,7 +307,7 @@ def line(record: LoopRecord, now: float | None = None) -> str:
         f"budget: {_usd(s.usd)} of {_usd(limits['dollars'])}"
         f" · tokens {_count(s.tokens)} of {_count(int(limits['tokens']))}"
         f" · turns {s.turns} of {int(limits['turns'])}"
-        f" · hours {_hours(s.hours)} of {_hours(limits['hours'])}"
+        f" · time {duration(s.hours * 3600)} of {duration(limits['hours'] * 3600)}"
     )
 
 
@@ -325,6 +326,7 @@ def _usd(v: float) -> str:
 
 def _hours(v: float) -> str:
     return f"{v:.3g}"
+
 
 
 def _count(n: int) -> str:

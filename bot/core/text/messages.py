@@ -11,6 +11,7 @@ from bot.core.rules import metric as metric_rules
 from bot.core.rules.pace import PLACES_SHOWN
 from bot.core.text import metric as metric_text
 from bot.core.text.defuse import JOINER, code_block, code_span, safe_text
+from bot.core.text.numbers import duration, plural
 
 __all__ = ["code_block", "code_span", "safe_text"]
 
@@ -65,7 +66,12 @@ def _progress(r: LoopRecord) -> str:
     if r.kind == "metric" and not r.metric_done and r.metric_max_iterations:
         done = metric_rules.last_iteration(metric_rules.rows_of(r.metric_results))
         return f"iteration {done - r.metric_since} of {r.metric_max_iterations}"
-    return f"turn {r.turn} of {r.max_turns}"
+    # Turns are counted over the issue's life, as the timeline counts them; the cap of
+    # this run (turns since the loop last went back to coding) is said beside it.
+    total = max(r.total_turns, r.turn)
+    if total == r.turn:
+        return f"turn {total} of {r.max_turns}"
+    return f"turn {total} ({r.turn} of {r.max_turns} this round)"
 
 
 # -- milestones (bot/core/rules/sections.py) ---------------------------------------------------
@@ -153,8 +159,8 @@ def _facts(r: LoopRecord) -> list[str]:
         v = r.last_verify
         ok = "✅ passed" if v.get("passed") else "❌ failed"
         lines.append(
-            f"Last verify (turn {v.get('turn')}): {ok}, exit {v.get('exit_code')}, "
-            f"{v.get('seconds', 0):.1f}s"
+            f"Latest verify (turn {v.get('total') or v.get('turn')}): {ok}, exit "
+            f"{v.get('exit_code')}, {duration(float(v.get('seconds') or 0))}"
         )
     if r.detail:
         lines.append(f"> {safe_text(r.detail)}")
@@ -184,7 +190,7 @@ def restart_at_stage(r: LoopRecord, actor: str, *, job_alive: bool) -> str:
     """The answer to ``/loop-restart`` on a loop whose pull request is being reviewed or
     checked for merging: what is at work, or that its lost job was queued again."""
     reviewing = r.status is Status.REVIEWING
-    pr = f"#{r.pr_number}" if r.pr_number else "its pull request"
+    pr = f"[#{r.pr_number}]({r.pr_url})" if r.pr_number and r.pr_url else "its pull request"
     if job_alive:
         who = "the critic is reviewing" if reviewing else "the merge gate is checking"
         return (
@@ -239,6 +245,10 @@ def _checklist(r: LoopRecord, timeline_lines: Sequence[str]) -> str:
     items = []
     for i, line in enumerate(shown):
         text = safe_text(" ".join(line.split()))
+        # loopbot's own pull request stays a link (text from others is defused above).
+        own = f"PR #{JOINER}{r.pr_number}"
+        if r.pr_number and r.pr_url and own in text:
+            text = text.replace(own, f"[PR #{r.pr_number}]({r.pr_url})")
         open_ = r.active and i == len(shown) - 1 and text.endswith("…")
         items.append(f"- [{' ' if open_ else 'x'}] {text}")
     return "\n".join(items)
@@ -247,10 +257,13 @@ def _checklist(r: LoopRecord, timeline_lines: Sequence[str]) -> str:
 def merge_message(r: LoopRecord, sha: str) -> str:
     """The squash commit's message: loopbot's own words only; ``merge_pull`` puts
     ``Closes #N`` in front."""
+    turns = max(r.total_turns, r.turn)
     return (
-        f"Merged by loopbot after {r.turn} turn(s) and {r.critic_round} review round(s); "
-        f"reviewed head {sha[:12]}; model cost ${r.cost_usd:.2f}."
+        f"Merged by loopbot after {plural(turns, 'turn')} and "
+        f"{plural(r.critic_round, 'review round')}; reviewed head {sha[:12]}; "
+        f"model cost ${r.cost_usd:.2f}."
     )
+
 
 
 def squash_title(title: str) -> str:

@@ -100,7 +100,7 @@ def render(table: list[Row], *, head: str, outcome: str) -> str:
         "| condition | sha | result | detail |",
         "| --- | --- | --- | --- |",
     ]
-    lines += [_line(r) for r in table]
+    lines += [_line(r, head) for r in table]
     lines += ["", _cell(outcome)]
     return "\n".join(lines)
 
@@ -118,8 +118,9 @@ def merged(body: str, merge_sha: str) -> str | None:
     return "\n".join([*lines[: rows_at[-1] + 1], row, "", f"Merged as {code_span(merge_sha)}."])
 
 
-def _line(r: Row) -> str:
-    sha = code_span(r.sha) if r.sha else "—"
+def _line(r: Row, head: str = "") -> str:
+    # The head is named once, above the table; a row on another commit names it.
+    sha = "head" if head and r.sha == head else code_span(r.sha) if r.sha else "—"
     return f"| {_cell(r.condition)} | {sha} | {_SHOWN[r.result]} | {_cell(r.detail)} |"
 
 
