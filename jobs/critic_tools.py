@@ -51,9 +51,10 @@ from bot.core.rules import agent_stop, budget
 from bot.core.settings import Settings
 from bot.io.logs import get_logger
 from jobs.agent import add_user_text, with_cache_points
+from jobs.git import _remove
 from jobs.sandbox import safefs
 from jobs.sandbox.bwrap import Network, Sandbox
-from jobs.worktree import Checkout, GitError, Worktrees, _remove, git, mirror_lock
+from jobs.worktree import Checkout, GitError, Worktrees, git, mirror_lock
 
 log = get_logger("loopbot.critic_tools")
 

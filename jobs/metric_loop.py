@@ -1,7 +1,8 @@
 """The metric loop (label ``labels.optimize``, ``metric:`` in loop.yml; seed 004): keep
 what measurably helps.
 
-Run from ``LoopRunner._prepared`` (jobs/loop.py) for a record of kind ``metric``, on the
+Run from ``LoopRunner._prepared`` (jobs/loop.py; typed against ``jobs.runner.RunnerBase``,
+so this module does not import jobs/loop.py) for a record of kind ``metric``, on the
 runner's worktree, sandbox, agent, lease and GitHub client:
 
 - Phase 0, on the base: the metric command prints a number, the guard (``metric.guard``,
@@ -30,7 +31,7 @@ The decisions are pure (``bot/core/rules/metric.py``); the texts are in
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, assert_never
+from typing import Any, assert_never
 
 from bot.core.record import LoopRecord, Reason, Status
 from bot.core.repo_config import MetricConfig
@@ -42,25 +43,21 @@ from bot.core.text import prompts
 from bot.core.text.defuse import one_line
 from jobs.agent import MAX_TOKENS, Agent, Limits, Outcome
 from jobs.drain import DRAIN
+from jobs.runner import LEASE_LOST, RunnerBase
 from jobs.sandbox import safefs
 from jobs.sandbox.bwrap import Result
 
-if TYPE_CHECKING:
-    from jobs.loop import LoopRunner
-
-# As jobs.loop.LEASE_LOST (not imported: jobs.loop imports this module).
-LEASE_LOST = "lease lost: another worker took this loop over"
 TAIL_CHARS = 2000  # of a command's output, in events and the preconditions comment
 NORMAL_ENDS = ("finished", "text_only", "shutdown")
 
 
-def run(runner: LoopRunner, agent: Agent, base: str) -> str:
+def run(runner: RunnerBase, agent: Agent, base: str) -> str:
     """The metric loop on ``runner``'s prepared worktree; returns the job's result."""
     return _MetricLoop(runner, agent, base).run()
 
 
 class _MetricLoop:
-    def __init__(self, runner: LoopRunner, agent: Agent, base: str) -> None:
+    def __init__(self, runner: RunnerBase, agent: Agent, base: str) -> None:
         self.r = runner
         self.agent = agent
         self.base = base

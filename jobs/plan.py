@@ -15,11 +15,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from bot.core import repo_config
 from bot.core.commands import ControlCommand
-from bot.core.models import merged, thinking_params
+from bot.core.models import thinking_params
 from bot.core.record import LoopRecord, Usage, intake_hash
 from bot.core.rules import sections
 from bot.core.text import messages
@@ -27,7 +27,7 @@ from bot.core.text.prompts import FENCE, fence_safe
 from bot.io.github.client import Installation
 from bot.io.logs import get_logger
 from bot.io.store import Store
-from jobs import precall
+from jobs import precall, structured
 from jobs.models import UnknownModel
 from jobs.runtime import Runtime
 
@@ -116,41 +116,26 @@ def propose(
         f"{fence_safe(body[:MAX_ISSUE_CHARS]) or '(no description)'}\n</{FENCE}>\n\n"
         "Propose its milestones."
     )
-    history: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
-    cost = 0.0
-    problem = ""
-    for _ in range(ATTEMPTS):
-        request: dict[str, Any] = {
-            "model": model,
-            "max_tokens": min(MAX_TOKENS, spec.max_output),
-            "system": SYSTEM,
-            "messages": history,
-            "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}},
-        }
-        request = merged(request, thinking_params(spec, config.agent_effort(rt.ceilings)))
-        record = store.get(key) if store is not None and key else None
-        resp, used = precall.call(
-            rt.model, request, record=record, settings=rt.settings, charge=_charger(store, key)
+    answer = structured.ask(
+        rt,
+        model=model,
+        max_tokens=min(MAX_TOKENS, spec.max_output),
+        system=SYSTEM,
+        prompt=prompt,
+        schema=SCHEMA,
+        parse=lambda text: _Plan.model_validate(json.loads(text)),
+        record=lambda: store.get(key) if store is not None and key else None,
+        charge=_charger(store, key),
+        attempts=ATTEMPTS,
+        params=thinking_params(spec, config.agent_effort(rt.ceilings)),
+        on_invalid=lambda attempt, problem: log.warning("plan.invalid_answer", problem=problem),
+    )
+    if answer.value is None:
+        return Proposal(
+            [], answer.cost, f"the model's answer did not validate twice: {answer.problem}"
         )
-        cost += used.cost_usd
-        text = "".join(b.text for b in resp.content if b.type == "text")
-        try:
-            plan = _Plan.model_validate(json.loads(text))
-        except (ValueError, ValidationError) as exc:
-            problem = str(exc).splitlines()[0][:300]
-            log.warning("plan.invalid_answer", problem=problem)
-            history += [
-                {"role": "assistant", "content": text or "(empty)"},
-                {
-                    "role": "user",
-                    "content": f"That answer did not match the schema ({problem}). "
-                    "Answer again with JSON only, in the schema.",
-                },
-            ]
-            continue
-        found = sections.from_plan([i.model_dump() for i in plan.sections])
-        return Proposal(found, cost, "" if found else "the plan had fewer than two sections")
-    return Proposal([], cost, f"the model's answer did not validate twice: {problem}")
+    found = sections.from_plan([i.model_dump() for i in answer.value.sections])
+    return Proposal(found, answer.cost, "" if found else "the plan had fewer than two sections")
 
 
 def proposal_comment(found: list[sections.Section], cost: float, ready_label: str) -> str:

@@ -25,7 +25,7 @@ from bot.core.text import messages
 from bot.io.github.client import Installation, IssueInfo
 from bot.io.logs import get_logger
 from bot.io.store import Store
-from jobs import precall
+from jobs import precall, structured
 from jobs.models import UnknownModel
 from jobs.runtime import Runtime
 
@@ -198,35 +198,31 @@ def judge(
         spec = rt.models.spec(model)
     except UnknownModel as exc:
         return Judged(None, model, 0.0, f"unknown model: {exc}"[:300])
-    request: dict[str, Any] = {
-        "model": model,
-        "max_tokens": min(MAX_TOKENS, spec.max_output),
-        "system": rules.SYSTEM,
-        "messages": [
-            {"role": "user", "content": rules.prompt(record.repo, record.issue, title, body)}
-        ],
-        "output_config": {"format": {"type": "json_schema", "schema": rules.output_schema()}},
-    }
+
+    def invalid(attempt: int, problem: str) -> None:
+        store.event(record.key, "triage_invalid", attempt=attempt, problem=problem)
+
     try:
-        resp, used = precall.call(
-            rt.model,
-            request,
-            record=store.get(record.key),
-            settings=rt.settings,
+        answer = structured.ask(
+            rt,
+            model=model,
+            max_tokens=min(MAX_TOKENS, spec.max_output),
+            system=rules.SYSTEM,
+            prompt=rules.prompt(record.repo, record.issue, title, body),
+            schema=rules.output_schema(),
+            parse=rules.parse,
+            record=lambda: store.get(record.key),
             charge=_charger(store, record.key),
+            on_invalid=invalid,  # one attempt: never asked again (see the note on top)
         )
     except precall.OverBudget as exc:
         return Judged(None, model, 0.0, f"not asked: {exc}"[:300])
     except anthropic.APIError as exc:  # retried already, where a retry could help
         return Judged(None, model, 0.0, f"{type(exc).__name__}: {exc}"[:300])
-    name = resp.model or model
-    text = "".join(b.text for b in resp.content if b.type == "text")
-    try:
-        return Judged(rules.parse(text), name, used.cost_usd)
-    except rules.TriageError as exc:
-        problem = str(exc).splitlines()[0][:300]
-        store.event(record.key, "triage_invalid", attempt=1, problem=problem)
-        return Judged(None, name, used.cost_usd, f"the answer did not validate: {problem}")
+    if answer.value is None:
+        why = f"the answer did not validate: {answer.problem}"
+        return Judged(None, answer.model, answer.cost, why)
+    return Judged(answer.value, answer.model, answer.cost)
 
 
 def _charger(store: Store, key: str) -> precall.Charge:

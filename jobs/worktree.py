@@ -32,234 +32,27 @@ worktree add/move, commits, pushes and ref updates hold a file lock per mirror.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import stat
-import subprocess
-import threading
-import time
 import uuid
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from bot.io.logs import get_logger
+from jobs.git import (
+    MAX_GITFILE,
+    GitError,
+    _read_small_regular,
+    _remove,
+    defuse_tree,
+    files_at,
+    files_under,
+    git,
+    mirror_lock,
+)
 
 log = get_logger("loopbot.worktree")
 
-GIT_TIMEOUT = 600
 MAX_SPARES = 2  # finished worktrees kept per repository for reuse
-_HELPER = (
-    '!f() { test "$1" = get && echo username=x-access-token '
-    '&& echo "password=$LOOPBOT_GIT_TOKEN"; }; f'
-)
-# Every key that makes git run a program or read a file named by configuration, pinned.
-# Drivers named by .gitattributes (filter, diff, merge) need a config entry to run
-# anything, and no config git reads here can define one.
-_PINNED = {
-    "core.hooksPath": "/dev/null",
-    "core.fsmonitor": "false",
-    "core.untrackedCache": "false",
-    "core.attributesFile": "/dev/null",
-    "core.excludesFile": "/dev/null",
-    "core.sshCommand": "/bin/false",
-    "core.askPass": "/bin/false",
-    "core.pager": "cat",
-    "core.editor": "/bin/false",
-    "core.symlinks": "true",
-    "commit.gpgSign": "false",
-    "tag.gpgSign": "false",
-    "gpg.program": "/bin/false",
-    "gpg.ssh.program": "/bin/false",
-    "gpg.x509.program": "/bin/false",
-    "diff.external": "/bin/false",
-    "diff.ignoreSubmodules": "all",
-    "status.submoduleSummary": "false",
-    "submodule.recurse": "false",
-    "fetch.recurseSubmodules": "false",
-    "push.recurseSubmodules": "no",
-    "protocol.file.allow": "never",
-    "protocol.ext.allow": "never",
-    "maintenance.auto": "false",
-    "gc.auto": "0",
-    # The worktree belongs to the sandbox's uid; the git directory is ours and named.
-    "safe.directory": "*",
-    "credential.helper": "",
-}
-_SAFE = [arg for k, v in _PINNED.items() for arg in ("-c", f"{k}={v}")]
-_SAFE += ["-c", f"credential.helper={_HELPER}"]
-_NO_CONFIG_HOME = "/nonexistent/loopbot-git-home"
-AUTHOR = {
-    "GIT_AUTHOR_NAME": "loopbot",
-    "GIT_AUTHOR_EMAIL": "loopbot@users.noreply.github.com",
-    "GIT_COMMITTER_NAME": "loopbot",
-    "GIT_COMMITTER_EMAIL": "loopbot@users.noreply.github.com",
-}
-_thread_locks: dict[str, threading.RLock] = {}
-_held: dict[str, int] = {}
-LOCK_TIMEOUT = GIT_TIMEOUT
-MAX_GITFILE = 4096
-
-
-class GitError(RuntimeError):
-    pass
-
-
-def _scrub(text: str, token: str | None) -> str:
-    return text.replace(token, "***") if token else text
-
-
-def git(
-    cwd: Path,
-    *args: str,
-    token: str | None = None,
-    timeout: float = GIT_TIMEOUT,
-    check: bool = True,
-    git_dir: Path | None = None,
-) -> str:
-    """Run git with loopbot's safety settings; a timeout on every call.
-
-    ``git_dir`` names the repository explicitly (a worktree's admin directory in the
-    mirror) so that git never discovers one from ``cwd``, where the agent writes.
-    """
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": _NO_CONFIG_HOME,  # neither the operator's nor the worktree's .gitconfig
-        "XDG_CONFIG_HOME": _NO_CONFIG_HOME,
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": "/dev/null",
-        "GIT_ATTR_NOSYSTEM": "1",
-        "GIT_TERMINAL_PROMPT": "0",
-        "GIT_ASKPASS": "/bin/false",
-        "GIT_NO_REPLACE_OBJECTS": "1",
-        "LANG": "C",
-        **AUTHOR,
-    }
-    if git_dir is not None:
-        env["GIT_DIR"] = str(git_dir)
-        env["GIT_WORK_TREE"] = str(cwd)
-    if token:
-        env["LOOPBOT_GIT_TOKEN"] = token
-    try:
-        proc = subprocess.run(
-            ["git", *_SAFE, *args],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired:
-        raise GitError(f"git {args[0]} timed out after {timeout:.0f}s") from None
-    if check and proc.returncode != 0:
-        err = _scrub(proc.stderr.decode(errors="replace").strip(), token)
-        raise GitError(f"git {' '.join(args[:2])} failed: {err[-2000:]}")
-    return proc.stdout.decode(errors="replace")
-
-
-@contextlib.contextmanager
-def mirror_lock(mirror: Path, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
-    """Hold the mirror's lock across processes (a file lock) and threads (re-entrant).
-
-    RQ forks a work horse per job, so a ``threading.Lock`` guards nothing between two
-    jobs on one machine; git's own ref locks then fail (``cannot lock ref``).
-    """
-    key = str(mirror)
-    rlock = _thread_locks.setdefault(key, threading.RLock())
-    if not rlock.acquire(timeout=timeout):
-        raise GitError(f"timed out after {timeout:.0f}s waiting for the lock on {mirror.name}")
-    fd = -1
-    try:
-        if _held.get(key, 0) == 0:
-            mirror.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(str(mirror) + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise GitError(
-                            f"timed out after {timeout:.0f}s waiting for the lock on "
-                            f"{mirror.name} (another worker process holds it)"
-                        ) from None
-                    time.sleep(0.05)
-        _held[key] = _held.get(key, 0) + 1
-        try:
-            yield
-        finally:
-            _held[key] -= 1
-    finally:
-        if fd >= 0:
-            os.close(fd)  # releases the flock
-        rlock.release()
-
-
-def _read_small_regular(path: Path, limit: int) -> str | None:
-    """The text of ``path`` if it is a small regular file, without following a link or
-    blocking on a FIFO; None otherwise."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-            return None
-        return os.read(fd, limit).decode(errors="replace")
-    finally:
-        os.close(fd)
-
-
-def _remove(path: Path) -> None:
-    """Remove whatever is at ``path`` (file, link, FIFO, directory) without following it.
-
-    Directories go through ``rm -rf``, which walks iteratively: Python's ``rmtree``
-    recurses, and an agent can nest directories thousands of levels deep.
-    """
-    with contextlib.suppress(FileNotFoundError):
-        if not stat.S_ISDIR(os.lstat(path).st_mode):
-            path.unlink()
-            return
-        subprocess.run(
-            ["rm", "-rf", "--one-file-system", "--", str(path)],
-            capture_output=True,
-            timeout=GIT_TIMEOUT,
-            check=False,
-        )
-        if path.exists() or path.is_symlink():
-            raise GitError(f"could not remove {path}")
-
-
-def defuse_tree(root: Path) -> list[str]:
-    """Remove what harness git must never meet in the worktree: nested ``.git`` entries
-    (repositories with their own config and hooks) and special files. Walks with lstat
-    only, never opening a file or following a link. Returns the removed paths."""
-    removed: list[str] = []
-    todo = [root]
-    while todo:
-        current = todo.pop()
-        try:
-            entries = list(os.scandir(current))
-        except OSError:
-            continue
-        for entry in entries:
-            path = Path(entry.path)
-            try:
-                mode = entry.stat(follow_symlinks=False).st_mode
-            except OSError:
-                continue
-            if current == root and entry.name == ".git":
-                continue  # the worktree's own pointer: _restore_gitfile rewrites it
-            if entry.name == ".git" or not (
-                stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode)
-            ):
-                _remove(path)
-                removed.append(str(path.relative_to(root)))
-            elif stat.S_ISDIR(mode):
-                todo.append(path)
-    return removed
 
 
 @dataclass(frozen=True)
@@ -502,7 +295,7 @@ class Worktrees:
         found: dict[str, tuple[int, int, int]] = {}
         for rel in (p for p in out.split("\0") if p):
             top = path / rel
-            for file in _walk_lstat(top):
+            for file in files_under(top):
                 st = file[1]
                 found[str(file[0].relative_to(path))] = (st.st_mtime_ns, st.st_size, st.st_mode)
         return found
@@ -796,67 +589,4 @@ class Worktrees:
         return out
 
 
-MAX_READ_BYTES = 1 << 20  # files_at: larger files are not read
-
-
-def files_at(
-    mirror: Path, commit: str, paths: Sequence[str], max_bytes: int = MAX_READ_BYTES
-) -> dict[str, str]:
-    """The text of each of ``paths`` that is a regular file at ``commit``, read from the
-    bare ``mirror``: never from a worktree, where the agent writes. Absent paths,
-    directories, symbolic links, submodules and files over ``max_bytes`` are left out.
-    Paths are literal (no pathspec magic or globs)."""
-    wanted = set(paths)
-    found: dict[str, str] = {}
-    ordered = sorted(wanted)
-    for start in range(0, len(ordered), 200):  # keeps each command line short
-        listing = git(
-            mirror,
-            "--literal-pathspecs",
-            "ls-tree",
-            "-z",
-            "--long",
-            commit,
-            "--",
-            *ordered[start : start + 200],
-        )
-        for entry in (e for e in listing.split("\0") if e):
-            meta, _, path = entry.partition("\t")
-            fields = meta.split()
-            if (
-                path in wanted
-                and len(fields) == 4
-                and fields[0] in ("100644", "100755")
-                and fields[1] == "blob"
-                and fields[3].isdigit()
-                and int(fields[3]) <= max_bytes
-            ):
-                found[path] = git(mirror, "cat-file", "blob", fields[2])
-    return found
-
-
-def _walk_lstat(top: Path) -> Iterator[tuple[Path, os.stat_result]]:
-    """``top`` and everything under it, without following links: (path, lstat)."""
-    try:
-        st = top.lstat()
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        yield top, st
-        return
-    stack = [top]
-    while stack:
-        current = stack.pop()
-        try:
-            entries = list(os.scandir(current))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                est = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISDIR(est.st_mode):
-                stack.append(Path(entry.path))
-            else:
-                yield Path(entry.path), est
+__all__ = ["Checkout", "GitError", "Worktrees", "defuse_tree", "files_at", "git", "mirror_lock"]

@@ -252,30 +252,18 @@ def approve(record: LoopRecord, title: str, body: str | None, actor: str) -> Non
     record.approved_by = actor
 
 
-def can_restart(
-    record: LoopRecord, lease_alive: bool, max_cost_usd: float | None = None
-) -> tuple[bool, str]:
-    """Whether ``/loop-restart`` may resume ``record``, and why not."""
+def can_restart(record: LoopRecord, lease_alive: bool) -> tuple[bool, str]:
+    """Whether ``/loop-restart`` may resume ``record``, and why not. (Its budget is
+    ``bot.core.rules.lifecycle.may_start``'s to check: a restart never refills it.)"""
     if record.status == Status.COMPLETED:
         return False, "this loop completed; it is history and cannot be restarted"
     if record.status not in RESTARTABLE and lease_alive:
         return False, f"this loop is {record.status.value} and its worker is alive"
     # Active with nobody holding the lease is a dead worker: restartable too.
-    return _budget_left(record, max_cost_usd)
-
-
-def _budget_left(record: LoopRecord, max_cost_usd: float | None) -> tuple[bool, str]:
-    # The cost budget is not reset by a restart (turns and errors are): money spent is
-    # spent. A loop out of it would stop again at its first step, so say so instead.
-    if max_cost_usd is not None and record.cost_usd >= max_cost_usd:
-        return False, (
-            f"this loop has spent ${record.cost_usd:.2f} of its ${max_cost_usd:.2f} budget; "
-            "raise `max_cost_usd` in `.github/loop.yml` to give it more, then restart it"
-        )
     return True, ""
 
 
-def should_start(record: LoopRecord | None, max_cost_usd: float | None = None) -> tuple[bool, str]:
+def should_start(record: LoopRecord | None) -> tuple[bool, str]:
     """Whether the ready label may start a loop, given what the store holds."""
     if record is None:
         return True, ""
@@ -283,8 +271,7 @@ def should_start(record: LoopRecord | None, max_cost_usd: float | None = None) -
         return False, f"a loop is already {record.status.value} for this issue"
     if record.status == Status.COMPLETED:
         return False, "this issue's loop already completed"
-    ok, why = _budget_left(record, max_cost_usd)
-    return (True, "restarting") if ok else (False, why)  # re-adding the label resumes it
+    return True, "restarting"  # re-adding the label resumes it
 
 
 # The fields a list of loops shows (dashboard, `loopbot status`, metrics): a few hundred

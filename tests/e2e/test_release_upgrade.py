@@ -93,10 +93,10 @@ def test_a_loop_started_by_the_first_release_is_finished_by_this_one(
     assert time.monotonic() - stopping < 30
     store = Store(redis)
     r = store.get(KEY)
-    assert r is not None and r.status == Status.QUEUED and r.handed_over, (
-        r,
-        [e["kind"] for e in store.events(KEY)],
-    )
+    kinds = [e["kind"] for e in store.events(KEY)]
+    # Handed over and queued. (The old worker's reconciler, still running while its job
+    # drains, may already have taken the handed-over loop: queued again, not marked.)
+    assert r is not None and r.status == Status.QUEUED and "handoff" in kinds, (r, kinds)
 
     # This release's worker takes the handed-over job the old one queued, and finishes.
     model.play(

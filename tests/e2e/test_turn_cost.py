@@ -103,13 +103,13 @@ def test_a_timeline_held_in_the_process_is_dropped_when_redis_lost_it(
     """The process keeps the timeline it built; when Redis no longer has it (flushed, a
     failover, a loop whose history began again), the copy is not reused: the comment
     shows the loop's own events, not a past one's."""
-    from jobs import lifecycle
+    from jobs import status_comment
 
     key = "acme/cost#9"
     rt.store.event(key, "turn_started", turn=1)
     rt.store.event(key, "verify", turn=1, passed=True)
-    first = lifecycle._timeline(rt.store, key, str).render(12)
+    first = status_comment._timeline(rt.store, key, str).render(12)
     assert first == ["turn 1 — verify passed"]
     redis.delete(f"loopbot:timeline:{key}", f"loopbot:events:{key}")  # Redis lost both
     rt.store.event(key, "turn_started", turn=1)
-    assert lifecycle._timeline(rt.store, key, str).render(12) == ["turn 1 — coding…"]
+    assert status_comment._timeline(rt.store, key, str).render(12) == ["turn 1 — coding…"]

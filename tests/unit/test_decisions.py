@@ -784,16 +784,13 @@ SPENT = loop(Status.FAILED, cost_usd=10.0)
             id="a completed loop is history",
         ),
         pytest.param(loop(Status.FAILED), None, True, "restarting", id="a failed loop is resumed"),
-        pytest.param(
-            SPENT, 10.0, False, "$10.00 of its $10.00 budget", id="a spent budget is not refilled"
-        ),
-        pytest.param(SPENT, 25.0, True, "restarting", id="a raised budget resumes"),
     ],
 )
 def test_should_start(
     record: LoopRecord | None, max_cost_usd: float | None, ok: bool, why: str
 ) -> None:
-    got_ok, got_why = should_start(record, max_cost_usd=max_cost_usd)
+    assert max_cost_usd is None  # a spent budget is may_start's out_of_budget (test_budget)
+    got_ok, got_why = should_start(record)
     assert got_ok is ok and why in got_why, (got_ok, got_why)
     assert bool(got_why) is bool(why)  # no reason given where none is expected
 
@@ -824,20 +821,12 @@ def test_should_start(
         pytest.param(
             loop(Status.RUNNING), False, None, True, "", id="a running loop whose worker died"
         ),
-        pytest.param(
-            SPENT,
-            False,
-            10.0,
-            False,
-            "$10.00 of its $10.00 budget; raise `max_cost_usd`",
-            id="a spent budget is not refilled",
-        ),
-        pytest.param(SPENT, False, 25.0, True, "", id="a raised budget restarts"),
     ],
 )
 def test_can_restart(
     record: LoopRecord, lease_alive: bool, max_cost_usd: float | None, ok: bool, why: str
 ) -> None:
-    got_ok, got_why = can_restart(record, lease_alive, max_cost_usd=max_cost_usd)
+    assert max_cost_usd is None  # a spent budget is may_start's out_of_budget (test_budget)
+    got_ok, got_why = can_restart(record, lease_alive)
     assert got_ok is ok and why in got_why, (got_ok, got_why)
     assert bool(got_why) is bool(why)

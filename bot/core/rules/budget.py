@@ -328,7 +328,6 @@ def _hours(v: float) -> str:
     return f"{v:.3g}"
 
 
-
 def _count(n: int) -> str:
     if n >= 1_000_000:
         return f"{n / 1_000_000:.3g}M"

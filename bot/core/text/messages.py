@@ -265,7 +265,6 @@ def merge_message(r: LoopRecord, sha: str) -> str:
     )
 
 
-
 def squash_title(title: str) -> str:
     """The squash commit's title: loopbot's word before the issue title (``merge_pull``
     defuses it and adds the pull request's number)."""

@@ -1,0 +1,96 @@
+"""The loop's Redis lease: held by one worker, renewed on a wall-clock timer, and known
+lost within its TTL whatever the reason renewals fail."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+
+from bot.io.logs import get_logger
+from bot.io.store import LeaseLost, Store
+
+log = get_logger("loopbot.loop")
+
+
+LEASE_TTL = 60.0
+
+
+class Lease:
+    """Holds the loop's lease and renews it every ``ttl / 3`` seconds on its own thread.
+
+    Renewal does not depend on the agent producing output: a long model call or a slow
+    verify keeps the lease; a dead process loses it within ``ttl``.
+
+    The lease also counts itself lost once ``ttl`` has passed (monotonic clock) since the
+    last renewal that succeeded, whatever the reason renewals failed (Redis unreachable, a
+    network partition, a paused VM): by then Redis may have let another worker take it.
+    ``check()`` raises ``LeaseLost`` then, and every write the loop makes calls it first.
+    """
+
+    def __init__(self, store: Store, key: str, ttl: float = LEASE_TTL) -> None:
+        self.store, self.key, self.ttl = store, key, ttl
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._renewed_at = time.monotonic()  # when the last successful renewal was *sent*
+        self._why = ""
+
+    def acquire(self) -> bool:
+        sent = time.monotonic()
+        if not self.store.take_lease(self.key, self.owner, self.ttl):
+            return False
+        self._renewed_at = sent
+        self._thread = threading.Thread(target=self._renew, daemon=True, name="lease")
+        self._thread.start()
+        return True
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            sent = time.monotonic()  # measured before the call: Redis' TTL starts later
+            try:
+                if not self.store.renew_lease(self.key, self.owner, self.ttl):
+                    self._mark_lost("another worker holds the lease")
+                    return
+                self._renewed_at = sent
+            except Exception:  # noqa: BLE001 - Redis blips: keep trying until the TTL says lost
+                log.warning("lease.renew_failed", loop=self.key)
+                if self.is_lost():
+                    return
+
+    def _mark_lost(self, why: str) -> None:
+        if not self.lost.is_set():
+            self._why = why
+            self.lost.set()
+            log.warning("lease.lost", loop=self.key, owner=self.owner, why=why)
+
+    def is_lost(self) -> bool:
+        if not self.lost.is_set() and time.monotonic() - self._renewed_at >= self.ttl:
+            self._mark_lost(f"no successful renewal for {self.ttl:g}s")
+        return self.lost.is_set()
+
+    def check(self) -> None:
+        """Raise ``LeaseLost`` if this worker may no longer hold the lease: call before a write.
+
+        Asks Redis who holds the lease (one GET); when Redis cannot answer, the clock since
+        the last successful renewal decides.
+        """
+        if not self.is_lost():
+            try:
+                holder: str | None = self.store.lease_holder(self.key)
+            except Exception:  # noqa: BLE001 - Redis unreachable: is_lost() above decides
+                holder = self.owner
+            if holder != self.owner:
+                self._mark_lost("another worker holds the lease" if holder else "it expired")
+        if self.lost.is_set():
+            raise LeaseLost(f"{self.key}: {self._why}")
+
+    def release(self) -> None:
+        self._stop.set()
+        try:
+            self.store.release_lease(self.key, self.owner)
+        except Exception:  # noqa: BLE001 - the TTL frees it anyway
+            log.warning("lease.release_failed", loop=self.key)
