@@ -169,9 +169,24 @@ def test_without_a_test_of_its_own_the_guard_protects_tests_and_runner_config() 
         "bench/run.py",
         "conftest.py",
         "metric.py",
+        "pyproject.toml",  # pytest may read its options there
         "pytest.ini",
         "src/conftest.py",
         "tests/test_a.py",
     ]
     named = rules.protected_paths("python3 metric.py", "pytest tests/test_a.py", tracked)
-    assert named == ["conftest.py", "metric.py", "pytest.ini", "src/conftest.py", "tests/test_a.py"]
+    # pyproject.toml can hold pytest's options ([tool.pytest.ini_options] addopts with a
+    # --deselect): a guard that runs pytest protects it too.
+    assert named == [
+        "Makefile",
+        "conftest.py",
+        "metric.py",
+        "pyproject.toml",
+        "pytest.ini",
+        "src/conftest.py",
+        "tests/test_a.py",
+    ]
+    # A guard that runs no test runner leaves the shared config to the scope.
+    assert "pyproject.toml" not in rules.protected_paths(
+        "python3 metric.py", "python3 bench/run.py --check", tracked
+    )

@@ -207,12 +207,20 @@ _DEPTH = 4  # commands within commands (sh -c, make recipes, npm scripts) follow
 def named_paths(
     commands: Iterable[str], tracked: Iterable[str], read: Reader | None = None
 ) -> list[str]:
+    """The tracked files and directories the commands run (``followed``'s first half)."""
+    return followed(commands, tracked, read)[0]
+
+
+def followed(
+    commands: Iterable[str], tracked: Iterable[str], read: Reader | None = None
+) -> tuple[list[str], bool]:
     """The tracked files and directories the metric and guard commands run: the script
     that measures (``python3 bench/run.py``, ``./size.sh``) and the tests the guard runs
     (``pytest tests/``, ``python -m unittest tests.test_x``). A wide scope (``**/*.py``)
     would otherwise let a change rewrite the measurement, or the check it must pass, and
     be kept for it. Arguments that are data (``cloc src``, ``wc -l src/big.py``) are
-    what is measured, and stay in scope. Sorted.
+    what is measured, and stay in scope. Sorted; and whether a test runner (pytest,
+    unittest, jest...) is among what the commands run.
 
     Followed as far as they can be read without running anything (``read`` gives a
     tracked file's text): ``cd DIR && ...`` (later paths are under DIR), ``sh -c '...'``,
@@ -223,6 +231,7 @@ def named_paths(
     files = set(tracked)
     dirs = {f.rsplit("/", i)[0] for f in files for i in range(1, f.count("/") + 1)}
     found: set[str] = set()
+    runners: set[str] = set()
 
     def add(path: str) -> bool:
         path = _normal(path)
@@ -256,6 +265,8 @@ def named_paths(
                 for config in ("tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py"):
                     add(_join(cwd, config))
                 continue
+            if any(w.rsplit("/", 1)[-1] in _RUNNERS for w in words):
+                runners.add(program)
             for word in _script_words(words):
                 word = word.partition("::")[0].removeprefix("./").rstrip("/")
                 candidates = [_join(cwd, word)]
@@ -306,7 +317,7 @@ def named_paths(
 
     for command in commands:
         follow(command, "", 0)
-    return sorted(found)
+    return sorted(found), bool(runners)
 
 
 OUTSIDE = "\0outside"  # a directory outside the repository: nothing there is tracked
@@ -437,13 +448,21 @@ def protected_paths(
 ) -> list[str]:
     """What the agent of a metric loop may never change, whatever the scope says: the
     paths the metric and guard commands name (``named_paths``); the test-runner config
-    and conftest files, which change what any test run does; and, when the guard names
-    no test of its own (only a makefile or package.json, or nothing), the test folders
-    and test files it then runs (``default_protected``). Sorted."""
+    and conftest files, which change what any test run does; the shared config a runner
+    also reads (pyproject.toml, setup.cfg, package.json, the Makefile) when the guard runs
+    a test runner; and, when the guard names no test of its own (only a makefile or
+    package.json, or nothing), the test folders and test files it then runs
+    (``default_protected``). Sorted."""
     named = named_paths((command, guard), tracked, read)
-    by_guard = named_paths((guard,), tracked, read)
+    by_guard, runs_tests = followed((guard,), tracked, read)
     own_tests = [p for p in by_guard if p.rsplit("/", 1)[-1] not in _BUILD_FILES]
-    return sorted({*named, *default_protected(tracked, tests=not own_tests)})
+    protected = {*named, *default_protected(tracked, tests=not own_tests)}
+    if runs_tests:
+        # A runner reads its options from shared config too (pyproject.toml's
+        # [tool.pytest.ini_options], package.json's "jest"): a change there could
+        # deselect the very tests the guard names.
+        protected |= {p for p in tracked if p.rsplit("/", 1)[-1] in SHARED_CONFIG}
+    return sorted(protected)
 
 
 # -- keep or discard --------------------------------------------------------------------------
