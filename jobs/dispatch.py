@@ -37,7 +37,7 @@ from bot.core.rules.review import AfterDismissal, after_dismissal
 from bot.core.text import messages
 from bot.core.text import metric as metric_text
 from bot.core.text.messages import code_span
-from bot.io.github.client import Installation, IssueInfo
+from bot.io.github.client import Installation, IssueEdits, IssueInfo
 from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
 from bot.io.pace import Pace
@@ -108,7 +108,7 @@ def _label_added(rt: Runtime, gh: Installation, cmd: LabelAdded) -> str:
         return "no metric section in loop.yml"
     issue = gh.issue(cmd.repo, cmd.issue)  # the text this writer approves
     how = f"adding the `{cmd.label}` label again"
-    held = _unconfirmed(rt, gh, cmd.repo, issue, how, label=cmd.label)
+    held, issue = _unconfirmed(rt, gh, cmd.repo, issue, how, label=cmd.label)
     if held is not None:
         return held
     return start_loop(
@@ -116,38 +116,75 @@ def _label_added(rt: Runtime, gh: Installation, cmd: LabelAdded) -> str:
     )
 
 
+READS = 3  # tries at reading the issue's text twice alike (REST, then GraphQL)
+
+
 def _unconfirmed(
     rt: Runtime, gh: Installation, repo: str, issue: IssueInfo, how: str, label: str = ""
-) -> str | None:
-    """Why the writer's approval of ``issue`` waits for a confirmation, or None to go on.
+) -> tuple[str | None, IssueInfo]:
+    """Why the writer's approval of ``issue`` waits for a confirmation (None: go on), and
+    the issue as approved.
 
     The latest edit of the body or title, when made by someone who cannot write, must be
     confirmed by a writer approving again (``intake.needs_confirmation``): the label is
-    taken off so that labelling again is one step, and the comment says why."""
+    taken off so that labelling again is one step, and the comment says why. The editors
+    come from GraphQL and the text from REST: both must read the same text, or the
+    editors may belong to another version of it (read again, then asked)."""
     number = issue.number
     key = LoopId(repo, number).key
+    for attempt in range(READS):
+        edits = gh.latest_edits(repo, number)
+        if intake.same_text((edits.title, edits.body), (issue.title, issue.body)):
+            break
+        time.sleep(attempt + 1)
+        issue = gh.issue(repo, number)
+    else:
+        return _ask_confirmation(rt, gh, repo, issue, None, "", how, label), issue
+    untrusted = _untrusted_editor(gh, repo, edits)
+    sha = intake_hash(issue.title, issue.body)
+    asked = rt.store.confirmation_asked(key)
+    if not intake.needs_confirmation(untrusted, asked, sha, edits.stamp):
+        if untrusted is not None:
+            rt.store.event(key, "intake_confirmed", editor=untrusted)
+        rt.store.clear_confirmation(key)
+        return None, issue
+    return _ask_confirmation(rt, gh, repo, issue, untrusted, edits.stamp, how, label), issue
+
+
+def _untrusted_editor(gh: Installation, repo: str, edits: IssueEdits) -> str | None:
+    """The latest editor of the body or title who cannot write ("" for an account since
+    deleted), or None when every latest edit is a writer's or loopbot's own."""
     app = gh.app.slug()
-    untrusted: str | None = None
-    for editor in gh.last_editors(repo, number):
+    for editor in edits.editors:
         if editor.bot and editor.login == app:
             continue  # loopbot's own edits (the sections checklist)
         login = f"{editor.login}[bot]" if editor.bot else editor.login
         if not editor.login or not gh.can_write(repo, login):
-            untrusted = login
-            break
-    sha = intake_hash(issue.title, issue.body)
-    if not intake.needs_confirmation(untrusted, rt.store.confirmation_asked(key), sha):
-        if untrusted is not None:
-            rt.store.event(key, "intake_confirmed", editor=untrusted)
-        rt.store.clear_confirmation(key)
-        return None
-    assert untrusted is not None
-    rt.store.ask_confirmation(key, sha)
+            return login
+    return None
+
+
+def _ask_confirmation(
+    rt: Runtime,
+    gh: Installation,
+    repo: str,
+    issue: IssueInfo,
+    editor: str | None,
+    stamp: str,
+    how: str,
+    label: str,
+) -> str:
+    """Ask a writer to confirm the text as it reads now (bound to its edit ``stamp``)."""
+    number = issue.number
+    key = LoopId(repo, number).key
+    rt.store.ask_confirmation(key, intake_hash(issue.title, issue.body), stamp)
     if label:
         gh.remove_label(repo, number, label)
-    gh.upsert_comment(repo, number, intake.CONFIRM_KEY, intake.confirm_comment(untrusted, how))
-    rt.store.event(key, "intake_unconfirmed", editor=untrusted)
-    return f"the latest edit is by {untrusted or 'a deleted account'}: a writer must confirm it"
+    gh.upsert_comment(repo, number, intake.CONFIRM_KEY, intake.confirm_comment(editor, how))
+    rt.store.event(key, "intake_unconfirmed", editor=editor if editor is not None else "?")
+    if editor is None:
+        return "the issue changed while it was read: a writer must confirm it"
+    return f"the latest edit is by {editor or 'a deleted account'}: a writer must confirm it"
 
 
 def start_loop(
@@ -324,7 +361,7 @@ def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
         )
         return "bad config"
     issue = gh.issue(cmd.repo, cmd.issue)  # a writer's restart approves the text
-    held = _unconfirmed(rt, gh, cmd.repo, issue, "commenting `/loop-restart` again")
+    held, issue = _unconfirmed(rt, gh, cmd.repo, issue, "commenting `/loop-restart` again")
     if held is not None:
         return held
     result = start_loop(
@@ -387,8 +424,10 @@ def _edited(rt: Runtime, gh: Installation, cmd: IssueEdited) -> str:
     if not record.active:
         return "edit by a non-writer; no active loop"
     # The stopped comment asks a writer to approve this text by labelling again: that
-    # label is the confirmation the edit needs (``_unconfirmed``).
-    rt.store.ask_confirmation(key, intake_hash(cmd.title, cmd.body))
+    # label is the confirmation this edit needs (``_unconfirmed``), bound to it.
+    edits = gh.latest_edits(cmd.repo, cmd.issue)
+    if intake.same_text((edits.title, edits.body), (cmd.title, cmd.body)):
+        rt.store.ask_confirmation(key, intake_hash(cmd.title, cmd.body), edits.stamp)
     rt.store.event(key, "intake_edited", actor=cmd.actor)
     result = lifecycle.cancel(rt.redis, key, Reason.ISSUE_EDITED, cmd.actor)
     label = repo_config.loop_label(gh.file(cmd.repo, repo_config.CONFIG_PATH), record.kind)

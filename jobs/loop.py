@@ -460,8 +460,12 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
             case transitions.Stop(reason=reason):
                 if reason == Reason.ISSUE_EDITED:
                     # The comment asks a writer to approve the text as it reads now: their
-                    # next label is that confirmation (jobs.dispatch._unconfirmed).
-                    self.store.ask_confirmation(self.key, intake_hash(issue.title, issue.body))
+                    # next label is that confirmation (jobs.dispatch._unconfirmed), bound to
+                    # this very edit.
+                    edits = self.gh.latest_edits(self.repo, self.issue_number)
+                    if intake.same_text((edits.title, edits.body), (issue.title, issue.body)):
+                        digest = intake_hash(issue.title, issue.body)
+                        self.store.ask_confirmation(self.key, digest, edits.stamp)
                     self.gh.upsert_comment(
                         self.repo,
                         self.issue_number,

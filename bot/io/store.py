@@ -235,13 +235,19 @@ class Store:
 
     # -- an edit a writer must confirm (bot/core/rules/intake.py) -----------------------
 
-    def ask_confirmation(self, key: LoopKey, sha256: str) -> None:
-        """A writer was asked to confirm the issue's text as it reads now (its hash)."""
-        self.redis.set(_k("confirm", key), sha256, ex=30 * 86400)
+    def ask_confirmation(self, key: LoopKey, sha256: str, stamp: str) -> None:
+        """A writer was asked to confirm the issue's text as it reads now: its hash, and
+        when its body and title were last edited (a later edit is not confirmed by it)."""
+        value = json.dumps({"sha256": sha256, "stamp": stamp})
+        self.redis.set(_k("confirm", key), value, ex=30 * 86400)
 
-    def confirmation_asked(self, key: LoopKey) -> str | None:
+    def confirmation_asked(self, key: LoopKey) -> tuple[str, str] | None:
         raw = self.redis.get(_k("confirm", key))
-        return None if raw is None else _s(raw)
+        try:
+            asked = json.loads(raw) if raw is not None else None
+            return (str(asked["sha256"]), str(asked["stamp"])) if asked else None
+        except (ValueError, TypeError, KeyError):
+            return None
 
     def clear_confirmation(self, key: LoopKey) -> None:
         self.redis.delete(_k("confirm", key))

@@ -309,9 +309,14 @@ def test_the_graphql_stand_in_is_as_strict_as_github(github: GitHubServer) -> No
             assert r.status_code == 200
             return dict(r.json())
 
-        ok = ask("userContentEdits(last: 1) { nodes { editor { __typename login } } }")
+        # Newest first, as GitHub lists them: the first is the latest edit.
+        ok = ask("userContentEdits(first: 1) { nodes { editor { __typename login } } }")
         edits = ok["data"]["repository"]["issue"]["userContentEdits"]["nodes"]
         assert edits == [{"editor": {"__typename": "User", "login": "reader"}}]
+        last = ask("editor { login } lastEditedAt userContentEdits(last: 1) { nodes { diff } }")
+        issue = last["data"]["repository"]["issue"]
+        assert issue["editor"] == {"login": "reader"} and issue["lastEditedAt"]
+        assert issue["userContentEdits"]["nodes"] == [{"diff": BODY}]  # the original
         both = ask("userContentEdits(first: 10) { totalCount nodes { editor { login } } }")
         assert both["data"]["repository"]["issue"]["userContentEdits"]["totalCount"] == 2
         unpaged = ask("userContentEdits { nodes { editedAt } }")
@@ -334,3 +339,32 @@ def test_the_graphql_stand_in_is_as_strict_as_github(github: GitHubServer) -> No
         headers={"Authorization": f"Bearer {app_jwt}"},
     )
     assert r.status_code == 401
+
+
+def test_a_confirmation_is_of_one_edit_not_of_a_text_put_back(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """Red team: the author's text is held; the writer rejects it by rewriting the body;
+    the author puts the same text back; the writer labels what they take for their own
+    text. The question was about the first edit, not this one: asked again, not started."""
+    sample_repo(github, loop_yml=NO_REVIEW)
+    n = open_as(github, "reader")
+    edit(github, "reader", n, body=INJECTED)
+    label(github, "writer", n)
+    drain()
+    assert Store(redis).get(KEY) is None and len(_confirm_asks(github)) == 1
+    edit(github, "writer", n, body=BODY)  # rejected
+    edit(github, "reader", n, body=INJECTED)  # put back, the same text
+    time.sleep(1.1)
+    label(github, "writer", n)
+    drain()
+    assert Store(redis).get(KEY) is None and model.requests == []
+    kinds = [e["kind"] for e in Store(redis).events(KEY)]
+    assert kinds.count("intake_unconfirmed") == 2 and "intake_confirmed" not in kinds
+    # Read and confirmed this time: it starts on the text as it reads now.
+    time.sleep(1.1)
+    model.play(FIX, m.text("Fixed."))
+    label(github, "writer", n)
+    drain()
+    r = record(redis)
+    assert r.approved_body == INJECTED and r.approved_by == "writer"

@@ -54,18 +54,36 @@ def reapproved_comment(actor: str) -> str:
 # (or restarting) again: that second approval is of the text the first one asked about.
 
 
-def needs_confirmation(untrusted_editor: str | None, asked: str | None, sha256: str) -> bool:
+def same_text(a: tuple[str, str | None], b: tuple[str, str | None]) -> bool:
+    """Whether two reads of an issue's (title, body) say the same, line endings aside."""
+
+    def norm(t: tuple[str, str | None]) -> tuple[str, str]:
+        return t[0].replace("\r\n", "\n"), (t[1] or "").replace("\r\n", "\n")
+
+    return norm(a) == norm(b)
+
+
+def needs_confirmation(
+    untrusted_editor: str | None, asked: tuple[str, str] | None, sha256: str, stamp: str
+) -> bool:
     """Whether to ask a writer to confirm instead of starting: the latest edit is by
     someone who cannot write (``untrusted_editor``), and no writer has been asked about
-    exactly this text before (``asked``: the hash of the text a writer was asked about)."""
-    return untrusted_editor is not None and asked != sha256
+    exactly this text at exactly this edit (``asked``: the hash and edit stamp a writer
+    was asked about). The stamp binds the question to the edit: text put back after a
+    writer rewrote it is a new edit, asked about again."""
+    return untrusted_editor is not None and asked != (sha256, stamp)
 
 
-def confirm_comment(editor: str, how: str) -> str:
-    who = f"@{editor}" if editor else "an account since deleted"
+def confirm_comment(editor: str | None, how: str) -> str:
+    """``editor``: who made the edit (``""`` an account since deleted; None: the issue
+    changed while loopbot read it, so its latest editor is not known)."""
+    if editor is None:
+        why = "the issue changed while loopbot read it, so who made its latest edit is not known"
+    else:
+        who = f"@{editor}" if editor else "an account since deleted"
+        why = f"the issue's latest edit was made by {who}, who has no write access"
     return (
-        f"**loopbot did not start:** the issue's latest edit was made by {who}, who has no "
-        "write access, and a label approves the text as it reads now. A maintainer who has "
-        f"read the title and body as they are now can confirm them by {how}; an edit after "
-        "that asks again."
+        f"**loopbot did not start:** {why}, and a label approves the text as it reads now. "
+        "A maintainer who has read the title and body as they are now can confirm them by "
+        f"{how}; an edit after that asks again."
     )

@@ -228,13 +228,20 @@ def convert_manifest_code(api_url: str, code: str, timeout: float = 30.0) -> dic
             raise GitHubError(f"no answer from GitHub: {exc}") from None
 
 
-# The latest edit of an issue's body and its latest retitling, with who made them.
+# The issue's text and who last changed it: the body's last editor (``editor``, with
+# ``lastEditedAt``: no question of how ``userContentEdits`` is ordered) and its latest
+# retitling (rename events are in time order: ``last: 1`` is the newest).
 EDITORS_QUERY = """
 query($owner: String!, $name: String!, $number: Int!) {
   repository(owner: $owner, name: $name) {
     issue(number: $number) {
-      userContentEdits(last: 1) { nodes { editedAt editor { __typename login } } }
+      title
+      body
+      lastEditedAt
+      editor { __typename login }
+      userContentEdits(first: 1) { totalCount }
       timelineItems(last: 1, itemTypes: [RENAMED_TITLE_EVENT]) {
+        totalCount
         nodes { ... on RenamedTitleEvent { createdAt actor { __typename login } } }
       }
     }
@@ -245,11 +252,31 @@ query($owner: String!, $name: String!, $number: Int!) {
 
 @dataclass(frozen=True)
 class Editor:
-    """Who made an issue's latest edit of one kind (``what``: body or title)."""
+    """Who made an issue's latest edit of one kind (``what``: body or title), and when."""
 
     what: str
     login: str  # "" for an account since deleted
     bot: bool  # an App: GraphQL names it by its slug, without "[bot]"
+    at: str = ""  # when, to the second
+    count: int = 0  # how many such edits there have been: two in one second differ
+
+
+@dataclass(frozen=True)
+class IssueEdits:
+    """The issue's text as GraphQL read it, with its latest editors (none: never edited)."""
+
+    title: str
+    body: str
+    editors: tuple[Editor, ...]
+
+    @property
+    def stamp(self) -> str:
+        """When the body and the title were last changed: a later edit changes it."""
+        return "|".join(f"{e.what}@{e.at}#{e.count}" for e in self.editors)
+
+
+def _editor(what: str, who: dict[str, Any], at: str, count: int) -> Editor:
+    return Editor(what, str(who.get("login") or ""), who.get("__typename") == "Bot", at, count)
 
 
 def _split(repo: str) -> tuple[str, str]:
@@ -507,10 +534,10 @@ class Installation:
     def can_write(self, repo: str, user: str) -> bool:
         return self.permission(repo, user) in WRITE_PERMISSIONS
 
-    def last_editors(self, repo: str, number: int) -> list[Editor]:
-        """Who last edited the issue's body and who last retitled it (GraphQL: REST does
-        not say who edited an issue). Each is left out when it never happened; an account
-        since deleted has an empty login."""
+    def latest_edits(self, repo: str, number: int) -> IssueEdits:
+        """The issue's title and body, who last edited the body and who last retitled it,
+        in one read (GraphQL: REST does not say who edited an issue). An edit that never
+        happened is left out; an account since deleted has an empty login."""
         owner, name = _split(repo)
         data = self._call(
             lambda gh: gh.graphql.request(
@@ -519,21 +546,17 @@ class Installation:
         )
         issue = ((data or {}).get("repository") or {}).get("issue") or {}
         found: list[Editor] = []
-        for what, conn, actor in (
-            ("body", "userContentEdits", "editor"),
-            ("title", "timelineItems", "actor"),
-        ):
-            nodes = (issue.get(conn) or {}).get("nodes") or []
-            if nodes and nodes[-1] is not None:
-                who = nodes[-1].get(actor) or {}
-                found.append(
-                    Editor(
-                        what=what,
-                        login=str(who.get("login") or ""),
-                        bot=who.get("__typename") == "Bot",
-                    )
-                )
-        return found
+        if issue.get("lastEditedAt"):
+            who = issue.get("editor") or {}
+            count = int((issue.get("userContentEdits") or {}).get("totalCount") or 0)
+            found.append(_editor("body", who, str(issue["lastEditedAt"]), count))
+        timeline = issue.get("timelineItems") or {}
+        renames = timeline.get("nodes") or []
+        if renames and renames[-1] is not None:
+            who = renames[-1].get("actor") or {}
+            at = str(renames[-1].get("createdAt") or "")
+            found.append(_editor("title", who, at, int(timeline.get("totalCount") or 0)))
+        return IssueEdits(str(issue.get("title") or ""), str(issue.get("body") or ""), tuple(found))
 
     def repositories(self) -> list[str]:
         return [

@@ -211,6 +211,8 @@ def _issue(state: State, repo: Repo, number: int) -> Json:
 
 
 def _edits(state: State, edits: list[Json], first: int | None, last: int | None) -> Json:
+    # Newest first, as GitHub lists a comment's edits (``first: 1`` is the latest; the
+    # original version, by its author, comes last).
     nodes = [
         {
             "editedAt": e["at"],
@@ -218,7 +220,7 @@ def _edits(state: State, edits: list[Json], first: int | None, last: int | None)
             "editor": _actor(state, e["editor"], e["type"]),
             "diff": e.get("text") or e.get("before") or "",
         }
-        for e in edits
+        for e in reversed(edits)
     ]
     return {"nodes": _page(nodes, first, last, "userContentEdits"), "totalCount": len(nodes)}
 
