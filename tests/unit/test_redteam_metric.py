@@ -3,6 +3,8 @@ number must never be read from, when a label must not switch a loop's kind."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bot.core.record import LoopRecord
@@ -133,60 +135,107 @@ def test_a_recursive_makefile_stops() -> None:
     ]
 
 
+def protected(command: str, guard: str, tracked: list[str], files: dict[str, str]) -> Any:
+    """Which of ``probe`` paths the scope ``**`` leaves to the agent."""
+    named = rules.protected_paths(command, guard, tracked, files.get)
+    return lambda *probe: [p for p in probe if rules.in_scope(p, ("**",), named)]
+
+
+TREE = [
+    *TRACKED,
+    "Makefile",
+    "conftest.py",
+    "pytest.ini",
+    "pyproject.toml",
+    "src/a_test.go",
+    "web/app.test.ts",
+    "web/app.ts",
+    "src/conftest.py",
+    "docs/testing.md",
+    "latest/notes.md",
+]
+
+
 def test_without_a_test_of_its_own_the_guard_protects_tests_and_runner_config() -> None:
-    tracked = [
-        *TRACKED,
-        "Makefile",
-        "conftest.py",
-        "pytest.ini",
-        "pyproject.toml",
-        "src/a_test.go",
-        "web/app.test.ts",
-        "web/app.ts",
-        "src/conftest.py",
-        "docs/testing.md",
-    ]
-    # `make lint` runs `ruff check src`: no test of its own, so every test is the guard's.
-    by_make = rules.protected_paths("python3 metric.py", "make lint", tracked, read)
-    assert by_make == [
-        "Makefile",
-        "conftest.py",
-        "metric.py",
-        "pyproject.toml",
-        "pytest.ini",
-        "spec",
-        "src/a_test.go",
-        "src/conftest.py",
-        "tests",
-        "web/app.test.ts",
-    ]
-    assert rules.in_scope("web/app.ts", ("**",), by_make)
-    assert rules.in_scope("docs/testing.md", ("**",), by_make)
-    # `make check` reaches tests/test_a.py through its recipe: those tests, what the
-    # recipe runs, and the runner-only config and conftest files (they change any run).
-    assert rules.protected_paths("python3 metric.py", "make check", tracked, read) == [
-        "Makefile",
-        "bench/run.py",
-        "conftest.py",
-        "metric.py",
-        "pyproject.toml",  # pytest may read its options there
-        "pytest.ini",
-        "src/conftest.py",
-        "tests/test_a.py",
-    ]
-    named = rules.protected_paths("python3 metric.py", "pytest tests/test_a.py", tracked)
-    # pyproject.toml can hold pytest's options ([tool.pytest.ini_options] addopts with a
-    # --deselect): a guard that runs pytest protects it too.
-    assert named == [
-        "Makefile",
-        "conftest.py",
-        "metric.py",
-        "pyproject.toml",
-        "pytest.ini",
-        "src/conftest.py",
-        "tests/test_a.py",
-    ]
-    # A guard that runs no test runner leaves the shared config to the scope.
-    assert "pyproject.toml" not in rules.protected_paths(
-        "python3 metric.py", "python3 bench/run.py --check", tracked
+    # `make lint` runs `ruff check src`: no test of its own, so every test is the guard's,
+    # new ones included, and the config a runner reads.
+    editable = protected("python3 metric.py", "make lint", TREE, FILES)
+    assert (
+        editable(
+            "spec/a_spec.rb",
+            "src/a_test.go",
+            "web/app.test.ts",
+            "tests/new_test_b.py",
+            "Tests/FooTests/FooTests.swift",
+            "Lib.Tests/FooTests.cs",
+            "app/tests.py",
+            "conftest.py",
+            "pkg/conftest.py",  # a new one
+            "pyproject.toml",
+            "metric.py",
+        )
+        == []
     )
+    assert editable("web/app.ts", "docs/testing.md", "latest/notes.md", "src/a.py") == [
+        "web/app.ts",
+        "docs/testing.md",
+        "latest/notes.md",
+        "src/a.py",
+    ]
+
+
+def test_a_guard_that_names_its_tests_protects_those_and_what_configures_any_run() -> None:
+    # `make check` reaches tests/test_a.py through its recipe and runs pytest.
+    editable = protected("python3 metric.py", "make check", TREE, FILES)
+    assert editable("tests/test_a.py", "bench/run.py", "conftest.py", "pyproject.toml") == []
+    assert editable("spec/a_spec.rb", "web/app.test.ts") == ["spec/a_spec.rb", "web/app.test.ts"]
+    # A guard that runs its test with no test runner leaves the shared config to the scope.
+    editable = protected("python3 metric.py", "python3 tests/test_a.py", TREE, FILES)
+    assert editable("pyproject.toml") == ["pyproject.toml"]
+    # A script that names no test (what it runs is not known): every test is the guard's.
+    editable = protected("python3 metric.py", "python3 bench/run.py --check", TREE, FILES)
+    assert editable("pyproject.toml", "spec/a_spec.rb") == []
+    assert editable("conftest.py", "pkg/pytest.ini") == []  # runner config: always the guard's
+
+
+SCRIPTS = {
+    "run_tests.sh": "#!/bin/sh\nset -e\npytest tests/\n",
+    "bench/Makefile": "run:\n\tpython3 run.py\n",
+    "Makefile": "bench:\n\t$(MAKE) -C bench run\n",
+    "web/package.json": '{"scripts": {"bench": "node bench.js"}}',
+    "tox.ini": "[tox]\nenvlist = bench\n\n[testenv:bench]\ncommands =\n    python bench/run.py\n",
+}
+REPO = [
+    "bench/run.py",
+    "bench/Makefile",
+    "Makefile",
+    "run_tests.sh",
+    "tests/test_a.py",
+    "web/package.json",
+    "web/bench.js",
+    "tox.ini",
+    "bench/run.ts",
+    "manage.py",
+    "app/tests.py",
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "guard", "kept"),  # kept from the agent
+    [
+        ("make bench", "pytest tests/", "bench/run.py"),  # $(MAKE) -C in a recipe
+        ("make --directory=bench run", "pytest tests/", "bench/run.py"),
+        ("npm --prefix web run bench", "pytest tests/", "web/bench.js"),
+        ("deno run -A bench/run.ts", "pytest tests/", "bench/run.ts"),
+        ("node -r ts-node/register bench/run.ts", "pytest tests/", "bench/run.ts"),
+        ("hyperfine --runs 3 'python3 bench/run.py'", "pytest tests/", "bench/run.py"),
+        ("tox -e bench", "pytest tests/", "bench/run.py"),
+        ("pushd bench && python3 run.py", "pytest tests/", "bench/run.py"),
+        ("time nice -n 5 timeout 60 python3 bench/run.py", "pytest tests/", "bench/run.py"),
+        # A script guard that runs the tests: the tests stay the guard's.
+        ("python3 bench/run.py", "./run_tests.sh", "tests/test_a.py"),
+        ("python3 bench/run.py", "python manage.py test", "app/tests.py"),
+    ],
+)
+def test_the_red_teams_escapes_are_closed(command: str, guard: str, kept: str) -> None:
+    assert protected(command, guard, REPO, SCRIPTS)(kept) == []

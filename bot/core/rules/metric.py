@@ -124,8 +124,11 @@ def in_scope(path: str, globs: Iterable[str], named: Iterable[str] = ()) -> bool
     """Whether the agent may change ``path``. The results file is the harness's, and
     what the metric and guard commands name (``named_paths``) is the measurement's:
     never in scope whatever the globs say."""
-    if any(path == n or path.startswith(n + "/") for n in (TSV_NAME, *named)):
-        return False
+    for n in (TSV_NAME, *named):
+        if n.startswith(":") and _RULES.get(n, _never)(path):
+            return False  # a rule: any path of its kind, tracked or new (see RULES)
+        if path == n or path.startswith(n + "/"):
+            return False
     return any(_glob(g).fullmatch(path) for g in globs)
 
 
@@ -146,6 +149,10 @@ _MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 _INTERPRETERS = re.compile(
     r"(?:python[\d.]*|pypy[\d.]*|node|nodejs|deno|bun|tsx|ts-node|bash|sh|zsh|dash|ruby|perl"
     r"|php|Rscript|lua|julia)"
+)
+# Interpreter options that take the next word as their value (not the script).
+_VALUED = frozenset(
+    {"-W", "-X", "-r", "--require", "--import", "--loader", "--experimental-loader"}
 )
 # Test runners: every path they are given is a test the guard (or the metric) is made of.
 _RUNNERS = ("pytest", "py.test", "unittest", "nose2", "jest", "vitest", "mocha", "rspec")
@@ -182,8 +189,12 @@ def _script_words(words: list[str]) -> list[str]:
         if not _INTERPRETERS.fullmatch(name):
             continue
         rest = words[i + 1 :]
+        if name in ("deno", "bun") and rest[:1] in (["run"], ["test"], ["bench"]):
+            rest = rest[1:]  # deno run -A x.ts, bun run x.ts
         j = 0
         while j < len(rest) and rest[j].startswith("-"):
+            if rest[j] in ("-e", "--eval", "-p", "--print"):  # node's inline code
+                return out
             if rest[j] == "-c":  # inline code: no script file
                 return out
             if rest[j] == "-m" and j + 1 < len(rest):
@@ -191,7 +202,7 @@ def _script_words(words: list[str]) -> list[str]:
                 if module in _RUNNERS:
                     return out + [w for w in rest[j + 2 :] if not w.startswith("-")]
                 return [*out, module]
-            j += 2 if rest[j] in ("-W", "-X") else 1
+            j += 2 if rest[j] in _VALUED else 1
         return out + rest[j : j + 1]
     return out
 
@@ -243,13 +254,13 @@ def followed(
     def follow(command: str, cwd: str, depth: int) -> None:
         if depth > _DEPTH:
             return
+        command = command.replace("$(MAKE)", "make").replace("${MAKE}", "make")
         for words in _words(command):
-            while words and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):
-                words = words[1:]  # FOO=1 python3 bench.py
+            words = _unwrapped(words)  # FOO=1, env, time, nice, timeout 60, exec...
             if not words:
                 continue
             program = words[0].rsplit("/", 1)[-1]
-            if program == "cd" and len(words) > 1:
+            if program in ("cd", "pushd") and len(words) > 1:
                 cwd = _join(cwd, words[1])  # for the rest of the line: cd x && pytest
                 continue
             if program in _SHELLS and (code := _inline_code(words)) is not None:
@@ -261,12 +272,25 @@ def followed(
             if program in _NPMS and len(words) > 1:
                 _npm(words[1:], cwd, depth)
                 continue
+            if program == "hyperfine":  # its arguments are commands
+                for arg in words[1:]:
+                    if not arg.startswith("-"):
+                        follow(arg, cwd, depth + 1)
+                continue
             if program in ("tox", "nox"):
                 for config in ("tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py"):
-                    add(_join(cwd, config))
+                    if add(_join(cwd, config)) and config == "tox.ini" and read is not None:
+                        for line in tox_commands(read(_join(cwd, config)) or ""):
+                            follow(line, cwd, depth + 1)
+                runners.add(program)
                 continue
             if any(w.rsplit("/", 1)[-1] in _RUNNERS for w in words):
                 runners.add(program)
+            script = _join(cwd, words[0].removeprefix("./"))
+            if script.endswith(".sh") and add(script) and read is not None:
+                for line in (read(script) or "").splitlines():  # a shell script's commands
+                    if line.strip() and not line.lstrip().startswith("#"):
+                        follow(line, cwd, depth + 1)
             for word in _script_words(words):
                 word = word.partition("::")[0].removeprefix("./").rstrip("/")
                 candidates = [_join(cwd, word)]
@@ -282,6 +306,9 @@ def followed(
             a = args[i]
             if a in ("-C", "--directory") and i + 1 < len(args):
                 where, i = _join(cwd, args[i + 1]), i + 2
+                continue
+            if a.startswith("--directory=") or (a.startswith("-C") and len(a) > 2):
+                where, i = _join(cwd, a.split("=", 1)[1] if "=" in a else a[2:]), i + 1
                 continue
             if a in ("-f", "--file", "--makefile") and i + 1 < len(args):
                 makefile, i = args[i + 1], i + 2
@@ -300,6 +327,19 @@ def followed(
                 return
 
     def _npm(args: list[str], cwd: str, depth: int) -> None:
+        rest: list[str] = []
+        i = 0
+        while i < len(args):  # where the package is: npm --prefix, yarn --cwd, pnpm -C
+            a = args[i]
+            if a in ("--prefix", "--cwd", "-C", "--dir") and i + 1 < len(args):
+                cwd, i = _join(cwd, args[i + 1]), i + 2
+                continue
+            if a.split("=", 1)[0] in ("--prefix", "--cwd", "--dir") and "=" in a:
+                cwd, i = _join(cwd, a.split("=", 1)[1]), i + 1
+                continue
+            rest.append(a)
+            i += 1
+        args = [a for a in rest if not a.startswith("-")] or ["test"]
         path = _join(cwd, "package.json")
         if not add(path):
             return
@@ -318,6 +358,52 @@ def followed(
     for command in commands:
         follow(command, "", 0)
     return sorted(found), bool(runners)
+
+
+_WRAPPERS = frozenset({"env", "time", "nice", "nohup", "exec", "command", "stdbuf", "ionice"})
+
+
+def _unwrapped(words: list[str]) -> list[str]:
+    """The command a wrapper runs: ``FOO=1 x``, ``env A=1 x``, ``time x``, ``nice -n 5 x``,
+    ``timeout 60 x`` are all ``x``."""
+    while words:
+        first = words[0].rsplit("/", 1)[-1]
+        if re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):
+            words = words[1:]
+        elif first in _WRAPPERS:
+            words = words[1:]
+            while words and words[0].startswith("-"):
+                words = words[2:] if words[0] in ("-n", "-c", "-o", "-e", "-i") else words[1:]
+        elif first == "timeout" and len(words) > 2:
+            rest = [w for w in words[1:] if not w.startswith("-")]
+            words = rest[1:]  # the duration, then the command
+        else:
+            return words
+    return words
+
+
+def tox_commands(text: str) -> list[str]:
+    """The ``commands`` of every ``[testenv…]`` section of a tox.ini (continuation lines
+    included), as shell lines."""
+    out: list[str] = []
+    section, in_commands = "", False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("["):
+            section, in_commands = stripped, False
+            continue
+        if not section.startswith("[testenv"):
+            continue
+        if re.match(r"commands\s*=", stripped):
+            in_commands = True
+            first = stripped.split("=", 1)[1].strip()
+            if first:
+                out.append(first)
+        elif in_commands and line[:1] in (" ", "\t") and stripped:
+            out.append(stripped)
+        elif stripped:
+            in_commands = False
+    return out
 
 
 OUTSIDE = "\0outside"  # a directory outside the repository: nothing there is tracked
@@ -398,11 +484,17 @@ def make_recipes(text: str, targets: Sequence[str]) -> list[str]:
 
 # What a guard that names no tests is assumed to run: the tests where test runners look
 # for them, and what configures those runners. Out of scope then, changes to them are
-# discarded unmeasured: a change that weakens a test cannot pass the guard by it.
-TEST_DIRS = frozenset({"test", "tests", "spec", "specs", "__tests__", "testing"})
+# discarded unmeasured: a change that weakens a test cannot pass the guard by it. These
+# are rules on any path, tracked or new (a conftest.py the agent adds is one too).
+TEST_DIRS = frozenset(
+    {"test", "tests", "spec", "specs", "__tests__", "testing", "e2e", "it", "cypress"}
+)
+# FooTests (Swift), Lib.Tests (.NET), unit_tests, integration-tests; not "latest".
+_TEST_DIR = re.compile(r".+(?:Tests?|[._-][Tt]ests?)")
 _TEST_FILE = re.compile(
-    r"(?:^|/)(?:test_[^/]*\.py|[^/]*_test\.(?:py|go|rb)|[^/]*\.(?:test|spec)\.[cm]?[jt]sx?"
-    r"|conftest\.py)$"
+    r"(?:^|/)(?:test_[^/]*\.py|tests\.py|[^/]*_test\.(?:py|go|rb|rs|exs?)"
+    r"|[^/]*_spec\.(?:rb|[cm]?[jt]sx?)|[^/]*\.(?:test|spec|cy)\.[cm]?[jt]sx?"
+    r"|[^/]*Tests?\.(?:java|kt|swift|cs|scala)|conftest\.py)$"
 )
 # Files that only configure test runners: always the guard's.
 RUNNER_CONFIG = frozenset(
@@ -411,58 +503,63 @@ RUNNER_CONFIG = frozenset(
         "jest.config.ts", "jest.config.mjs", "jest.config.cjs", "vitest.config.ts",
         "vitest.config.js", "vitest.config.mjs", ".mocharc.js", ".mocharc.json",
         ".mocharc.yml", ".mocharc.yaml", "karma.conf.js", ".rspec", "phpunit.xml",
+        "cypress.config.js", "cypress.config.ts", "playwright.config.ts",
     }
 )  # fmt: skip
 # Files that may configure a test runner among other things: the guard's too when it
-# names no test of its own (then what they say decides what it runs).
+# runs one, or names no test of its own (then what they say decides what it runs).
 SHARED_CONFIG = frozenset(
     {"setup.cfg", "pyproject.toml", "package.json", "Makefile", "makefile", "GNUmakefile"}
 )
-_BUILD_FILES = frozenset({*_MAKEFILES, "package.json", "tox.ini", "noxfile.py", "setup.cfg"})
 
 
-def default_protected(tracked: Iterable[str], *, tests: bool = True) -> list[str]:
-    """The test-runner config and conftest files of a tree (they change what any test
-    run does), and with ``tests`` its test folders and test files: what a guard that
-    names no tests (``make test``, ``npm test``, a bare ``pytest``) runs. Sorted."""
-    out: set[str] = set()
-    for path in tracked:
-        parts = path.split("/")
-        if parts[-1] in RUNNER_CONFIG or (tests and parts[-1] in SHARED_CONFIG):
-            out.add(path)
-            continue
-        if not tests:
-            continue
-        for i, part in enumerate(parts[:-1]):
-            if part in TEST_DIRS:
-                out.add("/".join(parts[: i + 1]))
-                break
-        else:
-            if _TEST_FILE.search(path):
-                out.add(path)
-    return sorted(out)
+def is_test_path(path: str) -> bool:
+    """A test folder's content or a test file, by the names runners look for."""
+    parts = path.split("/")
+    dirs = parts[:-1]
+    return bool(_TEST_FILE.search(path)) or any(
+        d.lower() in TEST_DIRS or _TEST_DIR.fullmatch(d) is not None for d in dirs
+    )
+
+
+def _never(path: str) -> bool:
+    return False
+
+
+# The rules ``protected_paths`` puts among the named paths (``in_scope`` applies them).
+RUNNER_RULE, SHARED_RULE, TESTS_RULE = ":runner-config", ":shared-config", ":tests"
+_RULES: dict[str, Callable[[str], bool]] = {
+    RUNNER_RULE: lambda p: p.rsplit("/", 1)[-1] in RUNNER_CONFIG,
+    SHARED_RULE: lambda p: p.rsplit("/", 1)[-1] in SHARED_CONFIG,
+    TESTS_RULE: is_test_path,
+}
+RULE_WORDS = {
+    RUNNER_RULE: "test-runner config and conftest files",
+    SHARED_RULE: "config a test runner reads (pyproject.toml, setup.cfg, package.json, "
+    "the Makefile)",
+    TESTS_RULE: "test folders and test files",
+}
 
 
 def protected_paths(
     command: str, guard: str, tracked: Sequence[str], read: Reader | None = None
 ) -> list[str]:
     """What the agent of a metric loop may never change, whatever the scope says: the
-    paths the metric and guard commands name (``named_paths``); the test-runner config
-    and conftest files, which change what any test run does; the shared config a runner
-    also reads (pyproject.toml, setup.cfg, package.json, the Makefile) when the guard runs
-    a test runner; and, when the guard names no test of its own (only a makefile or
-    package.json, or nothing), the test folders and test files it then runs
-    (``default_protected``). Sorted."""
+    paths the metric and guard commands name (``named_paths``), and rules on any path,
+    new ones included: test-runner config and conftest files always (they change what
+    any test run does); the shared config a runner also reads when the guard runs a test
+    runner or names no test of its own; and, when it names no test of its own (only a
+    script, a makefile or package.json, or nothing), test folders and test files.
+    Sorted, the rules (``:...``) first."""
     named = named_paths((command, guard), tracked, read)
     by_guard, runs_tests = followed((guard,), tracked, read)
-    own_tests = [p for p in by_guard if p.rsplit("/", 1)[-1] not in _BUILD_FILES]
-    protected = {*named, *default_protected(tracked, tests=not own_tests)}
-    if runs_tests:
-        # A runner reads its options from shared config too (pyproject.toml's
-        # [tool.pytest.ini_options], package.json's "jest"): a change there could
-        # deselect the very tests the guard names.
-        protected |= {p for p in tracked if p.rsplit("/", 1)[-1] in SHARED_CONFIG}
-    return sorted(protected)
+    own_tests = [p for p in by_guard if is_test_path(p) or p.rsplit("/", 1)[-1] in TEST_DIRS]
+    rules = {RUNNER_RULE}
+    if runs_tests or not own_tests:
+        rules.add(SHARED_RULE)
+    if not own_tests:
+        rules.add(TESTS_RULE)
+    return sorted(rules) + named
 
 
 # -- keep or discard --------------------------------------------------------------------------

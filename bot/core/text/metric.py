@@ -247,7 +247,16 @@ def system(cfg: MetricConfig, guard: str, named: Sequence[str] = ()) -> str:
         "it reverts it. Change only files in the scope ("
         + ", ".join(f"`{g}`" for g in cfg.scope)
         + "); never the files the metric or the guard depends on"
-        + (" (" + ", ".join(f"`{p}`" for p in named[:20]) + ")" if named else "")
+        + (
+            " ("
+            + ", ".join(
+                [rules.RULE_WORDS[p] for p in named if p in rules.RULE_WORDS]
+                + [f"`{p}`" for p in named if not p.startswith(":")][:20]
+            )
+            + ")"
+            if named
+            else ""
+        )
         + f", nor `{rules.TSV_NAME}`. A change "
         "outside the scope is discarded without being measured. Finish each iteration with "
         "one line that describes the change: it becomes the commit subject and the "
