@@ -345,10 +345,15 @@ def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
         return result
     if record.status in (Status.REVIEWING, Status.MERGING):
         # Its pull request is with the critic or the gate, not with a coding worker: a
-        # restart would race that job. Said what is at work, or its lost job revived.
-        alive = lifecycle.stage_job_pending(rt.redis, record)
-        if not alive:
-            lifecycle.revive(rt.store, key)
+        # restart would race that job. Said what is at work, or its lost job revived,
+        # under the lock the reconciler revives with (never mid-merge), on the record as
+        # it is then: a job that just finished has moved the loop on.
+        with rt.store.lock(f"gate:{key}", timeout=120):
+            now = rt.store.get(key)
+            stage = now is not None and now.status is record.status
+            alive = not stage or lifecycle.stage_job_pending(rt.redis, record)
+            if not alive:
+                lifecycle.revive(rt.store, key)
         reply = messages.restart_at_stage(record, cmd.actor, job_alive=alive)
         gh.upsert_comment(cmd.repo, cmd.issue, reply_key, reply)
         return "refused: its stage job is at work" if alive else "stage job queued again"
