@@ -272,7 +272,7 @@ class IssueEdits:
     @property
     def stamp(self) -> str:
         """When the body and the title were last changed: a later edit changes it."""
-        return "|".join(f"{e.what}@{e.at}#{e.count}" for e in self.editors)
+        return "|".join(f"{e.what}@{e.at}+{e.count}" for e in self.editors)
 
 
 def _editor(what: str, who: dict[str, Any], at: str, count: int) -> Editor:
