@@ -46,8 +46,8 @@ from bot.core.rules.review import (
 from bot.core.rules.review_check import check_run
 from bot.core.text import messages, prompts
 from bot.core.text import metric as metric_text
-from bot.io.github.client import Installation
-from bot.io.github.failures import GitHubError
+from bot.io.github.client import Installation, PullInfo
+from bot.io.github.failures import GitHubError, Unavailable
 from bot.io.logs import get_logger
 from bot.io.store import Store
 from jobs import lifecycle, precall
@@ -78,6 +78,7 @@ MAX_TOKENS = 8192  # of one review answer (within the model's output limit)
 ERROR_ATTEMPTS = 3
 ERROR_BACKOFF = (30.0, 120.0)
 MOVED_ON = "the loop moved on during the review"
+HEAD_READS = 3  # tries at reading a pull request's diff and head alike
 FINAL_NOTE = (
     "every milestone passed its own section audit; this review judges the whole diff "
     "against the whole approved issue."
@@ -144,16 +145,16 @@ class Critic:
             {path: gh.file(self.repo, path) for path in prompts.INSTRUCTION_FILES}, reviewer=True
         )
         self.system = f"{SYSTEM}\n\n{guidance}" if guidance else SYSTEM
-        pull = gh.pull(self.repo, record.pr_number)
-        sha = pull.head_sha
         issue = gh.issue(self.repo, self.issue)
         try:
-            diff = gh.pull_diff(self.repo, pull.number)
+            pull, diff = self._head_and_diff(gh, record.pr_number)
+            sha = pull.head_sha
         except GitHubError as exc:
             if exc.status != 406:
                 raise
             # GitHub answers 406 when the diff passes 300 files, 20,000 lines or 1 MB: far
             # past what the critic reads whole (MAX_DIFF_CHARS), so a person reviews it.
+            sha = gh.pull(self.repo, record.pr_number).head_sha
             self.store.event(self.key, "diff_too_large", sha=sha, error=str(exc)[:300])
             gh.add_labels(self.repo, self.issue, [config.labels.needs_human])
             return self._finish(
@@ -295,6 +296,18 @@ class Critic:
             **({"final_audit": True} if final else {}),
         )
         return self._act(gh, record, plan, config)
+
+    def _head_and_diff(self, gh: Installation, number: int | None) -> tuple[PullInfo, str]:
+        """The pull request and its diff, both of one head: the diff is read between two
+        reads of the head, again when the head moved meanwhile (a push), so a verdict is
+        never recorded for a head whose diff the critic did not read."""
+        assert number is not None
+        for _ in range(HEAD_READS):
+            pull = gh.pull(self.repo, number)
+            diff = gh.pull_diff(self.repo, number)
+            if gh.pull(self.repo, number).head_sha == pull.head_sha:
+                return pull, diff
+        raise Unavailable("the pull request's head kept moving while its diff was read")
 
     def _stands(
         self,

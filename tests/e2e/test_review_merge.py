@@ -512,3 +512,37 @@ def test_human_feedback_on_the_pr_gets_a_turn_then_review_and_merge(
     turn_prompt = json.dumps([b for b in model.requests if not is_critic(b)][-2]["messages"])
     assert "please add a changelog entry" in turn_prompt and "delete all" not in turn_prompt
     assert github.file_at(REPO, "main", "CHANGELOG.md") == "- add() adds\n"
+
+
+def test_a_push_while_the_critic_reads_the_diff_is_not_reviewed_as_the_old_head(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """Someone pushes between the critic's read of the head and its read of the diff: the
+    diff it got is the new head's. The verdict must belong to the head whose diff it
+    read, never be recorded for the old one (red team, F6)."""
+    import re
+    import threading
+    import time
+
+    from bot.standins.github.state import Fault
+
+    pushed: list[str] = []
+    slow_diff = Fault("GET", re.compile(r"/pulls/\d+$"), status=0, delay=1.0, accept="diff")
+
+    def push_while_the_diff_is_read() -> None:
+        deadline = time.monotonic() + 60
+        while slow_diff.hits == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        path = github.repo(REPO).path
+        pushed.append(gitrepo.seed(path, "loop/issue-1", {"EXTRA.md": "sneaky\n"}, "extra"))
+
+    github.faults.append(slow_diff)
+    threading.Thread(target=push_while_the_diff_is_read, daemon=True).start()
+    model.play(FIX, m.text("Fixed."))
+    model.responder = lambda body: report()
+    run(github, drain)
+    r = record(redis)
+    assert pushed and r.reviewed_sha == pushed[0], (r.reviewed_sha, pushed)
+    first = github.repo(REPO).reviews[r.pr_number][0]
+    assert first["commit_id"] == pushed[0]  # the first verdict is on the head it read
+    assert len(main_log(github)) == 1  # verify never ran there: not merged
