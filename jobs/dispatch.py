@@ -407,7 +407,13 @@ def _edited(rt: Runtime, gh: Installation, cmd: IssueEdited) -> str:
         return "no loop"
     if intake_hash(cmd.title, cmd.body) == record.approved_sha256:
         return "text unchanged"
-    if not cmd.by_bot and gh.can_write(cmd.repo, cmd.actor):
+    writer = not cmd.by_bot and gh.can_write(cmd.repo, cmd.actor)
+    editor = cmd.actor
+    if writer and (other := _unapproved_other_edit(gh, cmd, record)) is not None:
+        # A writer edited one field; the other differs from the approved text by someone
+        # else's edit (a retitle seconds before): this edit does not approve that one.
+        writer, editor = False, other
+    if writer:
         rt.store.update(key, lambda r: approve(r, cmd.title, cmd.body, cmd.actor))
         rt.store.event(key, "intake_approved", actor=cmd.actor, by="edit")
         # The agent read the old text in its first prompt: its next turn gets the new one.
@@ -433,13 +439,30 @@ def _edited(rt: Runtime, gh: Installation, cmd: IssueEdited) -> str:
     edits = gh.latest_edits(cmd.repo, cmd.issue)
     if intake.same_text((edits.title, edits.body), (cmd.title, cmd.body)):
         rt.store.ask_confirmation(key, intake_hash(cmd.title, cmd.body), edits.stamp)
-    rt.store.event(key, "intake_edited", actor=cmd.actor)
-    result = lifecycle.cancel(rt.redis, key, Reason.ISSUE_EDITED, cmd.actor)
+    rt.store.event(key, "intake_edited", actor=editor)
+    result = lifecycle.cancel(rt.redis, key, Reason.ISSUE_EDITED, editor)
     label = repo_config.loop_label(gh.file(cmd.repo, repo_config.CONFIG_PATH), record.kind)
     gh.upsert_comment(
-        cmd.repo, cmd.issue, intake.COMMENT_KEY, intake.stopped_comment(cmd.actor, label)
+        cmd.repo, cmd.issue, intake.COMMENT_KEY, intake.stopped_comment(editor, label)
     )
     return result
+
+
+def _unapproved_other_edit(gh: Installation, cmd: IssueEdited, record: LoopRecord) -> str | None:
+    """Who (cannot write) last changed a field of the issue that now differs from the
+    approved text, other than through ``cmd``'s writer; None when every differing field's
+    latest editor can write. A writer's body edit must not approve a title someone else
+    changed (nor the other way round)."""
+    edits = gh.latest_edits(cmd.repo, cmd.issue)
+    now = {"title": cmd.title, "body": cmd.body}
+    approved = {"title": record.approved_title, "body": record.approved_body}
+    for editor in edits.editors:
+        if intake.same_text((now[editor.what], ""), (approved[editor.what], "")):
+            continue  # this field reads as approved: nobody's edit of it is at stake
+        untrusted = _untrusted_editor(gh, cmd.repo, IssueEdits("", "", (editor,)))
+        if untrusted is not None:
+            return untrusted
+    return None
 
 
 # -- pull request feedback and checks ---------------------------------------------------------
