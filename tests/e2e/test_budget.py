@@ -450,25 +450,16 @@ def test_the_critic_call_is_held_to_the_budget(
     assert "loop:needs-human" in github.repo(REPO).issues[n].labels
 
 
+@pytest.mark.parametrize(
+    "env_extra", [{"LOOPBOT_STALL_TIMEOUT": "0.3", "LOOPBOT_MODEL_RETRIES": "2"}]
+)
 def test_calls_that_time_out_are_charged_and_cannot_spend_past_the_budget(
-    github: GitHubServer,
-    model: AnthropicServer,
-    web: Web,
-    redis: Redis,
-    env: dict[str, str],
-    drain: Any,
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:
     """Every call stalls past the client's timeout. Each may have reached the API and been
     billed in full, so each is charged at the worst case its pre-check allowed, and the
     pre-check of the next refuses it once that would cross: what the API could have
     billed for every request it received stays within the budget."""
-    from jobs import runtime as runtime_mod
-    from jobs.runtime import Runtime
-
-    settings = load_settings(
-        {**env, "LOOPBOT_STALL_TIMEOUT": "0.3", "LOOPBOT_MODEL_RETRIES": "2"}, role="worker"
-    )
-    runtime_mod.install(Runtime(settings, redis))
     model.responder = lambda body: m.text("too late", delay=1.0)
     n = _start(github, drain, NO_REVIEW.format(max_turns=5, extra="max_cost_usd: 1.2\n"))
     r = Store(redis).get(f"{REPO}#{n}")

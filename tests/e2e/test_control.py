@@ -6,6 +6,7 @@ import json
 import time
 from typing import Any
 
+import pytest
 from redis import Redis
 from rq.job import JobStatus
 
@@ -229,19 +230,13 @@ def test_five_stalls_stop_the_loop(
     assert steps == [f"stall {i}: APITimeoutError" for i in range(1, 6)]
 
 
+@pytest.mark.parametrize("env_extra", [{"LOOPBOT_MODEL_RETRIES": "2"}])
 def test_refused_calls_are_retried_as_the_api_asks_and_cost_nothing(
-    github: GitHubServer,
-    model: AnthropicServer,
-    web: Web,
-    redis: Redis,
-    env: dict[str, str],
-    drain: Any,
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:
     """A 429 and a 529 (the agent retries them itself, the SDK's retries being off so a
     timed-out attempt is never resent unchecked): waited for as ``retry-after`` says,
     then the loop goes on; a refusal is not billed, so only the answered calls count."""
-    settings = load_settings({**env, "LOOPBOT_MODEL_RETRIES": "2"}, role="worker")
-    runtime_mod.install(Runtime(settings, redis))
     model.play(
         m.Fail(429, "slow down", "rate_limit_error", headers={"retry-after": "0"}),
         m.Fail(529, "Overloaded", "overloaded_error", headers={"retry-after": "0"}),
