@@ -18,7 +18,7 @@ import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, assert_never
+from typing import Any, Protocol, assert_never
 
 import anthropic
 
@@ -96,6 +96,17 @@ def with_cache_points(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             marked[-1]["cache_control"] = {"type": "ephemeral"}
             break
     return out
+
+
+class TurnAgent(Protocol):
+    """What the loop needs of an agent backend: loopbot's own (``Agent``) or one that
+    runs in the sandbox (``jobs.claude_code.ClaudeCodeAgent``)."""
+
+    model: str
+    system: str
+    last_model: str | None
+
+    def run_turn(self, messages: list[dict[str, Any]], prompt: str, limits: Limits) -> Outcome: ...
 
 
 def add_user_text(messages: list[dict[str, Any]], text: str) -> None:

@@ -535,7 +535,9 @@ def _dismiss(rt: Runtime, gh: Installation, cmd: DismissFinding) -> str:
     if record is None or problem:
         reply(f"⚠️ @{cmd.actor}: nothing was dismissed: {problem}.")
         return "dismiss refused: " + problem
-    head = gh.pull(cmd.repo, record.pr_number).head_sha if record.pr_number else ""
+    # The head the finding is dismissed on: the pull request's, or before there is one
+    # (a section audit's finding) the last head loopbot pushed.
+    head = gh.pull(cmd.repo, record.pr_number).head_sha if record.pr_number else record.head_sha
     config = rt.config(gh, cmd.repo)
 
     def apply(r: LoopRecord) -> None:
@@ -561,6 +563,8 @@ def _dismiss(rt: Runtime, gh: Installation, cmd: DismissFinding) -> str:
             reviewed_sha=updated.reviewed_sha,
             reviewed_whole=updated.reviewed_whole,
             verdicts=updated.verdicts,
+            section=entry.get("section"),
+            pull=updated.pr_number is not None,
         )
         if then is AfterDismissal.GATE and not config.merge.enabled:
             then = AfterDismissal.NOTHING
@@ -577,7 +581,19 @@ def _dismiss(rt: Runtime, gh: Installation, cmd: DismissFinding) -> str:
             unblocked=then is not AfterDismissal.NOTHING,
             then=then.value,
         )
-        if then is not AfterDismissal.NOTHING:
+        if then is AfterDismissal.RESUME:
+            # The section audit's sev1 that stopped the loop no longer stands: the loop
+            # goes on, and passes the section (its audit judged this head) or audits it
+            # again before coding. It holds a slot again at once: a person asked.
+            Pace(rt.redis).adopt(key, updated.repo)
+            note = (
+                f"@{cmd.actor} dismissed {fid} ({entry['title']}): {cmd.reason}. The "
+                "dismissed finding no longer applies; carry on with the section."
+            )
+            if lifecycle.requeue(rt.store, key, Requeue.DISMISSED, note=note, by=cmd.actor) is None:
+                lifecycle.release(rt.store, key)
+                then = AfterDismissal.NOTHING
+        elif then is not AfterDismissal.NOTHING:
             # To the gate: the critic's verdict on this head stays as it was; the gate
             # reads the dismissal from the finding log and its receipt names the writer who
             # overrode the critic. It still re-reads the issue, the checks and mergeability.
@@ -601,7 +617,12 @@ def _dismiss(rt: Runtime, gh: Installation, cmd: DismissFinding) -> str:
                 lifecycle.release(rt.store, key)  # it did not become active after all
                 then = AfterDismissal.NOTHING
     standing = [str(e["id"]) for e in flog.blocking(updated.finding_log)]
-    if then is AfterDismissal.GATE:
+    if then is AfterDismissal.RESUME:
+        after = (
+            "No sev1 finding of this section stands: the loop goes on (the section passes "
+            "if its last audit judged this head, else it is audited again first)."
+        )
+    elif then is AfterDismissal.GATE:
         after = "No sev1 finding stands on this head: loopbot goes on to the merge gate."
     elif then is AfterDismissal.REVIEW:
         after = (
@@ -616,7 +637,11 @@ def _dismiss(rt: Runtime, gh: Installation, cmd: DismissFinding) -> str:
         f"@{cmd.actor} dismissed **{fid}** ({entry['severity']}, {entry['title']}) on "
         f"{code_span(head[:10] or 'no head')}: {cmd.reason}\n\n{after}"
     )
-    queued = {AfterDismissal.GATE: "; merge gate queued", AfterDismissal.REVIEW: "; review queued"}
+    queued = {
+        AfterDismissal.GATE: "; merge gate queued",
+        AfterDismissal.REVIEW: "; review queued",
+        AfterDismissal.RESUME: "; loop resumed",
+    }
     return f"dismissed {fid}" + queued.get(then, "")
 
 

@@ -190,6 +190,8 @@ def _requeue_event(why: Requeue, record: LoopRecord, by: str) -> tuple[str, dict
             return "loop_resumed", {"reason": "handoff"}
         case Requeue.POST_ACTION:
             return "post_action_queued", {"base": record.post_action.get("base", "")}
+        case Requeue.DISMISSED:
+            return "loop_resumed", {"reason": "dismissed", "actor": by}
         case _:
             assert_never(why)
 

@@ -24,9 +24,10 @@ from bot.io.github.client import IssueInfo
 from bot.io.github.failures import GitHubError, new_error_id, public_error
 from bot.io.logs import get_logger
 from bot.io.store import FencedStore, LeaseLost
-from jobs import evidence, lifecycle, metric_loop, triage
-from jobs.agent import MAX_TOKENS, Agent, Limits, Outcome
+from jobs import evidence, lifecycle, metric_loop, precall, triage
+from jobs.agent import MAX_TOKENS, Agent, Limits, Outcome, TurnAgent
 from jobs.base_verify import BaseVerify
+from jobs.claude_code import ClaudeCodeAgent
 from jobs.drain import DRAIN
 from jobs.handover import Handover
 from jobs.lease import Lease
@@ -36,7 +37,7 @@ from jobs.pull_request import PullRequests
 from jobs.runner import LEASE_LOST, _News
 from jobs.runtime import current, instrumented
 from jobs.sandbox.bwrap import Sandbox, SandboxUnavailable
-from jobs.section_audits import SectionAudits
+from jobs.section_audits import SectionAudits, _AllAudited, _SectionNext, resumed_outcome
 from jobs.tools import ToolBox
 from jobs.worktree import Checkout, GitError, files_at
 
@@ -203,7 +204,44 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
             effort=effort,
             known=spec.known,
         )
-        agent = Agent(
+        agent: TurnAgent
+        if config.agent.backend == "claude-code":  # inside the sandbox: jobs/claude_code.py
+            agent = ClaudeCodeAgent(
+                client=self.rt.model,
+                model=model,
+                spec=spec,
+                effort=effort,
+                max_tokens=_max_tokens(spec),
+                sandbox=sandbox,
+                store=self.store,
+                key=self.key,
+                guard=self._gateway_guard,
+                verify=config.verify,
+                network=bool(config.sandbox.network),
+                cancelled=self._cancelled,
+                draining=DRAIN.is_set,
+                on_event=lambda kind, data: self.store.event(self.key, kind, **data),
+                on_step=lambda n, what: self.store.event(self.key, "step", step=n, tool=what),
+            )
+        else:
+            agent = self._builtin_agent(model, spec, effort, sandbox, checkout)
+        if self.guidance:
+            agent.system += "\n\n" + self.guidance
+        # The stored conversation's thinking blocks are tied to the model that wrote them.
+        agent.last_model = record.conversation_model or None
+        if record.kind == "metric":  # a metric loop (labels.optimize): jobs/metric_loop.py
+            return metric_loop.run(self, agent, base)
+        return self._turns(agent, base)
+
+    def _gateway_guard(self, request: dict[str, Any]) -> budget.Call:
+        """The budget check the model gateway makes before each of the backend's calls."""
+        return precall.guard(self.rt.model, request, self._record(), self.rt.settings)
+
+    def _builtin_agent(
+        self, model: str, spec: ModelSpec, effort: str | None, sandbox: Sandbox, checkout: Checkout
+    ) -> Agent:
+        config = self.config
+        return Agent(
             self.rt.model,
             model,
             ToolBox(checkout.path, sandbox),
@@ -222,13 +260,6 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
             params_for=self._params_for(effort),
             max_tokens=_max_tokens(spec),
         )
-        if self.guidance:
-            agent.system += "\n\n" + self.guidance
-        # The stored conversation's thinking blocks are tied to the model that wrote them.
-        agent.last_model = record.conversation_model or None
-        if record.kind == "metric":  # a metric loop (labels.optimize): jobs/metric_loop.py
-            return metric_loop.run(self, agent, base)
-        return self._turns(agent, base)
 
     def _window_of(self, model: str) -> int:
         """A model's context window (the agent's fallback model's, when it is called)."""
@@ -248,7 +279,7 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
 
         return params
 
-    def _turns(self, agent: Agent, base: str) -> str:
+    def _turns(self, agent: TurnAgent, base: str) -> str:
         if self._record().post_action.get("status") == "pending":  # after the final audit
             if not self.store.feedback_waiting(self.key):
                 return self._post_action(agent, base)
@@ -257,6 +288,18 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
             self._post_action_feedback(deferred=True)
         conversation = self.store.conversation(self.key)
         failure = self._record().resume_note if conversation else ""
+        if conversation:  # resumed: a verified head may want its section audit first
+            match self._resumed_sections(conversation):
+                case str() as stopped:
+                    return stopped
+                case _AllAudited():
+                    return self._open_pull(base, resumed_outcome(conversation))
+                case _SectionNext(note=first_note):
+                    failure = first_note
+                    self._status_comment()
+                case None:
+                    if standing := self._standing_note(reserve=len(failure) + 2):
+                        failure = f"{failure}\n\n{standing}" if failure else standing
         while True:
             if self.lease.lost.is_set():
                 return LEASE_LOST
@@ -337,6 +380,13 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
             cut = transitions.cut_short(outcome.end)
             if cut is not None and outcome.end == "resource_limit":
                 return self._over_limit(outcome.detail)
+            if cut is not None and outcome.end == "cancelled":
+                # A person asked to stop: nothing more reaches GitHub. What the turn did is
+                # committed here only; a restart on this worker goes on from it.
+                kept = self.worktrees.commit_all(self.checkout, f"loop(turn-{turn}): cancelled")
+                if kept is not None:
+                    self.store.event(self.key, "cancelled_unpushed", turn=turn, sha=kept)
+                return self._stop(cut, outcome.detail)
             if cut is not None:
                 self._commit_and_push(turn, outcome)  # keep what the turn did
                 self._refresh_pull(outcome)
@@ -405,7 +455,7 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
                     audited = self._section_audit(head)  # milestones: audit before going on
                     if isinstance(audited, str):
                         return audited
-                    if audited is None:
+                    if isinstance(audited, _AllAudited):
                         return self._open_pull(base, outcome)
                     failure = audited.note
                     self._status_comment()

@@ -41,7 +41,7 @@ from bot.core.rules import turns as transitions
 from bot.core.text import metric as text
 from bot.core.text import prompts
 from bot.core.text.defuse import one_line
-from jobs.agent import MAX_TOKENS, Agent, Limits, Outcome
+from jobs.agent import MAX_TOKENS, Limits, Outcome, TurnAgent
 from jobs.drain import DRAIN
 from jobs.runner import LEASE_LOST, RunnerBase
 from jobs.sandbox import safefs
@@ -51,13 +51,13 @@ TAIL_CHARS = 2000  # of a command's output, in events and the preconditions comm
 NORMAL_ENDS = ("finished", "text_only", "shutdown")
 
 
-def run(runner: RunnerBase, agent: Agent, base: str) -> str:
+def run(runner: RunnerBase, agent: TurnAgent, base: str) -> str:
     """The metric loop on ``runner``'s prepared worktree; returns the job's result."""
     return _MetricLoop(runner, agent, base).run()
 
 
 class _MetricLoop:
-    def __init__(self, runner: RunnerBase, agent: Agent, base: str) -> None:
+    def __init__(self, runner: RunnerBase, agent: TurnAgent, base: str) -> None:
         self.r = runner
         self.agent = agent
         self.base = base

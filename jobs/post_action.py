@@ -11,7 +11,7 @@ from bot.core.rules.merge import protected_changes
 from bot.core.text import prompts
 from bot.core.text.defuse import one_line
 from bot.io.logs import get_logger
-from jobs.agent import MAX_TOKENS, Agent, Limits
+from jobs.agent import MAX_TOKENS, Limits, TurnAgent
 from jobs.runner import LEASE_LOST, RunnerBase, _count_turn
 
 log = get_logger("loopbot.loop")
@@ -33,7 +33,7 @@ class PostAction(RunnerBase):
             **({"post_action": {}} if deferred else {}),
         )
 
-    def _post_action(self, agent: Agent, base: str) -> str:
+    def _post_action(self, agent: TurnAgent, base: str) -> str:
         """``post_action.prompt``: one best-effort turn after a clean final audit, on the
         approved head. Committed as ``loop(post-action): …`` and pushed only when verify
         passes on it and it touches no protected path and stays small; otherwise dropped

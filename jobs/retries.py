@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import anthropic
 
@@ -14,26 +15,35 @@ from bot.io.store import Store
 
 log = get_logger("loopbot.retries")
 
+T = TypeVar("T")
+
 
 def with_retries(
-    run_once: Callable[[], str],
-    give_up: Callable[[str, int], str],
+    run_once: Callable[[], T],
+    give_up: Callable[[str, int], T],
     *,
     kind: str,
     key: str,
     store: Store,
     attempts: int,
     backoff: tuple[float, ...],
-) -> str:
-    """Run one critic or gate pass; retry what ``transient`` says may pass, with pauses.
+    fatal: tuple[type[BaseException], ...] = (),
+    pause: Callable[[float], object] = time.sleep,
+) -> T:
+    """Run one critic or gate pass (or a section audit); retry what ``transient`` says may
+    pass, with pauses (``pause``: how to wait, ``time.sleep`` unless the caller can be
+    woken, as a draining loop can).
 
     Every failure goes whole to the log and the event stream (``{kind}_error``, with an
     error id). When it is final, ``give_up`` gets only a short public reason with that
-    id, which is what GitHub shows: no paths, tokens or exception messages.
+    id, which is what GitHub shows: no paths, tokens or exception messages. ``fatal``
+    errors pass through untouched (a lost lease: nothing more may be written).
     """
     for attempt in range(attempts):
         try:
             return run_once()
+        except fatal:
+            raise
         except Exception as exc:
             error_id = new_error_id()
             error = f"{type(exc).__name__}: {exc}"[:300]
@@ -56,7 +66,7 @@ def with_retries(
             )
             if not again:
                 return give_up(public_error(exc, error_id), attempt + 1)
-            time.sleep(backoff[min(attempt, len(backoff) - 1)])
+            pause(backoff[min(attempt, len(backoff) - 1)])
     raise AssertionError("unreachable")
 
 

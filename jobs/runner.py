@@ -25,7 +25,7 @@ from bot.io.github.client import Installation, IssueInfo
 from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
 from jobs import lifecycle
-from jobs.agent import Agent, Outcome
+from jobs.agent import Outcome, TurnAgent
 from jobs.lease import Lease
 from jobs.runtime import Runtime
 from jobs.sandbox.bwrap import Sandbox
@@ -281,7 +281,7 @@ class RunnerBase(ABC):
     # -- what the parts implement (jobs/loop.py and the modules beside it) ---------------
 
     @abstractmethod
-    def _turns(self, agent: Agent, base: str) -> str: ...
+    def _turns(self, agent: TurnAgent, base: str) -> str: ...
 
     @abstractmethod
     def _prepared(

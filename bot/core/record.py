@@ -199,12 +199,14 @@ class LoopRecord(BaseModel):
     # -- end triage -----------------------------------------------------------------------
     # -- milestones (bot/core/rules/sections.py, jobs/loop.py) ---------------------------
     # The approved issue's sections, each {title, text, done, preticked, audit_rounds,
-    # start_sha, and once audited dirty_sha (the head whose sev1 findings stand) and
-    # round_base (audit_rounds at a person's restart)}; [] for a loop worked as one piece.
-    # ``section_index`` is the section being worked (a restart resumes there);
+    # start_sha, and once audited audited_sha (the head its last audit judged),
+    # dirty_sha (the head whose blocking findings stand), dirty_sev1 (they were sev1s)
+    # and round_base (audit_rounds at a person's restart)}; [] for a loop worked as one
+    # piece. ``section_index`` is the section being worked (a restart resumes there);
     # ``sections_sha`` the approved text they were read from (a writer's edit re-reads
-    # them). Findings of section audits carry their
-    # ``section`` (0-based) and ``round``.
+    # them). A section audit's findings are in ``finding_log``, with their ``section``
+    # (0-based); ``section_findings`` is where releases before that kept them (read once
+    # into the log, then emptied).
     sections: list[dict[str, Any]] = Field(default_factory=list)
     section_index: int = 0
     sections_sha: str = ""

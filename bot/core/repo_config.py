@@ -34,11 +34,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+Backend = Literal["builtin", "claude-code"]
+BACKENDS: tuple[Backend, ...] = ("builtin", "claude-code")
+
+
 class AgentConfig(_Strict):
     # A model the operator allows (LOOPBOT_ALLOWED_MODELS) and an effort level up to
     # LOOPBOT_MAX_EFFORT; unset: the operator's LOOPBOT_MODEL and LOOPBOT_EFFORT.
     model: str | None = Field(None, min_length=1, max_length=200)
     effort: Effort | None = None
+    # Who codes: loopbot's own agent (the Messages API, from the worker), or Claude Code
+    # inside the sandbox behind the model gateway (jobs/claude_code.py). One the operator
+    # does not allow (LOOPBOT_AGENT_BACKENDS) is clamped to builtin.
+    backend: Backend = "builtin"
 
 
 class CriticConfig(_Strict):
@@ -240,6 +248,7 @@ class ModelPolicy:
     allowed: frozenset[str] = frozenset({DEFAULT_MODEL})
     max_effort: Effort = "high"
     effort: Effort | None = None  # when the file names none; None: the model's default
+    backends: frozenset[str] = frozenset({"builtin"})  # LOOPBOT_AGENT_BACKENDS
 
     @classmethod
     def of(cls, settings: Settings) -> ModelPolicy:
@@ -249,6 +258,7 @@ class ModelPolicy:
             allowed=settings.allowed_models,
             max_effort=settings.max_effort,
             effort=settings.effort,
+            backends=settings.agent_backends,
         )
 
 
@@ -332,6 +342,14 @@ def clamp(config: RepoConfig, ceilings: Ceilings) -> tuple[RepoConfig, list[str]
         ("critic", ceilings.models.critic_model),
     ):
         notes += _clamp_model(data[role], role, default, ceilings.models)
+    backend = data["agent"]["backend"]
+    if backend not in ceilings.models.backends:
+        data["agent"]["backend"] = "builtin"
+        notes.append(
+            f"`agent.backend`: `{backend}` is not one this installation allows "
+            f"({', '.join(sorted(ceilings.models.backends))}; `LOOPBOT_AGENT_BACKENDS`), so "
+            "loopbot's built-in agent codes"
+        )
     protected = tuple(data["merge"]["protected_paths"])
     if ALWAYS_PROTECTED not in protected:
         data["merge"]["protected_paths"] = (ALWAYS_PROTECTED, *protected)

@@ -60,6 +60,8 @@ class Settings(BaseSettings):
     # The models a repository's loop.yml may choose (comma-separated); the three configured
     # here are always allowed. A model outside the list is replaced by the default.
     allowed_models_list: str = Field("", alias="LOOPBOT_ALLOWED_MODELS")
+    # The agent backends a loop.yml may choose (comma-separated): builtin, claude-code.
+    agent_backends_list: str = Field("builtin", alias="LOOPBOT_AGENT_BACKENDS")
     # The most effort a loop.yml may ask for; more is lowered to it.
     max_effort: Effort = Field("high", alias="LOOPBOT_MAX_EFFORT")
     # The effort asked when loop.yml names none; unset: the model's own default.
@@ -139,6 +141,17 @@ class Settings(BaseSettings):
             raise ValueError(f"not model ids: {', '.join(b.strip() for b in bad)}")
         return v
 
+    @field_validator("agent_backends_list")
+    @classmethod
+    def _backends(cls, v: str) -> str:
+        known = ("builtin", "claude-code")
+        bad = [b.strip() for b in v.split(",") if b.strip() and b.strip() not in known]
+        if bad:
+            raise ValueError(
+                f"unknown agent backends: {', '.join(bad)} (known: builtin, claude-code)"
+            )
+        return v
+
     @field_validator("github_private_key_path")
     @classmethod
     def _key_file_readable(cls, v: Path | None) -> Path | None:
@@ -166,6 +179,13 @@ class Settings(BaseSettings):
         listed = {m.strip() for m in self.allowed_models_list.split(",") if m.strip()}
         configured = {self.model, self.critic_model, self.fallback_model}
         return frozenset(m for m in listed | configured if m)
+
+    @property
+    def agent_backends(self) -> frozenset[str]:
+        """What a loop.yml may choose as ``agent.backend``; builtin always."""
+        return frozenset(
+            {"builtin"} | {b.strip() for b in self.agent_backends_list.split(",") if b.strip()}
+        )
 
     def private_key_pem(self) -> str:
         if self.github_private_key is not None:

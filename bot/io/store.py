@@ -200,6 +200,17 @@ class Store:
         raw = self.redis.get(_k("conv", key))
         return [] if raw is None else list(json.loads(raw))
 
+    def save_agent_session(self, key: LoopKey, session: str, files: bytes) -> None:
+        """An agent backend's own session (Claude Code's transcript, compressed): saved
+        after each turn, so the next turn resumes it on any worker."""
+        self.redis.hset(_k("agent-session", key), mapping={"id": session, "files": files})
+
+    def agent_session(self, key: LoopKey) -> tuple[str, bytes] | None:
+        found = self.redis.hgetall(_k("agent-session", key))
+        if not found or b"id" not in found:
+            return None
+        return found[b"id"].decode(), found.get(b"files", b"")
+
     # -- counters ---------------------------------------------------------------------------
 
     def count(self, name: str, by: int = 1) -> None:
@@ -380,6 +391,10 @@ class FencedStore(Store):
     def save_conversation(self, key: LoopKey, messages: list[dict[str, Any]]) -> None:
         self.guard()
         super().save_conversation(key, messages)
+
+    def save_agent_session(self, key: LoopKey, session: str, files: bytes) -> None:
+        self.guard()
+        super().save_agent_session(key, session, files)
 
     def count(self, name: str, by: int = 1) -> None:
         self.guard()

@@ -36,11 +36,12 @@ import hmac
 import itertools
 import json
 import logging
+import re
 import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -108,6 +109,7 @@ class ModelSpec:
     min_cache_tokens: int = 1024
     created_at: str = "2025-01-01T00:00:00Z"
     line: str | None = None
+    system_messages: bool = False  # mid-conversation system messages (Opus 4.8 only)
 
 
 def default_models() -> dict[str, ModelSpec]:
@@ -124,6 +126,16 @@ def default_models() -> dict[str, ModelSpec]:
             efforts=EFFORTS,
             created_at="2026-06-01T00:00:00Z",
             line="sonnet",
+        ),
+        ModelSpec(
+            "claude-opus-4-8",
+            "Claude Opus 4.8",
+            window=1_000_000,
+            max_output=128_000,
+            efforts=EFFORTS,
+            created_at="2026-09-01T00:00:00Z",
+            line="opus",
+            system_messages=True,
         ),
         ModelSpec(
             "claude-sonnet-4-6",
@@ -632,6 +644,46 @@ def replace(path: str, old: str, new: str, **kw: Any) -> Reply:
     )
 
 
+# -- Claude Code's own tools (the claude-code backend: its CLI calls them) ------------------
+# A path under ``CWD`` is made absolute when the reply is sent, from the working directory
+# Claude Code states in its first message ("Primary working directory: ..."): its Write
+# and Edit tools take absolute paths only.
+CWD = "@cwd/"
+_CWD_LINE = re.compile(r"Primary working directory: (\S+)")
+
+
+def cc_bash(command: str, **kw: Any) -> Reply:
+    return tool("Bash", {"command": command, "description": "Run a command"}, **kw)
+
+
+def cc_write(path: str, content: str, **kw: Any) -> Reply:
+    return tool("Write", {"file_path": CWD + path, "content": content}, **kw)
+
+
+def cc_edit(path: str, old: str, new: str, **kw: Any) -> Reply:
+    return tool("Edit", {"file_path": CWD + path, "old_string": old, "new_string": new}, **kw)
+
+
+def _working_dir(body: Json) -> str | None:
+    for msg in body.get("messages") or []:
+        for b in _blocks(msg):
+            found = _CWD_LINE.search(str(b.get("text", "")))
+            if found:
+                return found.group(1)
+    return None
+
+
+def _with_cwd(content: list[Json], body: Json) -> list[Json]:
+    cwd = _working_dir(body)
+    out = []
+    for b in content:
+        path = (b.get("input") or {}).get("file_path") if b.get("type") == "tool_use" else None
+        if isinstance(path, str) and path.startswith(CWD) and cwd:
+            b = {**b, "input": {**b["input"], "file_path": f"{cwd}/{path[len(CWD) :]}"}}
+        out.append(b)
+    return out
+
+
 def cut_tool(name: str, partial: Json, *, say: str = "", **kw: Any) -> Reply:
     """A reply cut at ``max_tokens`` in the middle of a tool call: the tool_use block is
     there, with only the input written before the cut (``partial``, often ``{}``)."""
@@ -711,7 +763,7 @@ def invalid(body: Json, spec: ModelSpec | None = None) -> str | None:
             f"max_tokens: {limit} > {most}, which is the maximum allowed "
             f"number of output tokens for {body.get('model')}"
         )
-    return conversation_invalid(body)
+    return conversation_invalid(body, spec is not None and spec.system_messages)
 
 
 # What structured outputs' grammar compiler refuses: bounds it cannot express (the
@@ -775,12 +827,22 @@ def format_invalid(fmt: Any) -> str | None:
     return walk(schema, "")
 
 
-def conversation_invalid(body: Json) -> str | None:
-    """``invalid`` without ``max_tokens``: what ``count_tokens`` checks too."""
+def conversation_invalid(body: Json, system_messages: bool = False) -> str | None:
+    """``invalid`` without ``max_tokens``: what ``count_tokens`` checks too.
+    ``system_messages``: the model takes mid-conversation system messages (Opus 4.8
+    only, https://platform.claude.com/docs/en/build-with-claude/mid-conversation-system-messages):
+    a ``system`` message of text blocks, right after a user message."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         return "messages: at least one message is required"
     for i, msg in enumerate(msgs):
+        if system_messages and isinstance(msg, dict) and msg.get("role") == "system":
+            before = msgs[i - 1] if i > 0 else {}
+            if not isinstance(before, dict) or before.get("role") != "user":
+                return f"messages.{i}: a system message must come right after a user message"
+            if not msg.get("content") or any(b.get("type") != "text" for b in _blocks(msg)):
+                return f"messages.{i}: a system message holds text blocks only"
+            continue
         if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
             return f"messages.{i}: Input should be a message with role 'user' or 'assistant'"
         final_assistant = i == len(msgs) - 1 and msg.get("role") == "assistant"
@@ -858,6 +920,36 @@ def triage_answer(
 
 
 # -- end readiness triage ------------------------------------------------------------------------
+
+
+# The Messages API's request fields (https://docs.claude.com/en/api/messages); any
+# other is refused, as the API refuses it.
+REQUEST_KEYS = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "system",
+        "tools",
+        "tool_choice",
+        "metadata",
+        "stop_sequences",
+        "stream",
+        "temperature",
+        "top_p",
+        "top_k",
+        "thinking",
+        "output_config",
+        "context_management",
+        "service_tier",
+        "container",
+        "mcp_servers",
+        "cache_control",  # automatic prompt caching: one breakpoint the API places
+        "inference_geo",
+    }
+)
+# Request fields the API takes only with their beta named in ``anthropic-beta``.
+BETA_FIELDS = {"context_management": "context-management-", "mcp_servers": "mcp-client-"}
 
 
 class AnthropicServer:
@@ -939,6 +1031,11 @@ class AnthropicServer:
 
     def _rejected(self, body: Json, spec: ModelSpec, tokens: int) -> str | None:
         """Why the API would answer 400 to ``body`` (before any script item is used)."""
+        extra = sorted(set(body) - REQUEST_KEYS)
+        if extra:
+            return f"{extra[0]}: Extra inputs are not permitted"
+        if "stream" in body and not isinstance(body["stream"], bool):
+            return "stream: Input should be a valid boolean"
         if (why := invalid(body, spec)) is not None:
             return why
         if (why := _breakpoints(body, _units(body))[1]) is not None:
@@ -954,7 +1051,7 @@ class AnthropicServer:
         request turns it on, usage as scripted or computed."""
         number = next(_ids)
         model = item.model or str(body.get("model", "claude-test"))
-        content = [dict(b) for b in item.content]
+        content = _with_cwd([dict(b) for b in item.content], body)
         thought = ""
         if _thinking_on(body):
             omitted = body["thinking"].get("display") == "omitted"
@@ -1048,6 +1145,8 @@ class AnthropicServer:
         if keep:
             with self.lock:
                 self.responses.append(message)
+        if body.get("stream") is True:
+            return Response(sse_events(message), mimetype="text/event-stream"), 200
         return jsonify(message), 200
 
     def _build_app(self) -> Flask:
@@ -1076,6 +1175,12 @@ class AnthropicServer:
                 srv.input_tokens.append(tokens)
             if not isinstance(body, dict):
                 return _err(400, "invalid_request_error", "the body must be a JSON object")
+            betas = request.headers.get("anthropic-beta", "")
+            for name, beta in BETA_FIELDS.items():
+                if name in body and beta not in betas:
+                    return _err(
+                        400, "invalid_request_error", f"{name}: Extra inputs are not permitted"
+                    )
             return srv._answer(body, tokens, srv._next, keep=True)
 
         @app.post("/v1/messages/count_tokens")
@@ -1088,7 +1193,10 @@ class AnthropicServer:
             spec = srv._model(body)
             if spec is None:
                 return _err(404, "not_found_error", f"model: {body.get('model')}")
-            why = conversation_invalid(body) or _breakpoints(body, _units(body))[1]
+            why = (
+                conversation_invalid(body, spec.system_messages)
+                or _breakpoints(body, _units(body))[1]
+            )
             if why is None:
                 why = thinking_invalid(body, spec)
             if why is not None:
@@ -1139,6 +1247,57 @@ class AnthropicServer:
             ), 200
 
         return app
+
+
+def sse_events(message: Json, chunk: int = 40) -> Iterator[str]:
+    """``message`` as the Messages API streams it (``stream: true``): ``message_start``
+    with the input usage, each block opened, filled by deltas (text, thinking and its
+    signature, a tool call's input as JSON fragments) and closed, then ``message_delta``
+    with the stop reason and the output usage, and ``message_stop``; a ``ping`` after
+    the start, as the API sends. https://docs.claude.com/en/api/messages-streaming"""
+
+    def event(kind: str, data: Json) -> str:
+        return f"event: {kind}\ndata: {json.dumps(data | {'type': kind})}\n\n"
+
+    usage = dict(message["usage"])
+    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
+    start["usage"] = {**usage, "output_tokens": 1}
+    start.pop("stop_details", None)
+    yield event("message_start", {"message": start})
+    yield event("ping", {})
+    for i, block in enumerate(message["content"]):
+        kind = block.get("type")
+        if kind == "text":
+            yield event("content_block_start", {"index": i, "content_block": {**block, "text": ""}})
+            text = str(block.get("text", ""))
+            for n in range(0, len(text), chunk):
+                delta = {"type": "text_delta", "text": text[n : n + chunk]}
+                yield event("content_block_delta", {"index": i, "delta": delta})
+        elif kind == "thinking":
+            opened = {"type": "thinking", "thinking": "", "signature": ""}
+            yield event("content_block_start", {"index": i, "content_block": opened})
+            thought = str(block.get("thinking", ""))
+            for n in range(0, len(thought), chunk):
+                delta = {"type": "thinking_delta", "thinking": thought[n : n + chunk]}
+                yield event("content_block_delta", {"index": i, "delta": delta})
+            signed = {"type": "signature_delta", "signature": block.get("signature", "")}
+            yield event("content_block_delta", {"index": i, "delta": signed})
+        elif kind == "tool_use":
+            yield event(
+                "content_block_start", {"index": i, "content_block": {**block, "input": {}}}
+            )
+            raw = json.dumps(block.get("input", {}))
+            for n in range(0, len(raw), chunk):
+                delta = {"type": "input_json_delta", "partial_json": raw[n : n + chunk]}
+                yield event("content_block_delta", {"index": i, "delta": delta})
+        else:  # redacted thinking and the like arrive whole
+            yield event("content_block_start", {"index": i, "content_block": block})
+        yield event("content_block_stop", {"index": i})
+    end: Json = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+    if message.get("stop_details") is not None:
+        end["stop_details"] = message["stop_details"]
+    yield event("message_delta", {"delta": end, "usage": usage})
+    yield event("message_stop", {})
 
 
 def _err(status: int, kind: str, message: str) -> tuple[Response, int]:

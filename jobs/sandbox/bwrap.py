@@ -41,7 +41,7 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bot.core.settings import Settings
@@ -116,6 +116,25 @@ _STAGE_PARENT = "/tmp"
 
 class SandboxUnavailable(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host path bound into the sandbox at ``dst`` (read-only unless ``writable``)."""
+
+    src: Path
+    dst: str
+    writable: bool = False
+
+
+@dataclass(frozen=True)
+class Extra:
+    """What one command gets beyond the sandbox's own: environment variables, mounts,
+    and shell lines run first inside (a relay to a socket mounted in)."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    prelude: str = ""
 
 
 @dataclass(frozen=True)
@@ -345,6 +364,8 @@ class Sandbox:
             raise SandboxUnavailable(problem)
         self.bwrap = bwrap_path()
         self._egress: egress.EgressProxy | None = None
+        self._extra = Extra()  # the running command's (``run``)
+        self._mounts = 0
         # Our own small files (passwd, hosts, mount points), traversable by the sandbox uid.
         # In /tmp itself, not $TMPDIR: the sandbox uid must traverse to it (mode 0711).
         self._stage = Path(tempfile.mkdtemp(prefix="loopbot-sandbox-", dir=_STAGE_PARENT))
@@ -418,7 +439,19 @@ class Sandbox:
         env = {**_SAFE_ENV, "PATH": os.environ.get("PATH", _PATH)}
         if self.network:
             env |= egress.PROXY_ENV
-        return env
+        return env | self._extra.env
+
+    def private_dir(self, name: str) -> Path:
+        """A fresh directory of the harness's, outside the worktree, that the sandbox's
+        user owns (a backend's HOME, a socket's directory): mount it with ``Extra``."""
+        path = self._stage / "private" / name
+        path.parent.mkdir(mode=0o711, exist_ok=True)
+        if path.exists():
+            shutil.rmtree(path)
+        path.mkdir(mode=0o700)
+        if self.file_owner is not None:
+            os.chown(path, *self.file_owner)
+        return path
 
     def _binds(self) -> tuple[list[str], list[tuple[str, Path, Path]]]:
         """bwrap's mount arguments, and what a root worker must stage first:
@@ -483,6 +516,19 @@ class Sandbox:
                 str(sock_dir / self._egress.socket_path.name),
                 egress.SANDBOX_SOCKET,
             ]
+        for mount in self._extra.mounts:
+            src = mount.src
+            if root and not src.resolve().is_relative_to(self._stage):
+                # The sandbox's uid may not traverse to it: staged, as the worktree is.
+                self._mounts += 1
+                name = f"m{self._mounts}"
+                target = self._stage / name
+                if src.is_dir():
+                    target.mkdir(mode=0o711)
+                else:
+                    target.touch(mode=0o644)
+                src = through_stage("rw" if mount.writable else "ro", src, name)
+            args += ["--bind" if mount.writable else "--ro-bind", str(src), mount.dst]
         return args, staged
 
     def _argv(
@@ -492,8 +538,11 @@ class Sandbox:
             return ["/bin/sh", "-c", command]
         mounts, staged = self._binds()
         script = command
-        if self._egress is not None:
-            script = egress.sandbox_prelude() + '\nexec /bin/sh -c "$1"'
+        preludes = [egress.sandbox_prelude()] if self._egress is not None else []
+        if self._extra.prelude:
+            preludes.append(self._extra.prelude)
+        if preludes:
+            script = "\n".join(preludes) + '\nexec /bin/sh -c "$1"'
         bwrap = [
             self.bwrap,
             "--unshare-all",
@@ -519,7 +568,7 @@ class Sandbox:
         for k, v in self._env().items():
             bwrap += ["--setenv", k, v]
         bwrap += ["--chdir", str(self.worktree), "/bin/sh", "-c", script]
-        if self._egress is not None:
+        if preludes:
             bwrap += ["sh", command]
         lim = self.limits
         # With a cgroup, pids.max bounds this command alone; the per-uid rlimit, shared by
@@ -574,7 +623,31 @@ class Sandbox:
             raise SandboxUnavailable(f"sandbox.network is on, but {exc}") from None
         self._egress = proxy
 
-    def run(self, command: str, timeout: float | None = None) -> Result:
+    def run(
+        self,
+        command: str,
+        timeout: float | None = None,
+        *,
+        extra: Extra | None = None,
+        watch: Callable[[], str | None] | None = None,
+        on_output: Callable[[bytes], None] | None = None,
+    ) -> Result:
+        """Run ``command`` in the sandbox. ``extra``: what this command gets beyond the
+        sandbox's own; ``watch``: asked about once a second, a sentence kills the command
+        (a cancel, a stall); ``on_output``: each chunk of its output as it comes."""
+        self._extra = extra or Extra()
+        try:
+            return self._run(command, timeout, watch, on_output)
+        finally:
+            self._extra = Extra()
+
+    def _run(
+        self,
+        command: str,
+        timeout: float | None,
+        watch: Callable[[], str | None] | None,
+        on_output: Callable[[bytes], None] | None,
+    ) -> Result:
         limit = timeout or self.timeout
         if "\0" in command or len(command.encode(errors="replace")) > MAX_COMMAND:
             why = "contains a NUL byte" if "\0" in command else f"is over {MAX_COMMAND} bytes"
@@ -602,7 +675,11 @@ class Sandbox:
             if fd is not None:
                 os.close(fd)
                 fd = None
-            timed_out, over = _pump(proc, out, started + limit, self.worktree_problem)
+
+            def watched() -> str | None:
+                return (watch() if watch is not None else None) or self.worktree_problem()
+
+            timed_out, over = _pump(proc, out, started + limit, watched, on_output)
         finally:
             if fd is not None:
                 os.close(fd)
@@ -672,6 +749,7 @@ def _pump(
     out: _HeadTail,
     deadline: float,
     watch: Callable[[], str | None] = lambda: None,
+    on_output: Callable[[bytes], None] | None = None,
 ) -> tuple[bool, str | None]:
     """Read the command's output until it ends or the deadline, asking ``watch`` about
     once a second whether a limit is exceeded (it then kills the command).
@@ -710,6 +788,8 @@ def _pump(
             if not chunk:
                 break
             out.feed(chunk)
+            if on_output is not None:
+                on_output(chunk)
     proc.stdout.close()
     try:
         proc.wait(None if not (timed_out or over) else 10)

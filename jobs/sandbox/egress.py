@@ -228,31 +228,38 @@ def availability_problem() -> str | None:
 
 def sandbox_prelude() -> str:
     """POSIX sh run inside the sandbox before the command: the proxy on 127.0.0.1:3128.
+    Use as ``sandbox_prelude() + "\\n" + command`` (see ``relay_prelude``)."""
+    return relay_prelude(SANDBOX_SOCKET, SANDBOX_PROXY_PORT, "network proxy", "no network")
+
+
+def relay_prelude(socket_path: str, port: int, what: str, without: str) -> str:
+    """POSIX sh that relays 127.0.0.1:``port`` inside the sandbox to the Unix socket at
+    ``socket_path`` (bound in from the host).
 
     Starts socat in the background and waits (at most about 2 s, by reading
     /proc/net/tcp, without forking a process per check) until it listens. When the socket
-    or socat is missing, or socat does not come up, it says so on stderr and carries on:
-    the command then simply has no network. Use as ``sandbox_prelude() + "\\n" + command``.
+    or socat is missing, or socat does not come up, it says so on stderr (``what`` did not
+    start: ``without``) and carries on: the command then cannot reach it (fails closed).
     """
-    port = f"{SANDBOX_PROXY_PORT:04X}"
+    hexport = f"{port:04X}"
     return f"""\
-if [ -S {SANDBOX_SOCKET} ] && command -v socat >/dev/null 2>&1; then
-  socat TCP-LISTEN:{SANDBOX_PROXY_PORT},bind=127.0.0.1,fork,reuseaddr \
-UNIX-CONNECT:{SANDBOX_SOCKET} </dev/null >/dev/null 2>&1 &
+if [ -S {socket_path} ] && command -v socat >/dev/null 2>&1; then
+  socat TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr \
+UNIX-CONNECT:{socket_path} </dev/null >/dev/null 2>&1 &
   _lb_pid=$! _lb_i=0 _lb_up=
   while [ "$_lb_i" -lt 150 ]; do
     while read -r _lb_sl _lb_local _lb_rem _lb_st _lb_rest; do
-      if [ "$_lb_local" = 0100007F:{port} ] && [ "$_lb_st" = 0A ]; then _lb_up=1; break; fi
+      if [ "$_lb_local" = 0100007F:{hexport} ] && [ "$_lb_st" = 0A ]; then _lb_up=1; break; fi
     done < /proc/net/tcp
     [ -n "$_lb_up" ] && break
     kill -0 "$_lb_pid" 2>/dev/null || break
     sleep 0.01
     _lb_i=$((_lb_i + 1))
   done
-  [ -n "$_lb_up" ] || echo "loopbot: the network proxy did not start; no network" >&2
+  [ -n "$_lb_up" ] || echo "loopbot: the {what} did not start; {without}" >&2
   unset _lb_pid _lb_i _lb_up _lb_sl _lb_local _lb_rem _lb_st _lb_rest
 else
-  echo "loopbot: no network proxy in this sandbox (socket or socat missing)" >&2
+  echo "loopbot: no {what} in this sandbox (socket or socat missing)" >&2
 fi"""
 
 

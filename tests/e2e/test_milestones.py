@@ -83,7 +83,7 @@ def test_three_sections_audited_in_order_one_sent_back_then_final_audit_and_merg
         report("request_changes", [sev1("add has no docstring")]),  # section 1: dirty
         m.write_file("calc.py", '"""calc."""\n' + ADD),
         m.text("Documented."),
-        report(earlier_findings=[{"id": "S1.1.1", "status": "resolved", "why": "done"}]),
+        report(earlier_findings=[{"id": "F1", "status": "resolved", "why": "done"}]),
         m.write_file("calc.py", '"""calc."""\n' + SUB),
         m.text("Added sub."),
         report(),  # section 2: clean
@@ -105,13 +105,16 @@ def test_three_sections_audited_in_order_one_sent_back_then_final_audit_and_merg
         (3, 1, 0),
     ]
     assert [d["title"] for d in events(redis, "section_done")] == ["Fix add", "Add sub", "Add mul"]
-    assert r.section_findings[0]["section"] == 0 and r.section_findings[0]["severity"] == "sev1"
+    # The section's finding is in the loop's one finding log, answered resolved.
+    f1 = r.finding_log[0]
+    assert (f1["id"], f1["section"], f1["severity"], f1["status"]) == ("F1", 0, "sev1", "resolved")
+    assert r.section_findings == []
     # The audits were the critic's structured calls on each section's own diff.
     audit_reqs = [b for b in model.requests if is_audit(b)]
     assert len(audit_reqs) == 4
     second = content_text(audit_reqs[2]["messages"][0])
     assert "Section 2: Add sub" in second and "+def sub" in second and "+def add" not in second
-    assert "S1.1.1" in json.dumps(audit_reqs[1]["output_config"])  # answer for the sev1
+    assert '"F1"' in json.dumps(audit_reqs[1]["output_config"])  # answer for the sev1
     # The dirty audit sent the agent back to section 1 with the finding; then section 2.
     prompts = [last_prompt(b) for b in model.requests if "output_config" not in b]
     assert "Work on section 1 of 3" in prompts[0]

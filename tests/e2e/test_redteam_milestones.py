@@ -55,7 +55,7 @@ def test_a_section_audit_is_not_asked_again_on_the_same_head(
         report("request_changes", [sev1("add overflows")]),  # section 1: dirty
         m.text("The finding is wrong; nothing to change."),  # a stubborn agent
         # Asked again on the same head, the auditor flips and lets section 1 through.
-        report(earlier_findings=[{"id": "S1.1.1", "status": "resolved", "why": "fine"}]),
+        report(earlier_findings=[{"id": "F1", "status": "resolved", "why": "fine"}]),
         m.write_file("calc.py", SUB),
         m.text("Added sub."),
         report(),
@@ -125,7 +125,7 @@ def test_a_restart_after_a_section_ran_out_of_rounds_gives_it_rounds_again(
         report(
             "request_changes",
             [sev1("still overflows")],
-            earlier_findings=[{"id": "S1.1.1", "status": "resolved", "why": "ok"}],
+            earlier_findings=[{"id": "F1", "status": "resolved", "why": "ok"}],
         ),
     )
     start_loop(github, drain, TWO, ROUNDS2)
@@ -138,11 +138,11 @@ def test_a_restart_after_a_section_ran_out_of_rounds_gives_it_rounds_again(
         report(  # the first audit after the restart
             "request_changes",
             [sev1("overflows a third way")],
-            earlier_findings=[{"id": "S1.2.1", "status": "resolved", "why": "ok"}],
+            earlier_findings=[{"id": "F2", "status": "resolved", "why": "ok"}],
         ),
         m.write_file("calc.py", "# v4\n" + ADD),
         m.text("Fixed for good."),
-        report(earlier_findings=[{"id": "S1.3.1", "status": "resolved", "why": "ok"}]),
+        report(earlier_findings=[{"id": "F3", "status": "resolved", "why": "ok"}]),
         m.write_file("calc.py", SUB),
         m.text("Added sub."),
         report(),

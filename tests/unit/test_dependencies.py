@@ -26,8 +26,11 @@ def _norm(name: str) -> str:
 
 
 def _declared() -> set[str]:
+    """The runtime dependencies and the agent backends' extras (imported only when the
+    extra is installed; the test extra is not the product's)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return {_norm(re.split(r"[\[<>=!~ ;]", dep, maxsplit=1)[0]) for dep in project["dependencies"]}
+    deps = [*project["dependencies"], *project["optional-dependencies"].get("claude-code", [])]
+    return {_norm(re.split(r"[\[<>=!~ ;]", dep, maxsplit=1)[0]) for dep in deps}
 
 
 def _imported_modules() -> dict[str, str]:

@@ -228,6 +228,12 @@ GATE, REVIEW, NOTHING = AfterDismissal.GATE, AfterDismissal.REVIEW, AfterDismiss
             REVIEW,
         ),
         ({"head": ""}, NOTHING),  # no pull request head to review
+        # A section audit's sev1 that stopped a loop with no pull request yet: it goes on.
+        ({"section": 0, "pull": False}, AfterDismissal.RESUME),
+        ({"section": 0, "pull": False, "severity": "sev2"}, NOTHING),
+        ({"section": 0, "pull": False, "log": round1(f("one"), f("two")).log}, NOTHING),
+        ({"section": 0, "pull": False, "status": Status.RUNNING, "reason": ""}, NOTHING),
+        ({"section": 0, "pull": True}, GATE),  # past the sections: the critic's rule
     ],
 )
 def test_what_a_dismissal_leads_to(over: dict[str, Any], then: AfterDismissal) -> None:
@@ -319,3 +325,25 @@ def test_a_dismissed_nit_raised_again_as_sev1_reopens() -> None:
     again = flog.merge_round(log, first.next_id, [worse], {}, round_=2, sha="b" * 40)
     assert [(e["id"], e["status"], e["severity"]) for e in again.log] == [("F1", "open", "sev1")]
     assert [e["id"] for e in flog.blocking(again.log)] == ["F1"]
+
+
+def test_a_section_round_marks_its_findings_and_takes_over_one_raised_again() -> None:
+    """Section audits write the one log: their new findings carry ``section``; a finding
+    an earlier section left open (a sev2), raised again by this section's audit, is this
+    section's to answer now (else its sev1 would block nothing: not asked, not counted)."""
+    first = flog.merge_round([], 1, [f("nit", "sev2")], {}, round_="S1.1", sha="a", section=0)
+    assert first.entry("F1")["section"] == 0 and first.entry("F1")["first_round"] == "S1.1"
+    second = flog.merge_round(
+        first.log,
+        first.next_id,
+        [f("nit", "sev1"), f("new")],
+        {},
+        round_="S2.1",
+        sha="b",
+        section=1,
+    )
+    assert [e["id"] for e in flog.of_section(second.log, 1)] == ["F1", "F2"]
+    assert flog.of_section(second.log, 0) == [] and second.entry("F1")["severity"] == "sev1"
+    # A critic round (no section) leaves the section where it was.
+    third = flog.merge_round(second.log, second.next_id, [f("new")], {}, round_=1, sha="c")
+    assert third.entry("F2")["section"] == 1 and third.entry("F2")["rounds"] == 2

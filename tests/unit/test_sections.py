@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from bot.core.record import Reason, Status
 from bot.core.rules import sections as s
 from bot.core.rules.merge import Merge, Review, decide, post_action_head
@@ -190,3 +192,50 @@ def test_a_long_finding_does_not_push_the_heading_or_the_others_out_of_the_promp
     kept = note[-prompts.TAIL_CHARS :]  # what the continuation prompt keeps of a note
     assert kept.startswith("The audit of section 1 of 2")
     assert all(f"T{i}" in kept for i in range(3))
+
+
+def test_after_audit_follows_the_critics_rules_on_a_request_and_a_repeat() -> None:
+    state = _state(False, False)
+    asked = s.after_audit(state, 0, verdict="request_changes", sev1=0, max_rounds=3)
+    assert isinstance(asked, s.StopLoop) and asked.reason is Reason.NEEDS_HUMAN
+    assert "requested changes without a blocking finding" in asked.detail
+    repeat = s.after_audit(
+        state, 0, verdict="request_changes", sev1=1, max_rounds=5, repeated=("x", "a.py", 3)
+    )
+    assert isinstance(repeat, s.StopLoop) and "raised in 3 audits" in repeat.detail
+    # A repeat with nothing standing (dismissed) is no repeat.
+    assert s.after_audit(
+        state, 0, verdict="approve", sev1=0, max_rounds=5, repeated=("x", "a.py", 3)
+    ) == s.NextSection(0, 1)
+
+
+H, START = "h" * 40, "s" * 40
+
+
+def _section(**fields: object) -> list[dict[str, object]]:
+    state = s.started(_state(False, False), 0, START)
+    state[0].update(fields)
+    return state
+
+
+@pytest.mark.parametrize(
+    ("fields", "verified", "sev1_open", "then"),
+    [
+        ({}, True, 0, s.Audit(0)),  # verified, never audited: audit before coding
+        ({"audited_sha": "old"}, True, 0, s.Audit(0)),  # audited an older head
+        ({}, False, 0, None),  # verify did not pass on this head: code
+        ({"audited_sha": H}, True, 0, None),  # judged clean-less, nothing dismissed: code
+        ({"audited_sha": H, "dirty_sha": H, "dirty_sev1": True}, True, 1, None),  # stands
+        # Writers dismissed every sev1 that held this very head: through, no new audit.
+        ({"audited_sha": H, "dirty_sha": H, "dirty_sev1": True}, True, 0, s.NextSection(0, 1)),
+        # The audit only requested changes (no sev1): nothing was dismissed to pass it.
+        ({"audited_sha": H, "dirty_sha": H, "dirty_sev1": False}, True, 0, None),
+        ({"start_sha": H}, True, 0, None),  # no work on the section yet
+    ],
+)
+def test_a_resumed_loop_audits_the_verified_head_first_or_passes_an_overridden_one(
+    fields: dict[str, object], verified: bool, sev1_open: int, then: object
+) -> None:
+    assert s.resume(_section(**fields), head=H, verified=verified, sev1_open=sev1_open) == then
+    every = s.tick(s.tick(_section(), 0), 1)  # no section left: the pull request's turn
+    assert s.resume(every, head=H, verified=True, sev1_open=0) is None

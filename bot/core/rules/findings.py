@@ -1,6 +1,8 @@
 """Findings that persist across review rounds: pure functions over ``record.finding_log``.
 
-Every finding gets an id (``F1``, ``F2``...) and a fingerprint (path, category and the
+One log for the critic's rounds and a sectioned loop's section audits (an audit's
+findings carry ``section``, the section's index; its rounds are named ``S2.1``: section 2,
+audit 1). Every finding gets an id (``F1``, ``F2``...) and a fingerprint (path, category and the
 title with case and punctuation folded). Each round the critic answers, for every open
 finding it was shown, whether it is resolved; a finding it raises again (same
 fingerprint) is the same finding and keeps its id, reopening it if it was resolved. A
@@ -21,6 +23,8 @@ from typing import Any, Literal, Protocol
 
 Entry = dict[str, Any]
 AnswerStatus = Literal["resolved", "open"]
+# A review round: the critic's count (1, 2...), or a section audit's name ("S2.1").
+Round = int | str
 
 OPEN, RESOLVED, DISMISSED = "open", "resolved", "dismissed"
 _ID = re.compile(r"^F[1-9][0-9]*$")
@@ -78,6 +82,11 @@ def open_entries(log: Sequence[Entry]) -> list[Entry]:
     return [e for e in log if e.get("status") == OPEN]
 
 
+def of_section(log: Sequence[Entry], index: int) -> list[Entry]:
+    """The open findings a section's audits raised (the next audit answers for them)."""
+    return [e for e in open_entries(log) if e.get("section") == index]
+
+
 def blocking(log: Sequence[Entry]) -> list[Entry]:
     """What stands in the way of a merge: open sev1 findings (dismissed ones do not)."""
     return [e for e in open_entries(log) if e.get("severity") == "sev1"]
@@ -89,11 +98,13 @@ def merge_round(
     raised: Sequence[Raised],
     answers: Mapping[str, tuple[AnswerStatus, str]],
     *,
-    round_: int,
+    round_: Round,
     sha: str,
+    section: int | None = None,
 ) -> RoundResult:
     """Fold one round into ``log``: ``answers`` (id -> status, why) for the open findings
-    the critic was shown, ``raised`` the findings it reported this round.
+    the critic was shown, ``raised`` the findings it reported this round. ``section``:
+    the round is that section's audit (its new findings say so).
 
     A finding raised again wins over an answer that called it resolved in the same round:
     of two contradictory statements, the one that blocks is kept.
@@ -121,6 +132,8 @@ def merge_round(
         known = by_fp.get(fp)
         if known is None:
             created = by_fp[fp] = _new(f"F{nid}", fp, f, round_, sha)
+            if section is not None:
+                created["section"] = section
             nid += 1
             out.append(created)
             new.append(created["id"])
@@ -134,6 +147,8 @@ def merge_round(
             if known["id"] not in dismissed:
                 dismissed.append(known["id"])
             continue
+        if section is not None:
+            known["section"] = section  # raised in this section's audit: it answers for it
         known.update(
             status=OPEN,
             severity=f.severity,
@@ -183,7 +198,7 @@ def dismiss(
     return out
 
 
-def _seen(entry: Entry, round_: int, sha: str, seen: set[str]) -> None:
+def _seen(entry: Entry, round_: Round, sha: str, seen: set[str]) -> None:
     """Count ``entry`` as raised (or kept open) in this round, once per round."""
     if entry["id"] not in seen and entry.get("last_round") != round_:
         entry["rounds"] = int(entry.get("rounds", 1)) + 1
@@ -196,7 +211,7 @@ def _rank(severity: str) -> int:
     return {"sev1": 3, "sev2": 2, "sev3": 1}.get(severity, 3)
 
 
-def _new(fid: str, fp: str, f: Raised, round_: int, sha: str) -> Entry:
+def _new(fid: str, fp: str, f: Raised, round_: Round, sha: str) -> Entry:
     return {
         "id": fid,
         "fingerprint": fp,

@@ -86,6 +86,8 @@ class Requeue(StrEnum):
     TAKE_OVER = "take_over"  # a live worker picks up a loop that was handed over
     # The critic approved and loop.yml has a post_action: one more turn (jobs/loop.py).
     POST_ACTION = "post_action"
+    # A writer dismissed the section audit's sev1 that stopped the loop: it goes on.
+    DISMISSED = "dismissed"
 
 
 def requeue(record: LoopRecord, why: Requeue, *, note: str = "", actor: str = "") -> Changes:
@@ -153,6 +155,10 @@ def requeue(record: LoopRecord, why: Requeue, *, note: str = "", actor: str = ""
         case Requeue.POST_ACTION:
             # Not a coding round: the turn count and findings stay as the review left them.
             return queued | {"resume_note": note}
+        case Requeue.DISMISSED:
+            # Not a restart: the rounds used stay used. The section passes, or is audited
+            # again, before any turn; either way the next turns start a fresh count.
+            return queued | {"turn": 0, "reason": "", "detail": "", "resume_note": note}
         case _:
             assert_never(why)
 
@@ -177,6 +183,8 @@ def requeue_applies(current: Status, why: Requeue) -> bool:
             return current is Status.RUNNING
         case Requeue.WORKER_LOST | Requeue.TAKE_OVER:
             return current in (Status.QUEUED, Status.RUNNING)
+        case Requeue.DISMISSED:  # decided under the loop's lock, on the loop it read
+            return current in (Status.REFUSED, Status.FAILED)
         case _:
             assert_never(why)
 

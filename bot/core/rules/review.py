@@ -362,6 +362,16 @@ def tally(
     return out
 
 
+def repeated(blocking: Sequence[Finding], seen: Mapping[str, int]) -> tuple[Finding, int] | None:
+    """The first of ``blocking`` raised in ``REPEAT_LIMIT`` rounds, this one included
+    (``seen``: earlier rounds per fingerprint, see ``tally``), with that count."""
+    for f in blocking:
+        rounds = seen.get(fingerprint(f), 0) + 1
+        if rounds >= REPEAT_LIMIT:
+            return f, rounds
+    return None
+
+
 def as_finding(entry: Mapping[str, Any]) -> Finding:
     """A finding-log entry (``bot.core.rules.findings``) as the critic reported it."""
     return Finding.model_validate(
@@ -390,13 +400,12 @@ def plan_after_review(
     if report.verdict == "error":
         return StopLoop(Status.FAILED, Reason.CRITIC_ERROR, report.summary)
     blocking = report.blocking if blocking is None else list(blocking)
-    for f in blocking:
-        rounds = (seen or {}).get(fingerprint(f), 0) + 1
-        if rounds >= REPEAT_LIMIT:
-            return NeedsHuman(
-                f"the same sev1 finding was raised in {rounds} review rounds and the agent "
-                f"has not fixed it: {f.title} (`{f.path}`)"
-            )
+    if (again := repeated(blocking, seen or {})) is not None:
+        f, rounds = again
+        return NeedsHuman(
+            f"the same sev1 finding was raised in {rounds} review rounds and the agent "
+            f"has not fixed it: {f.title} (`{f.path}`)"
+        )
     if blocking:
         if round_ >= max_rounds:
             return StopLoop(
@@ -469,6 +478,7 @@ class AfterDismissal(StrEnum):
     NOTHING = "nothing"  # the loop carries it into its next round, or other sev1s stand
     GATE = "gate"  # the reviewed head stands as reviewed: on to the merge gate
     REVIEW = "review"  # a new critic round on the head first
+    RESUME = "resume"  # a section audit's sev1 held it: the loop goes on coding
 
 
 def after_dismissal(
@@ -481,6 +491,8 @@ def after_dismissal(
     reviewed_sha: str,
     reviewed_whole: bool,
     verdicts: Mapping[str, str],
+    section: int | None = None,
+    pull: bool = True,
 ) -> AfterDismissal:
     """What dismissing a finding of ``severity`` (already applied to ``log``) leads to.
 
@@ -489,7 +501,11 @@ def after_dismissal(
     diff (its verdict stands, overridden by the writer); otherwise a new round first (the
     head moved, the round failed, or its diff was cut: the writer dismissed a finding in
     a review that did not see all of the change). A loop still coding or reviewing just
-    carries the dismissal into its next round; one waiting at the gate reads it there."""
+    carries the dismissal into its next round; one waiting at the gate reads it there.
+
+    A section audit's finding (``section``) on a loop with no ``pull`` request yet: the
+    loop resumes, and before coding passes the section when its last audit judged this
+    head, or audits it again (``bot.core.rules.sections.resume``)."""
     if not (
         severity == "sev1"
         and status in (Status.REFUSED, Status.FAILED)
@@ -498,6 +514,8 @@ def after_dismissal(
         and head
     ):
         return AfterDismissal.NOTHING
+    if section is not None and not pull:
+        return AfterDismissal.RESUME
     if head == reviewed_sha and reviewed_whole and verdicts.get(head) not in (None, "error"):
         return AfterDismissal.GATE
     return AfterDismissal.REVIEW

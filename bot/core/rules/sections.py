@@ -288,32 +288,81 @@ def after_audit(
     verdict: str,
     sev1: int,
     max_rounds: int,
+    repeated: tuple[str, str, int] | None = None,
 ) -> AfterAudit:
-    """What follows the audit of section ``index`` (its ``audit_rounds`` not yet counted):
-    a sev1 sends it back to coding, up to ``max_rounds`` audits (since a person last
-    restarted the loop: ``round_base``), then a person decides; an audit that failed
-    (``verdict`` error) stops the loop; clean goes on."""
+    """What follows the audit of section ``index`` (its ``audit_rounds`` not yet counted),
+    with ``sev1`` blocking findings standing after it (the finding log's, dismissals
+    left out): the critic's rules (``bot.core.rules.review.plan_after_review``) on one
+    section. A sev1 sends it back to coding, up to ``max_rounds`` audits (since a person
+    last restarted the loop: ``round_base``), then a person decides; so does a sev1
+    raised in ``REPEAT_LIMIT`` audits (``repeated``: its title, path and count) and a
+    verdict that requests changes without any sev1; an audit that failed (``verdict``
+    error) stops the loop; clean goes on."""
     rounds = int(sections[index].get("audit_rounds") or 0) + 1
     used = rounds - int(sections[index].get("round_base") or 0)
     title = sections[index].get("title", "")
+    where = f"section {index + 1} of {len(sections)} ({title})"
     if verdict == "error":
         return StopLoop(
             Status.FAILED,
             Reason.CRITIC_ERROR,
             f"the audit of section {index + 1} ({title}) failed: its answer did not validate",
         )
+    if sev1 and repeated is not None:
+        what, path, count = repeated
+        return StopLoop(
+            Status.REFUSED,
+            Reason.NEEDS_HUMAN,
+            f"the same sev1 finding was raised in {count} audits of {where} and the agent "
+            f"has not fixed it: {what} (`{path}`)",
+        )
     if sev1:
         if used >= max_rounds:
             return StopLoop(
                 Status.REFUSED,
                 Reason.NEEDS_HUMAN,
-                f"section {index + 1} of {len(sections)} ({title}) still has {sev1} sev1 "
-                f"finding(s) after {used} audit(s) (`critic.max_rounds` {max_rounds}): "
-                "a person should look at it",
+                f"{where} still has {sev1} sev1 finding(s) after {used} audit(s) "
+                f"(`critic.max_rounds` {max_rounds}): a person should look at it",
             )
         return Recode(index, rounds)
+    if verdict == "request_changes":
+        # Changes requested without a sev1: not blocking by definition, not an approval.
+        return StopLoop(
+            Status.REFUSED,
+            Reason.NEEDS_HUMAN,
+            f"the audit of {where} requested changes without a blocking finding",
+        )
+    return passed(sections, index)
+
+
+def passed(sections: list[dict[str, Any]], index: int) -> NextSection | AllSections:
+    """Section ``index`` is through: on to the next section not done, or the last one was."""
     later = next((i for i in range(index + 1, len(sections)) if not sections[i].get("done")), None)
     return AllSections(index) if later is None else NextSection(index, later)
+
+
+def resume(
+    sections: list[dict[str, Any]], *, head: str, verified: bool, sev1_open: int
+) -> Audit | NextSection | AllSections | None:
+    """Before a resumed loop's first turn (a killed worker, an audit that failed, a
+    writer's dismissal, a restart): ``head`` is the worktree's head, ``verified`` whether
+    verify passed on it, ``sev1_open`` the current section's sev1 findings still open.
+
+    A verified head its section's audit has not judged is audited before any coding
+    (the turn that verified it is done; coding on would leave it unaudited). A head the
+    audit judged blocking whose sev1 findings writers have all dismissed since is
+    through: the writers overrode the audit on this very commit. Otherwise None: code."""
+    index = current(sections)
+    if index is None or not verified:
+        return None
+    sec = sections[index]
+    if sec.get("start_sha") == head:
+        return None  # no work on this section yet: what verify passed on was the last one's
+    if sec.get("audited_sha") != head:
+        return Audit(index)
+    if sec.get("dirty_sha") == head and sec.get("dirty_sev1") and not sev1_open:
+        return passed(sections, index)
+    return None
 
 
 def tick(sections: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:

@@ -280,6 +280,15 @@ def gave_up(what: str, error: str, attempts: int) -> str:
     )
 
 
+def audit_gave_up(section: int, error: str, attempts: int) -> str:
+    """The detail of a loop whose section audit kept failing (no pull request yet)."""
+    return (
+        f"the audit of section {section} failed {attempts} time(s) and loopbot stopped "
+        f"trying: {error}. Nothing was pushed past it. Comment `/loop-restart` to try "
+        "again once this is fixed: the loop audits the section before it codes on"
+    )
+
+
 # -- readiness triage (bot/core/rules/triage.py, jobs/triage.py) ------------------------------
 # Every text the model proposed (reasons, criteria, sub-issues) goes through ``safe_text``.
 

@@ -254,16 +254,19 @@ def section_prompt(sections: Sequence[dict[str, Any]], index: int, *, full: bool
     return "\n".join(lines)
 
 
-def section_findings(index: int, total: int, findings: Sequence[dict[str, Any]]) -> str:
+def section_findings(
+    index: int, total: int, findings: Sequence[dict[str, Any]], *, reserve: int = 0
+) -> str:
     """The note of a dirty section audit: the same section again, with what blocks it
-    (the continuation prompt fences what the reviewer wrote)."""
+    (the continuation prompt fences what the reviewer wrote). ``reserve``: characters of
+    the note that come before this (a restart's own note)."""
     # The continuation keeps the note's last TAIL_CHARS: each finding is clipped so that
     # the heading and every finding fit, however long the reviewer wrote.
     head = (
         f"The audit of section {index + 1} of {total} found blocking (sev1) problems. "
         "Fix them in this section before going on:\n"
     )
-    room = max((TAIL_CHARS - len(head)) // max(len(findings), 1) - 2, 80)
+    room = max((TAIL_CHARS - reserve - len(head)) // max(len(findings), 1) - 2, 80)
     rows = "\n".join(
         _clipped(
             f"- [{f.get('severity')}] {f.get('path')}:{f.get('line')} {f.get('title')}: "
