@@ -30,7 +30,7 @@ class Bench:
         self.redis_server.stop()
 
 
-def start() -> Bench:
+def start(extra: dict[str, str] | None = None) -> Bench:
     root = Path(tempfile.mkdtemp(prefix="loopbot-bench-"))
     redis_server = RedisServer().start()
     github = GitHubServer(root / "github").start()
@@ -45,6 +45,7 @@ def start() -> Bench:
         "ANTHROPIC_BASE_URL": model.url,
         "LOOPBOT_DATA_DIR": str(root / "data"),
         "LOOPBOT_LOG_FORMAT": "json",
+        **(extra or {}),
     }
     settings = load_settings(env, role="worker")
     rt = install(Runtime(settings, Redis.from_url(redis_server.url)))

@@ -1,6 +1,6 @@
 """Orchestration overhead per turn, with model and verify time excluded.
 
-    .venv/bin/python bench/loop_overhead.py [--turns 20] [--smoke]
+    .venv/bin/python bench/loop_overhead.py [--turns 20] [--backend builtin|claude-code] [--smoke]
 
 Runs one real loop job (real RQ worker, Redis, git, bubblewrap sandbox, the local GitHub
 and model servers) for ``--turns`` turns. Each turn the scripted model edits one file
@@ -8,8 +8,12 @@ and finishes; verify (`exit 1`) always fails, so every turn goes through the who
 cycle: re-read the issue, agent turn, commit, push, check run, verify, events, status
 comment. Overhead = time from one turn's start to the next, minus the model's answer
 time and verify's run time. Prints median, p90 and max, and the early turns apart from
-the late ones (a cost that grows with the loop's history shows there). ``--smoke``: 3
-turns (see bench/_smoke.py).
+the late ones (a cost that grows with the loop's history shows there), and the time
+from a turn's start to its first model request. ``--backend claude-code`` runs the same
+loop with Claude Code in the sandbox behind the model gateway: its whole CLI run counts
+as the agent's time, so the overhead is loopbot's alone, and the CLI's own cost (its
+start, its session restored, the gateway) shows in the time to the first request.
+``--smoke``: 3 turns (see bench/_smoke.py).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import logging
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,26 +45,37 @@ REPO = "bench/overhead"
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--turns", type=int, default=20)
+    ap.add_argument("--backend", choices=["builtin", "claude-code"], default="builtin")
     args = _smoke.parse(ap, turns=3)
     configure("json", level=logging.WARNING)
-    b = _env.start()
+    claude = args.backend == "claude-code"
+    extra = {"LOOPBOT_AGENT_BACKENDS": "builtin,claude-code"} if claude else {}
+    if claude:  # a model Claude Code knows (see tests/e2e/test_claude_code.py)
+        extra["LOOPBOT_MODEL"] = "claude-sonnet-4-6"
+    b = _env.start(extra)
     try:
         iid = b.github.add_installation("bench")
         yml = (
             f"verify: exit 1\nmax_turns: {args.turns}\ncritic:\n  enabled: false\n"
             "merge:\n  enabled: false\n"
-        )
+        ) + ("agent:\n  backend: claude-code\n" if claude else "")
         b.github.add_repo(REPO, {".github/loop.yml": yml, "app.py": "x = 0\n"}, installation_id=iid)
         with b.github.as_user("bench") as u:
             n = u.post(f"/repos/{REPO}/issues", json={"title": "t", "body": "b"}).json()["number"]
             u.post(f"/repos/{REPO}/issues/{n}/labels", json={"labels": ["loop:ready"]})
         counter = {"turn": 0}
+        first_asks: list[float] = []  # when each turn's first model request arrived
 
         def respond(body: dict[str, Any]) -> m.Item:
             last = body["messages"][-1]["content"]
-            if any(block.get("type") == "tool_result" for block in last):
+            if isinstance(last, list) and any(
+                isinstance(block, dict) and block.get("type") == "tool_result" for block in last
+            ):
                 return m.text("edited")
+            first_asks.append(time.time())
             counter["turn"] += 1
+            if claude:
+                return m.cc_write("app.py", f"x = {counter['turn']}\n")
             return m.write_file("app.py", f"x = {counter['turn']}\n")
 
         b.model.responder = respond
@@ -96,8 +112,14 @@ def main() -> None:
             f"{statistics.median(late):.1f} ms"
         )
         print(
-            f"  (excluded per turn, median: model {model_ms:.1f} ms over 2 calls, "
-            f"verify {verify_ms:.1f} ms in the sandbox)"
+            f"  (excluded per turn, median: {'the Claude Code run' if claude else 'model'} "
+            f"{model_ms:.1f} ms over 2 model calls, verify {verify_ms:.1f} ms in the sandbox)"
+        )
+        to_first = sorted((a - s) * 1000 for s, a in zip(starts, first_asks, strict=False))
+        print(
+            f"  turn start to its first model request ({args.backend}): median "
+            f"{statistics.median(to_first):.1f} ms   p90 "
+            f"{to_first[int(len(to_first) * 0.9)]:.1f} ms   max {to_first[-1]:.1f} ms"
         )
     finally:
         b.close()

@@ -25,12 +25,14 @@ agent (``jobs/agent.py``), whose ``run_turn`` this class mirrors.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import re
 import shlex
 import tarfile
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -120,6 +122,73 @@ def unpack(data: bytes, home: Path, cwd: str, owner: tuple[int, int] | None) -> 
             os.chown(path, *owner, follow_symlinks=False)
 
 
+def stage_home(home: Path, prompt: str, system: str, owner: tuple[int, int] | None) -> None:
+    """The turn's prompt and loopbot's system text as files in the private HOME (read by
+    the command line, so neither passes through a shell's quoting)."""
+    (home / ".loopbot").mkdir()
+    (home / ".loopbot" / "prompt.txt").write_text(prompt)
+    (home / ".loopbot" / "system.txt").write_text(system)
+    if owner is not None:
+        for path in [home / ".loopbot", *(home / ".loopbot").iterdir()]:
+            os.chown(path, *owner)
+
+
+def cli_command(model: str, max_turns: int, session_args: list[str]) -> str:
+    """The shell command that runs one headless turn inside the sandbox."""
+    argv = [
+        INSIDE_CLI,
+        "-p",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--model",
+        model,
+        "--max-turns",
+        str(max_turns),
+        "--permission-mode",
+        "bypassPermissions",
+        "--setting-sources",
+        "",
+        "--strict-mcp-config",
+        "--disable-slash-commands",
+        *session_args,
+    ]
+    return (
+        shlex.join(argv)
+        + f' --append-system-prompt "$(cat {INSIDE_HOME}/.loopbot/system.txt)"'
+        + f" < {INSIDE_HOME}/.loopbot/prompt.txt"
+    )
+
+
+def cli_extra(cli: Path, home: Path, gw: gateway.ModelGateway, model: str) -> Extra:
+    """What the CLI's command gets beyond the sandbox's own: the gateway as its API, the
+    placeholder key, its binary and private HOME mounted, and nothing phoning home."""
+    return Extra(
+        env={
+            "ANTHROPIC_BASE_URL": gateway.BASE_URL,
+            "ANTHROPIC_API_KEY": gw.placeholder,
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            # Every model Claude Code could pick for itself or a subagent is the loop's:
+            # the gateway refuses any other.
+            "ANTHROPIC_MODEL": model,
+            "ANTHROPIC_SMALL_FAST_MODEL": model,
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+            "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+            "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
+            "CLAUDE_CODE_SUBAGENT_MODEL": model,
+        },
+        mounts=(
+            Mount(cli.parent, str(Path(INSIDE_CLI).parent)),
+            Mount(home, INSIDE_HOME, writable=True),
+            Mount(gw.socket_path, gateway.SANDBOX_SOCKET, writable=True),
+        ),
+        prelude=gateway.relay_prelude(),
+    )
+
+
 @dataclass
 class _Turn:
     """What one CLI run said, read from its stream as it comes."""
@@ -186,13 +255,8 @@ class ClaudeCodeAgent:
             session = saved[0]
             unpack(saved[1], home, cwd, self.sandbox.file_owner)
         resume = saved is not None
-        (home / ".loopbot").mkdir()
-        (home / ".loopbot" / "prompt.txt").write_text(prompt)
-        (home / ".loopbot" / "system.txt").write_text(self.system)
         owner = self.sandbox.file_owner
-        if owner is not None:
-            for path in [home / ".loopbot", *(home / ".loopbot").iterdir()]:
-                os.chown(path, *owner)
+        stage_home(home, prompt, self.system, owner)
         run_dir = self.sandbox.private_dir("gateway")
         exchanges = 0
 
@@ -243,53 +307,12 @@ class ClaudeCodeAgent:
                 return why
             return None
 
-        argv = [
-            INSIDE_CLI,
-            "-p",
-            "--output-format",
-            "stream-json",
-            "--verbose",
-            "--model",
+        command = cli_command(
             self.model,
-            "--max-turns",
-            str(max(1, limits.step_cap)),
-            "--permission-mode",
-            "bypassPermissions",
-            "--setting-sources",
-            "",
-            "--strict-mcp-config",
-            "--disable-slash-commands",
-            *(["--resume", session] if resume else ["--session-id", session]),
-        ]
-        command = (
-            shlex.join(argv)
-            + f' --append-system-prompt "$(cat {INSIDE_HOME}/.loopbot/system.txt)"'
-            + f" < {INSIDE_HOME}/.loopbot/prompt.txt"
+            max(1, limits.step_cap),
+            ["--resume", session] if resume else ["--session-id", session],
         )
-        extra = Extra(
-            env={
-                "ANTHROPIC_BASE_URL": gateway.BASE_URL,
-                "ANTHROPIC_API_KEY": gw.placeholder,
-                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-                "DISABLE_AUTOUPDATER": "1",
-                "DISABLE_TELEMETRY": "1",
-                "DISABLE_ERROR_REPORTING": "1",
-                # Every model Claude Code could pick for itself or a subagent is the loop's:
-                # the gateway refuses any other.
-                "ANTHROPIC_MODEL": self.model,
-                "ANTHROPIC_SMALL_FAST_MODEL": self.model,
-                "ANTHROPIC_DEFAULT_HAIKU_MODEL": self.model,
-                "ANTHROPIC_DEFAULT_SONNET_MODEL": self.model,
-                "ANTHROPIC_DEFAULT_OPUS_MODEL": self.model,
-                "CLAUDE_CODE_SUBAGENT_MODEL": self.model,
-            },
-            mounts=(
-                Mount(cli.parent, str(Path(INSIDE_CLI).parent)),
-                Mount(home, INSIDE_HOME, writable=True),
-                Mount(gw.socket_path, gateway.SANDBOX_SOCKET, writable=True),
-            ),
-            prelude=gateway.relay_prelude(),
-        )
+        extra = cli_extra(cli, home, gw, self.model)
         with gw:
             result = self.sandbox.run(
                 command,
@@ -409,3 +432,76 @@ def tool_title(name: str, given: dict[str, Any]) -> str:
         if given.get(key):
             return f"{name} {str(given[key])[:300]}"
     return name
+
+
+TRIAL_PROMPT = "Reply with the single word: ready"
+
+
+@dataclass(frozen=True)
+class Trial:
+    """``loopbot doctor``'s trial run of the backend: did it answer, and what it cost."""
+
+    ok: bool
+    detail: str
+
+
+def trial(
+    client: Any, settings: Any, model: str, spec: ModelSpec, *, timeout: float = 180.0
+) -> Trial:
+    """One headless turn as a loop runs it (``--max-turns 1``), in a fresh sandbox,
+    through a fresh gateway to ``model`` with the worker's key: it shows the CLI runs
+    under bubblewrap, reaches the model only through the gateway, and reads the answer
+    from its stream. Costs one small model call."""
+    from jobs import precall
+
+    cli = cli_path()
+    if cli is None:
+        return Trial(False, "not installed on this worker")
+    spent: list[float] = []
+    exchanges: list[gateway.Exchange] = []
+    output = bytearray()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="loopbot-doctor-cc-") as tmp:
+        work = Path(tmp) / "work"
+        work.mkdir()
+        with Sandbox(work, settings=settings, timeout=timeout) as box:
+            owner = box.file_owner
+            home = box.private_dir("agent-home")
+            stage_home(home, TRIAL_PROMPT, "This is loopbot doctor's trial run.", owner)
+            gw = gateway.ModelGateway(
+                client,
+                gateway.Policy(model, spec, min(2048, spec.max_output)),
+                run_dir=box.private_dir("gateway"),
+                guard=lambda request: precall.guard(client, request, None, settings),
+                charge=lambda _model, used: spent.append(used.cost_usd),
+                on_exchange=exchanges.append,
+                sandbox_uid=owner[0] if owner else None,
+            )
+            with gw:
+                result = box.run(
+                    cli_command(model, 1, ["--session-id", str(uuid.uuid4())]),
+                    timeout=timeout,
+                    extra=cli_extra(cli, home, gw, model),
+                    on_output=output.extend,
+                )
+    seconds = time.monotonic() - started
+    ended: dict[str, Any] = {}
+    for line in bytes(output).splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if isinstance(event, dict) and event.get("type") == "result":
+                ended = event
+    refused = [x for x in exchanges if x.status >= 400]
+    if not exchanges:
+        tail = result.output.strip()[-300:] or f"exit code {result.exit_code}"
+        return Trial(False, f"the CLI never reached the gateway: {tail}")
+    if refused or ended.get("is_error") or not ended:
+        why = refused[0].error if refused else str(ended.get("result") or result.output[-300:])
+        return Trial(False, f"the trial turn failed: {why.strip()[:300]}")
+    answer = " ".join(str(ended.get("result", "")).split())[:60]
+    return Trial(
+        True,
+        f"a trial turn in the sandbox reached {model} through the gateway "
+        f"({len(exchanges)} call(s), ${sum(spent):.4f}, {seconds:.1f} s) and answered "
+        f"{answer!r}",
+    )

@@ -90,6 +90,7 @@ def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
     checks.append(_redis_url(settings.redis_url))
     checks.append(_github(settings))
     checks.extend(model_checks(settings))
+    checks.extend(backend_checks(settings))
     checks.append(_data_dir(settings))
     checks.append(ceilings_check(settings))
     checks.append(_worker_user(settings))
@@ -495,6 +496,40 @@ def model_checks(settings: Settings, now: datetime | None = None) -> list[Check]
         checks.append(Check(name, not stands.fail, detail, f"set {env} to {choose}", warn=warn))
     checks.append(_allowed(settings, catalog, {m for _, m in roles}, now))
     return checks
+
+
+def backend_checks(settings: Settings) -> list[Check]:
+    """Each agent backend the operator allows (LOOPBOT_AGENT_BACKENDS): its version and,
+    for one that runs inside the sandbox, a trial turn through the model gateway."""
+    checks = []
+    for backend in sorted(settings.agent_backends):
+        name = f"agent backend {backend}"
+        if backend == "builtin":
+            detail = f"the built-in agent (Messages API, anthropic {anthropic.__version__})"
+            checks.append(Check(name, True, detail))
+        elif backend == "claude-code":
+            checks.append(_claude_code(settings, name))
+        else:  # the settings refuse unknown names; kept so a new one is never silent
+            checks.append(Check(name, False, "unknown backend", "see README, Agent backends"))
+    return checks
+
+
+def _claude_code(settings: Settings, name: str) -> Check:
+    from jobs import claude_code
+    from jobs.models import ModelCatalog, UnknownModel
+
+    install = "./scripts/setup --claude-code (or pip install 'loopbot[claude-code]')"
+    version = claude_code.cli_version()
+    if version is None:
+        return Check(name, False, "Claude Code is not installed on this worker", install)
+    client = _client(settings).with_options(timeout=60)
+    try:
+        spec = ModelCatalog(client, settings).spec(settings.model)
+    except UnknownModel:
+        return Check(name, False, f"Claude Code {version}; {settings.model} is unknown")
+    result = claude_code.trial(client, settings, settings.model, spec)
+    fix = "see the line above for the sandbox and the model; README, Agent backends"
+    return Check(name, result.ok, f"Claude Code {version}: {result.detail}", fix)
 
 
 def _thinking(spec: ModelSpec) -> str:

@@ -665,12 +665,16 @@ def cc_edit(path: str, old: str, new: str, **kw: Any) -> Reply:
 
 
 def _working_dir(body: Json) -> str | None:
+    """The working directory Claude Code last told the model (a resumed session on
+    another worker tells it the new one; a model follows the newest)."""
+    found = None
     for msg in body.get("messages") or []:
         for b in _blocks(msg):
-            found = _CWD_LINE.search(str(b.get("text", "")))
-            if found:
-                return found.group(1)
-    return None
+            for match in _CWD_LINE.finditer(str(b.get("text", ""))):
+                found = match.group(1)
+    for match in _CWD_LINE.finditer(json.dumps(body.get("system") or "")):
+        found = found or match.group(1)
+    return found
 
 
 def _with_cwd(content: list[Json], body: Json) -> list[Json]:

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from bot.core.record import Status
+from bot.core.record import TERMINAL, Status
 from bot.io.store import Store
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from jobs.claude_code import INSIDE_CLI, cli_path
-from tests.conftest import Web
+from tests.conftest import Web, wait_for
 from tests.helpers import CALC, REPO, label, open_issue, sample_repo
 
 # A model Claude Code knows (for an unknown name it assumes the newest API features, such
@@ -234,3 +234,80 @@ def test_instructions_come_from_the_default_branch_not_from_the_agents_branch(
     newest = json.dumps(later["messages"][-1])
     assert "PLANTED RULE" not in newest
     assert not (github.file_at(REPO, "loop/issue-1", "HOOKED"))
+
+
+FAST = {"LOOPBOT_LEASE_TTL": "3", "LOOPBOT_RECONCILE_INTERVAL": "1"}
+
+
+def test_a_killed_worker_s_loop_resumes_the_same_session_on_another_worker(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, workers: Any
+) -> None:
+    """Worker a runs turn 1 (saved with the loop) and dies by SIGKILL in turn 2's long
+    command; worker b, with its own empty data directory, resumes the loop, restores the
+    session into a fresh HOME and continues it: its first request holds turn 1's
+    messages, under the same session id. Nothing of a's CLI outlives the kill."""
+    model.play(
+        m.cc_write("NOTES.md", "turn one\n"),
+        m.text("Started on the notes."),
+        # (Claude Code refuses a bare `sleep 120`: it asks for a background command.)
+        m.cc_bash("python3 -c 'import time; time.sleep(120)'"),
+    )
+    sample_repo(github, loop_yml=YML)
+    a = workers("a", **ENV, **FAST)
+    label(github, "writer", open_issue(github))
+    wait_for(lambda: len(agent_requests(model)) >= 3, 90, "turn 2's long command")
+    assert Store(redis).agent_session(KEY) is not None  # turn 1's session, saved
+    time.sleep(1.0)  # the sandboxed `sleep 120` is running now
+    a.kill()
+    before = len(agent_requests(model))
+    model.play(
+        m.cc_edit("calc.py", "a - b", "a + b"),
+        m.text("Fixed add."),
+        m.structured({"verdict": "approve", "summary": "ok", "findings": []}),
+    )
+    workers("b", **ENV, **FAST)
+    wait_for(lambda: Store(redis).get(KEY).status in TERMINAL, 120, "the loop on b")
+    r = Store(redis).get(KEY)
+    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), "\n".join(
+        f"{k} {json.dumps(d)[:400]}" for k, d in events(redis)
+    )
+    assert r.auto_resumes == 1
+    resumed = agent_requests(model)[before]
+    text = json.dumps(resumed["messages"])
+    assert "turn one" in text and "Started on the notes." in text
+    session = Store(redis).agent_session(KEY)
+    assert session is not None and session[0] in json.dumps(resumed.get("metadata") or {})
+    assert github.file_at(REPO, "main", "calc.py") == CALC.replace("a - b", "a + b")
+    leftover = subprocess.run(
+        ["pgrep", "-f", INSIDE_CLI], capture_output=True, text=True, check=False
+    ).stdout
+    assert leftover == ""
+
+
+def test_doctor_shows_each_backend_and_a_trial_turn_through_the_gateway(
+    env: dict[str, str], github: GitHubServer, model: AnthropicServer
+) -> None:
+    """``loopbot doctor`` with both backends allowed: the built-in one with its SDK
+    version; Claude Code with its CLI version and a trial turn that ran in the sandbox
+    and reached the model through the gateway (the real key went to the model only).
+    A model that refuses the trial makes the line fail, with the API's reason."""
+    from tests.io.test_operator import cli
+
+    github.add_installation("acme")
+    model.play(m.text("ready"))
+    out = cli("doctor", env=env, timeout=240)
+    assert out.returncode == 0, out.stdout
+    lines = {ln.split(":")[0]: ln for ln in out.stdout.splitlines() if "agent backend" in ln}
+    assert "anthropic " in lines["[ok  ] agent backend builtin"]
+    cc = lines["[ok  ] agent backend claude-code"]
+    assert "Claude Code 2." in cc and "through the gateway (1 call(s)" in cc, cc
+    assert "answered 'ready'" in cc
+    trial = agent_requests(model)[-1]
+    assert trial["model"] == "claude-sonnet-4-6" and trial["stream"] is True
+    assert "Reply with the single word: ready" in json.dumps(trial["messages"])
+
+    model.play(m.Fail(529, "Overloaded", "overloaded_error"))
+    out = cli("doctor", env=env, timeout=240)
+    assert out.returncode == 1
+    failed = [ln for ln in out.stdout.splitlines() if "[FAIL] agent backend claude-code" in ln]
+    assert failed and "trial turn failed" in failed[0], out.stdout
