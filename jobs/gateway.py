@@ -57,6 +57,8 @@ SANDBOX_SOCKET = "/run/loopbot/model.sock"
 SANDBOX_PORT = 8377  # the relay inside the sandbox listens on 127.0.0.1 at this port
 BASE_URL = f"http://127.0.0.1:{SANDBOX_PORT}"
 PLACEHOLDER_PREFIX = "sk-ant-loopbot-placeholder-"
+MAX_CONNECTIONS = 16  # concurrent connections from the sandbox (Claude Code uses one or two)
+MAX_BODY = 32 * 1024 * 1024  # the Messages API's own request size limit (32 MB)
 # Fields of a Messages request the budget check and the token count look at.
 _COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking")
 
@@ -240,12 +242,33 @@ class ModelGateway:
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """A thread per connection, at most ``MAX_CONNECTIONS`` at once: each thread lives in
+    the worker, outside the sandbox's process limit, so the agent may not open more."""
+
     daemon_threads = True
+    request_queue_size = 64
     gateway: ModelGateway
+
+    def __init__(self, path: str, handler: Any) -> None:
+        super().__init__(path, handler)
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)  # over the bound: closed unanswered
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    timeout = 300  # an idle kept-alive connection gives its slot back
     server: _Server
 
     def address_string(self) -> str:
@@ -260,7 +283,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         gw = self.server.gateway
         path = self.path.split("?", 1)[0]
-        length = int(self.headers.get("content-length") or 0)
+        try:
+            length = int(self.headers.get("content-length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY:
+            # The worker's memory is outside the sandbox's limits: never read more than
+            # the API itself accepts (413 request_too_large, as the API answers).
+            self.close_connection = True
+            self._error(413, "request_too_large", f"a request body is at most {MAX_BODY} bytes")
+            return
         raw = self.rfile.read(length) if length else b""
         if not gw.authorised(self.headers):
             self._error(401, "authentication_error", "invalid x-api-key")

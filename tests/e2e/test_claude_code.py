@@ -25,10 +25,15 @@ from tests.helpers import CALC, REPO, label, open_issue, sample_repo
 # A model Claude Code knows (for an unknown name it assumes the newest API features, such
 # as mid-conversation system messages, which the API takes from Opus 4.8 only).
 ENV = {"LOOPBOT_AGENT_BACKENDS": "builtin,claude-code", "LOOPBOT_MODEL": "claude-sonnet-4-6"}
-pytestmark = [
-    pytest.mark.skipif(cli_path() is None, reason="Claude Code is not installed"),
-    pytest.mark.parametrize("env_extra", [ENV]),
-]
+pytestmark = pytest.mark.skipif(cli_path() is None, reason="Claude Code is not installed")
+
+
+@pytest.fixture
+def env_extra(request: pytest.FixtureRequest) -> dict[str, str]:
+    """ENV for every test here, plus what a test parametrizes (``indirect=True``)."""
+    return {**ENV, **getattr(request, "param", {})}
+
+
 YML = (
     "verify: python3 -m unittest -q\nmax_turns: 3\ntriage:\n  enabled: false\n"
     "agent:\n  backend: claude-code\n"
@@ -311,3 +316,64 @@ def test_doctor_shows_each_backend_and_a_trial_turn_through_the_gateway(
     assert out.returncode == 1
     failed = [ln for ln in out.stdout.splitlines() if "[FAIL] agent backend claude-code" in ln]
     assert failed and "trial turn failed" in failed[0], out.stdout
+
+
+def test_a_drain_stops_claude_code_within_seconds_and_the_next_worker_resumes_its_session(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, workers: Any
+) -> None:
+    """SIGTERM (a deploy) while Claude Code runs a long command in turn 2: the CLI and
+    what it started are gone within 5 s, the loop is handed over, and the session saved
+    at the cut holds turn 2's call; the next worker resumes it with a valid conversation
+    (the local model refuses a tool call left without its result, as the API does)."""
+    model.play(
+        m.cc_write("NOTES.md", "turn one\n"),
+        m.text("Started on the notes."),
+        m.cc_bash("python3 -c 'import time; time.sleep(120)' # LONG-ONE"),
+    )
+    sample_repo(github, loop_yml=YML)
+    a = workers("a", **ENV, **FAST)
+    label(github, "writer", open_issue(github))
+    wait_for(lambda: len(agent_requests(model)) >= 3, 90, "turn 2's long command")
+    wait_for(
+        lambda: subprocess.run(["pgrep", "-f", "LONG-ONE"], capture_output=True).stdout,
+        10,
+        "the long command to run",
+    )
+    stopping = time.monotonic()
+    assert a.terminate(timeout=30) == 0, a.output()
+    assert time.monotonic() - stopping < 5
+    for pattern in (INSIDE_CLI, "LONG-ONE"):
+        assert subprocess.run(["pgrep", "-f", pattern], capture_output=True).stdout == b""
+    r = Store(redis).get(KEY)
+    assert r.status == Status.QUEUED and r.phase in ("handoff", "queued"), r
+    assert events(redis, "agent_turn")[-1]["end"] == "shutdown"
+    before = len(agent_requests(model))
+    model.play(
+        m.cc_edit("calc.py", "a - b", "a + b"),
+        m.text("Fixed add."),
+        m.structured({"verdict": "approve", "summary": "ok", "findings": []}),
+    )
+    workers("b", **ENV, **FAST)
+    wait_for(lambda: Store(redis).get(KEY).status in TERMINAL, 120, "the loop on b")
+    r = Store(redis).get(KEY)
+    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), events(redis)
+    assert r.auto_resumes == 0  # a handover is not a lost worker
+    resumed = json.dumps(agent_requests(model)[before]["messages"])
+    assert "Started on the notes." in resumed and "LONG-ONE" in resumed
+
+
+@pytest.mark.parametrize("env_extra", [{"LOOPBOT_STALL_TIMEOUT": "3"}], indirect=True)
+def test_a_claude_code_run_that_goes_quiet_is_killed_as_a_stall(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """The model takes 60 s to answer and Claude Code writes nothing meanwhile: after
+    LOOPBOT_STALL_TIMEOUT (3 s) without output the CLI's sandbox is killed, the turn ends
+    ``stalled``, and no CLI process is left."""
+    model.play(m.text("late", delay=60.0))
+    started = time.monotonic()
+    start(github, drain)
+    assert time.monotonic() - started < 30
+    turn = events(redis, "agent_turn")[-1]
+    assert turn["end"] == "stalled", events(redis)
+    leftover = subprocess.run(["pgrep", "-f", INSIDE_CLI], capture_output=True).stdout
+    assert leftover == b""
