@@ -59,6 +59,9 @@ class Outcome:
     steps: int = 0
     tool_calls: int = 0
     usage: list[tuple[str, Usage]] = field(default_factory=list)  # (model, usage) per call
+    # Calls already charged to the loop as they were made (the model gateway's, for a
+    # backend in the sandbox): counted in the turn's cost, never charged again.
+    charged: list[tuple[str, Usage]] = field(default_factory=list)
     text: str = ""
     detail: str = ""
     model_seconds: float = 0.0  # time waiting for the model (for the overhead benchmark)
@@ -66,13 +69,13 @@ class Outcome:
 
     @property
     def cost(self) -> float:
-        return sum(u.cost_usd for _, u in self.usage)
+        return sum(u.cost_usd for _, u in [*self.usage, *self.charged])
 
     @property
     def tokens(self) -> int:
         return sum(
             u.input_tokens + u.output_tokens + u.cache_read_tokens + u.cache_write_tokens
-            for _, u in self.usage
+            for _, u in [*self.usage, *self.charged]
         )
 
 

@@ -233,11 +233,13 @@ class ClaudeCodeAgent:
         )
         self.last_model: str | None = None
         self.first_request: float | None = None  # seconds from the turn's start (bench)
+        self._charged: list[tuple[str, Any]] = []  # this turn's calls, as charged
 
     def run_turn(self, messages: list[dict[str, Any]], prompt: str, limits: Limits) -> Outcome:
         """One turn: ``prompt`` to the resumed session. ``messages`` (loopbot's own view
         of the conversation: the prompts and the agent's closing words) is extended."""
         started = time.monotonic()
+        self._charged = []
         cli = cli_path()
         if cli is None:
             return Outcome(
@@ -274,6 +276,8 @@ class ClaudeCodeAgent:
                     "cost_usd": round(x.usage.cost_usd, 6) if x.usage else 0.0,
                     "input_tokens": x.usage.input_tokens if x.usage else 0,
                     "output_tokens": x.usage.output_tokens if x.usage else 0,
+                    "cache_read_tokens": x.usage.cache_read_tokens if x.usage else 0,
+                    "cache_write_tokens": x.usage.cache_write_tokens if x.usage else 0,
                 },
             )
 
@@ -329,6 +333,7 @@ class ClaudeCodeAgent:
         self.last_model = self.model
         outcome.steps = state.steps
         outcome.tool_calls = state.steps
+        outcome.charged = list(self._charged)
         outcome.text = str(state.result.get("result") or state.text)
         outcome.model_seconds = time.monotonic() - started
         messages.append({"role": "assistant", "content": outcome.text or "(no summary)"})
@@ -353,6 +358,7 @@ class ClaudeCodeAgent:
                 "end": outcome.end,
                 "steps": state.steps,
                 "calls": exchanges,
+                "cost_usd": round(outcome.cost, 6),  # as the gateway charged it
                 "exit_code": result.exit_code,
                 "cli_cost_usd": state.result.get("total_cost_usd"),
                 "first_request_s": round(self.first_request, 3) if self.first_request else None,
@@ -361,8 +367,10 @@ class ClaudeCodeAgent:
         return outcome
 
     def _charge(self, model: str, used: Any) -> None:
-        """A gateway call's usage on the loop's record, as the built-in agent's is."""
+        """A gateway call's usage on the loop's record at once (the next call's budget
+        check reads it there), and in the turn's own tally."""
         self.store.update(self.key, lambda r: r.record_usage(model, "agent", used))
+        self._charged.append((model, used))
 
     def _read(self, state: _Turn, chunk: bytes) -> None:
         """The stream-json events in ``chunk`` (line by line) as session-log events."""

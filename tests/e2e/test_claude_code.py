@@ -92,6 +92,12 @@ def test_claude_code_fixes_the_bug_over_two_turns_and_the_loop_merges_it(
     text = json.dumps(turn2["messages"])
     assert "a * b" in text and "Changed add." in text
     assert r.usage and r.cost_usd > 0
+    # Each turn's cost is what the gateway charged for it (on the record once, not twice).
+    turns = events(redis, "turn_completed")
+    charged = sum(c["cost_usd"] for c in events(redis, "gateway_call"))
+    assert all(t["cost_usd"] > 0 for t in turns)
+    assert abs(sum(t["cost_usd"] for t in turns) - charged) < 1e-5
+    assert r.usage["claude-sonnet-4-6/agent"].cost_usd == pytest.approx(charged, abs=1e-5)
 
 
 REAL_KEY = "sk-ant-local-test"  # the worker's ANTHROPIC_API_KEY in these tests (conftest)

@@ -701,3 +701,61 @@ def test_a_timeline_redacts_only_the_events_it_shows() -> None:
 )
 def test_a_saved_timeline_in_another_shape_is_built_again(saved: Any) -> None:
     assert sessionlog.Timeline.from_json(saved) is None
+
+
+def test_a_claude_code_turn_shows_its_text_commands_edits_and_results() -> None:
+    """Claude Code's stream (``jobs/claude_code.py``'s events): the conversation holds
+    only loopbot's prompts and the closing words; the events show the work, redacted."""
+    conversation = [user(text("Fix issue 7.")), assistant(text("Fixed add()."))]
+    events = [
+        ev(1, "turn_started", turn=1, messages=0),
+        ev(
+            2,
+            "agent_tool",
+            backend="claude-code",
+            step=1,
+            tool="Bash",
+            title="pytest -q",
+            input={"command": "pytest -q", "description": "Run"},
+        ),
+        ev(
+            3,
+            "agent_result",
+            backend="claude-code",
+            tool="Bash",
+            error=True,
+            output=f"FAILED test_add\nGH_TOKEN={TOKEN}",
+        ),
+        ev(
+            4,
+            "agent_tool",
+            backend="claude-code",
+            step=2,
+            tool="Edit",
+            title="Edit calc.py",
+            input={"file_path": "/wt/calc.py", "old_string": "a - b", "new_string": "a + b"},
+        ),
+        ev(
+            5,
+            "agent_tool",
+            backend="claude-code",
+            step=3,
+            tool="Write",
+            title="Write n.md",
+            input={"file_path": "/wt/n.md", "content": "hi\n"},
+        ),
+        ev(6, "agent_text", backend="claude-code", text="Fixed add().\nDetails."),
+        ev(7, "agent_turn", backend="claude-code", end="finished", steps=3, calls=4, cost_usd=0.02),
+    ]
+    entries = sessionlog.build(conversation, events, Redactor([TOKEN]))
+    shown = [(e["kind"], e["step"], e["title"]) for e in entries]
+    assert ("tool_call", 1, "$ pytest -q") in shown
+    assert ("tool_call", 2, "edit /wt/calc.py") in shown
+    assert ("tool_call", 3, "write /wt/n.md") in shown
+    assert ("text", None, "Fixed add().") in shown
+    by_title = {e["title"]: e for e in entries}
+    failed = by_title["error: FAILED test_add"]
+    assert failed["ok"] is False and TOKEN not in failed["body"] and MARK in failed["body"]
+    assert "-a - b\n+a + b" in by_title["edit /wt/calc.py"]["diff"]
+    assert by_title["write /wt/n.md"]["diff"].startswith("--- /dev/null")
+    assert any("agent turn" in t and "cost_usd=0.02" in t for _, _, t in shown)

@@ -320,6 +320,9 @@ class _Out:
             state.review_round = data["round"]
         if kind == "step" and not _shows_step(data, turn, state):
             return  # the conversation shows this tool call already
+        if kind in ("agent_text", "agent_tool", "agent_result"):
+            self._backend(kind, data, turn, at)
+            return
         title, body, ok = _describe_event(kind, data, state)
         step = _int(data["step"]) if kind == "step" and _is_int(data.get("step")) else None
         self.add(
@@ -331,6 +334,38 @@ class _Out:
             at=at,
             ok=ok,
         )
+
+    def _backend(self, kind: str, data: dict[str, Any], turn: int | None, at: float | None) -> None:
+        """What a backend in the sandbox did (Claude Code's stream, ``jobs/claude_code.py``):
+        its text, each tool call (a command as its title, an edit as a diff), each result."""
+        step = _int(data["step"]) if _is_int(data.get("step")) else None
+        if kind == "agent_text":
+            text = str(data.get("text", ""))
+            self.add("text", _first_line(text), text, turn=turn, at=at)
+        elif kind == "agent_tool":
+            given = data.get("input")
+            given = given if isinstance(given, dict) else {}
+            title, body, diff = describe_backend_call(str(data.get("tool", "tool")), given)
+            self.add("tool_call", title, body, turn=turn, step=step, at=at, diff=diff)
+        else:
+            text, failed = str(data.get("output", "")), bool(data.get("error"))
+            title = f"error: {_first_line(text)}" if failed else _first_line(text) or "(no output)"
+            self.add("tool_result", title, text, turn=turn, at=at, ok=not failed)
+
+
+def describe_backend_call(name: str, args: dict[str, Any]) -> tuple[str, str, str | None]:
+    """A Claude Code tool call as (title, body, diff), as ``describe_call`` does loopbot's."""
+    path = str(args.get("file_path", args.get("path", "?")))
+    if name == "Bash":
+        return describe_call(BASH, {"command": args.get("command", "")})
+    if name == "Edit":
+        old, new = str(args.get("old_string", "")), str(args.get("new_string", ""))
+        return f"edit {path}", "", _diff(path, old, new)
+    if name == "Write":
+        return f"write {path}", "", _diff(path, "", str(args.get("content", "")), created=True)
+    if name == "Read":
+        return f"read {path}", "", None
+    return name, json.dumps(args, indent=2, sort_keys=True, default=str), None
 
 
 def _shows_step(data: dict[str, Any], turn: int | None, state: _EventState) -> bool:
