@@ -42,7 +42,7 @@ class BaseVerify(RunnerBase):
             result = {**found, "sha": head, "cached": True}
         else:
             clean = self.worktrees.is_clean(checkout)
-            result = evidence.outcome(self.sandbox.run(self.config.verify), head)
+            result = evidence.outcome(self._harness(self.config.verify), head)
             if clean and not self.worktrees.is_clean(checkout):
                 # What verify wrote (reports, snapshots) is not the agent's change.
                 self.worktrees.restore_committed(checkout)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import stat
 import subprocess
 import threading
@@ -21,7 +22,18 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-GIT_TIMEOUT = 600
+GIT_TIMEOUT = 600  # network operations (fetch, push) on the mirror
+TREE_TIMEOUT = 120  # operations on a worktree the agent wrote: seconds, and CPU seconds
+TREE_MEMORY = 2 << 30  # bytes of heap (RLIMIT_DATA) git may take on such a tree
+# Ignore and attribute rules: git matches every pattern against every path, so their
+# size is a cost the tree sets (250k patterns by 20k files: 30 s). Rule files past these
+# sizes are refused, not read.
+MAX_RULES_FILE = 256 * 1024
+MAX_RULES_TOTAL = 1 << 20
+RULE_FILES = (".gitignore", ".gitattributes")
+# A path longer than this (bytes, from the worktree's root) is one git cannot see
+# (PATH_MAX is 4096): a tree holding one is refused, never committed around.
+MAX_PATH_BYTES = 3072
 _HELPER = (
     '!f() { test "$1" = get && echo username=x-access-token '
     '&& echo "password=$LOOPBOT_GIT_TOKEN"; }; f'
@@ -78,6 +90,25 @@ class GitError(RuntimeError):
     pass
 
 
+def safe_path() -> str:
+    """The worker's PATH without empty, ``.`` or relative entries: git runs with a
+    worktree as its directory, where an empty entry would find the agent's ``./git``."""
+    entries = [e for e in os.environ.get("PATH", "").split(":") if e.startswith("/")]
+    return ":".join(entries) or "/usr/bin:/bin"
+
+
+def git_binary() -> str:
+    """git by absolute path, found on ``safe_path`` only."""
+    found = shutil.which("git", path=safe_path())
+    if found is None:
+        raise GitError("git is not installed (apt-get install git)")
+    return found
+
+
+def _prlimit() -> str | None:
+    return shutil.which("prlimit", path=safe_path())
+
+
 def _scrub(text: str, token: str | None) -> str:
     return text.replace(token, "***") if token else text
 
@@ -96,7 +127,7 @@ def git(
     mirror) so that git never discovers one from ``cwd``, where the agent writes.
     """
     env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PATH": safe_path(),
         "HOME": _NO_CONFIG_HOME,  # neither the operator's nor the worktree's .gitconfig
         "XDG_CONFIG_HOME": _NO_CONFIG_HOME,
         "GIT_CONFIG_NOSYSTEM": "1",
@@ -108,14 +139,21 @@ def git(
         "LANG": "C",
         **AUTHOR,
     }
+    argv = [git_binary(), *_SAFE]
     if git_dir is not None:
         env["GIT_DIR"] = str(git_dir)
         env["GIT_WORK_TREE"] = str(cwd)
+        # A tree the agent wrote: bounded as a sandboxed command is, in heap and CPU time
+        # (the wall-clock timeout alone leaves the memory unbounded).
+        timeout = min(timeout, TREE_TIMEOUT)
+        limiter = _prlimit()
+        if limiter is not None:
+            argv = [limiter, f"--data={TREE_MEMORY}", f"--cpu={TREE_TIMEOUT}", "--", *argv]
     if token:
         env["LOOPBOT_GIT_TOKEN"] = token
     try:
         proc = subprocess.run(
-            ["git", *_SAFE, *args],
+            [*argv, *args],
             cwd=cwd,
             env=env,
             capture_output=True,
@@ -195,12 +233,14 @@ def _remove(path: Path) -> None:
         if not stat.S_ISDIR(os.lstat(path).st_mode):
             path.unlink()
             return
-        subprocess.run(
-            ["rm", "-rf", "--one-file-system", "--", str(path)],
-            capture_output=True,
-            timeout=GIT_TIMEOUT,
-            check=False,
-        )
+        rm = ["rm", "-rf", "--one-file-system", "--", str(path)]
+        subprocess.run(rm, capture_output=True, timeout=GIT_TIMEOUT, check=False)
+        if path.exists() or path.is_symlink():
+            # A directory without write or search permission (``chmod 555`` by its owner,
+            # the sandbox's uid, which a non-root worker shares): give them back, again.
+            chmod = ["chmod", "-R", "u+rwx", "--", str(path)]
+            subprocess.run(chmod, capture_output=True, timeout=GIT_TIMEOUT, check=False)
+            subprocess.run(rm, capture_output=True, timeout=GIT_TIMEOUT, check=False)
         if path.exists() or path.is_symlink():
             raise GitError(f"could not remove {path}")
 
@@ -211,8 +251,15 @@ def defuse_tree(root: Path) -> list[str]:
     only (``walk_lstat``), never opening a file or following a link. Returns the removed
     paths."""
     removed: list[str] = []
-    for path, st in walk_lstat(root, descend=lambda p, s: p.name != ".git"):
+    rules = 0
+    base = len(os.fsencode(root))
+    for path, st in walk_lstat(root, descend=lambda p, s: p.name != ".git", strict=True):
         mode = st.st_mode
+        if len(os.fsencode(path)) - base > MAX_PATH_BYTES:
+            raise GitError(
+                f"a path in the working tree is longer than {MAX_PATH_BYTES} bytes, "
+                "which git cannot see: shorten or remove it"
+            )
         if path.parent == root and path.name == ".git":
             continue  # the worktree's own pointer: _restore_gitfile rewrites it
         if path.name == ".git" or not (
@@ -220,6 +267,14 @@ def defuse_tree(root: Path) -> list[str]:
         ):
             _remove(path)
             removed.append(str(path.relative_to(root)))
+        elif path.name in RULE_FILES and stat.S_ISREG(mode):
+            rules += st.st_size
+            if st.st_size > MAX_RULES_FILE or rules > MAX_RULES_TOTAL:
+                raise GitError(
+                    f"{path.relative_to(root)}: ignore and attribute files may hold at most "
+                    f"{MAX_RULES_FILE // 1024} KiB each and {MAX_RULES_TOTAL // 1024} KiB in "
+                    "all (git matches each rule against each path): shorten them"
+                )
     return removed
 
 
@@ -263,7 +318,10 @@ def files_at(
 
 
 def walk_lstat(
-    top: Path, descend: Callable[[Path, os.stat_result], bool] | None = None
+    top: Path,
+    descend: Callable[[Path, os.stat_result], bool] | None = None,
+    *,
+    strict: bool = False,
 ) -> Iterator[tuple[Path, os.stat_result]]:
     """Everything under the directory ``top`` (not ``top`` itself), directories included,
     as (path, lstat): never a link followed, never a file opened. A directory is entered
@@ -274,7 +332,9 @@ def walk_lstat(
         current = stack.pop()
         try:
             entries = list(os.scandir(current))
-        except OSError:
+        except OSError as exc:
+            if strict:
+                raise GitError(f"{current} cannot be read ({exc.strerror})") from None
             continue
         for entry in entries:
             path = Path(entry.path)

@@ -176,7 +176,7 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
         self.sandbox = sandbox
         if config.setup and not checkout.resumed:
             self._set(phase="setup")
-            result = sandbox.run(config.setup)
+            result = self._harness(config.setup)
             self.store.event(self.key, "setup", exit_code=result.exit_code, seconds=result.seconds)
             if (problem := sandbox.worktree_problem()) is not None:
                 return self._over_limit(f"setup: {problem}")
@@ -396,10 +396,11 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
             hidden = self.worktrees.purge_ignored(self.checkout, ignored_before)
             if hidden:
                 self.store.event(self.key, "ignored_removed", turn=turn, paths=hidden[:50])
+            self._restore_setup(ignored_before, turn)
             self._commit_and_push(turn, outcome)
             head = self.worktrees.head(self.checkout.path, self.checkout.mirror)
             self._set(phase="verifying")
-            verify = self.sandbox.run(self.config.verify)  # while the push runs
+            verify = self._harness(self.config.verify)  # while the push runs
             self._pushed()
             if (problem := self.sandbox.worktree_problem()) is not None:
                 return self._over_limit(f"verify: {problem}")

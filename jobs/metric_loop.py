@@ -46,6 +46,7 @@ from jobs.drain import DRAIN
 from jobs.runner import LEASE_LOST, RunnerBase
 from jobs.sandbox import safefs
 from jobs.sandbox.bwrap import Result
+from jobs.worktree import FileState
 
 TAIL_CHARS = 2000  # of a command's output, in events and the preconditions comment
 NORMAL_ENDS = ("finished", "text_only", "shutdown")
@@ -157,7 +158,7 @@ class _MetricLoop:
                 else f"no tracked file matches {globs}",
             )
         ]
-        measured = r.sandbox.run(cfg.command)
+        measured = r._harness(cfg.command)
         if (problem := r.sandbox.worktree_problem()) is not None:
             return r._over_limit(f"metric: {problem}")
         reading = rules.reading(
@@ -221,7 +222,7 @@ class _MetricLoop:
                 _guard_words(self.guard, ok, base.get("exit_code")),
                 str(base.get("tail", "")),
             )
-        result = r.sandbox.run(self.guard)
+        result = r._harness(self.guard)
         if (problem := r.sandbox.worktree_problem()) is not None:
             return r._over_limit(f"guard: {problem}")
         self._clean()
@@ -393,7 +394,7 @@ class _MetricLoop:
         n: int,
         outcome: Outcome,
         rows: list[rules.Row],
-        ignored: dict[str, tuple[int, int, int]],
+        ignored: dict[str, FileState],
     ) -> rules.Row | str:
         """Commit the turn's change, judge it, keep or revert it, push, record the row.
         ``ignored``: the ignored files as they were before the turn. A str: the job ended
@@ -413,7 +414,7 @@ class _MetricLoop:
                 r.worktrees.commit_paths(r.checkout, sha), cfg.scope, self.named
             )
             if not outside:
-                measured = r.sandbox.run(cfg.command)
+                measured = r._harness(cfg.command)
                 if (problem := r.sandbox.worktree_problem()) is not None:
                     return r._over_limit(f"metric: {problem}")
                 reading = rules.reading(
@@ -430,7 +431,7 @@ class _MetricLoop:
         )
         guard: Result | None = None
         if verdict.run_guard:
-            guard = r.sandbox.run(self.guard)
+            guard = r._harness(self.guard)
             if (problem := r.sandbox.worktree_problem()) is not None:
                 return r._over_limit(f"guard: {problem}")
             self._settle(ignored, n)
@@ -494,7 +495,7 @@ class _MetricLoop:
         head = r.worktrees.head(r.checkout.path, r.checkout.mirror)
         # The gate merges only a head verify passed on: this one, with the table in it.
         r._set(phase="verifying")
-        verify = r.sandbox.run(r.config.verify)
+        verify = r._harness(r.config.verify)
         if (problem := r.sandbox.worktree_problem()) is not None:
             return r._over_limit(f"verify: {problem}")
         self._clean()
@@ -547,7 +548,7 @@ class _MetricLoop:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _settle(self, ignored: dict[str, tuple[int, int, int]], n: int) -> None:
+    def _settle(self, ignored: dict[str, FileState], n: int) -> None:
         """After the metric or the guard ran the change's code: back to the last commit,
         and every ignored file new or changed since before the turn removed. Those runs
         execute the agent's code, and what it leaves where git does not look (a forged

@@ -106,7 +106,7 @@ class PostAction(RunnerBase):
             why = self._post_action_problem(reviewed, sha)
         verify: Any = None
         if sha is not None and not why:
-            verify = self.sandbox.run(self.config.verify)
+            verify = self._harness(self.config.verify)
             if (problem := self.sandbox.worktree_problem()) is not None:
                 why = f"verify: {problem}"
             elif not verify.passed:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import assert_never
 
 from bot.core import repo_config
@@ -314,7 +315,11 @@ def reap(rt: Runtime) -> list[str]:
     for repo, issue, path in wt.owned_worktrees():
         record = rt.store.get(LoopId(repo, issue))
         if record is None or record.status is Status.COMPLETED:
-            wt.release(repo, issue)
+            try:
+                wt.release(repo, issue)
+            except Exception:  # one worktree never stops the others
+                log.exception("reconciler.reap_failed", path=str(path))
+                continue
             removed.append(str(path))
     return removed
 
@@ -337,17 +342,25 @@ class Reconciler(threading.Thread):
                 log.exception("reconciler.failed")
 
     def tick(self) -> None:
+        """One pass. Each step on its own: one that fails (a worktree git cannot clean,
+        a GitHub error) is logged and the others still run, this pass and every next."""
         log.debug("reconciler.tick")
-        reap(self.rt)  # worktrees are on this machine: every worker reaps its own
+        self._step("reap", reap)  # worktrees are on this machine: every worker reaps its own
         redis = self.rt.redis
         if not redis.set(
             "loopbot:reconciler", "1", nx=True, px=int(self.rt.settings.reconcile_interval * 900)
         ):
             return
-        keep_pace(self.rt)  # first: a queued loop without a slot joins the line, not a worker
-        resume_lapsed(self.rt)
-        revive_stranded(self.rt)
+        self._step("pace", keep_pace)  # first: a queued loop without a slot joins the line
+        self._step("resume", resume_lapsed)
+        self._step("revive", revive_stranded)
         if time.time() - self._last_sweep >= self.rt.settings.sweep_interval:
             self._last_sweep = time.time()
-            sweep(self.rt)
-        show_places(self.rt)  # last: the only part that waits for GitHub
+            self._step("sweep", sweep)
+        self._step("places", show_places)  # last: the only part that waits for GitHub
+
+    def _step(self, name: str, step: Callable[[Runtime], object]) -> None:
+        try:
+            step(self.rt)
+        except Exception:  # logged; the pass goes on
+            log.exception("reconciler.step_failed", step=name)

@@ -28,8 +28,8 @@ from jobs import lifecycle
 from jobs.agent import Outcome, TurnAgent
 from jobs.lease import Lease
 from jobs.runtime import Runtime
-from jobs.sandbox.bwrap import Sandbox
-from jobs.worktree import Checkout, GitError, Worktrees
+from jobs.sandbox.bwrap import Result, Sandbox
+from jobs.worktree import Checkout, FileState, GitError, Worktrees
 
 log = get_logger("loopbot.loop")
 
@@ -119,6 +119,30 @@ class RunnerBase(ABC):
             # worktree; every commit is pushed, and a restart recreates it from there.
             self.worktrees.remove(self.repo, self.issue_number)
         return self._finish(Status.FAILED, Reason.RESOURCE_LIMIT, detail)
+
+    def _harness(self, command: str) -> Result:
+        """``setup``, ``verify`` or a metric command, run by the harness on the committed
+        tree. What it leaves that the repository does not ignore is its own output, never
+        the agent's: it is kept out of every later commit (``exclude_leftovers``)."""
+        result = self.sandbox.run(command)
+        left = self.worktrees.exclude_leftovers(self.checkout)
+        if left:
+            self.store.event(self.key, "leftovers_excluded", paths=left[:50], count=len(left))
+        return result
+
+    def _restore_setup(self, before: dict[str, FileState], turn: int) -> None:
+        """Setup's output (ignored files) that the agent deleted is made again before
+        verify runs: verify must not pass on a tree setup would not leave (a plugin, a
+        stricter config removed)."""
+        missing = self.worktrees.missing_ignored(self.checkout, before)
+        if not missing:
+            return
+        self.store.event(self.key, "ignored_missing", turn=turn, paths=missing[:50])
+        if self.config.setup:
+            result = self._harness(self.config.setup)
+            self.store.event(
+                self.key, "setup", exit_code=result.exit_code, seconds=result.seconds, again=True
+            )
 
     def _commit_and_push(self, turn: int, outcome: Outcome) -> str | None:
         """Commit now; push in the background while verify runs.

@@ -53,6 +53,29 @@ from jobs.git import (
 log = get_logger("loopbot.worktree")
 
 MAX_SPARES = 2  # finished worktrees kept per repository for reuse
+FileState = tuple[int, int, int, int]  # an ignored file's ctime_ns, inode, size, mode
+LEFTOVERS = "loopbot-leftovers"  # a worktree's exclude file, in its git directory
+# In the mirror's info/attributes, which outranks every .gitattributes in a tree: no
+# attribute converts content between the worktree and a commit (eol, ident, encodings,
+# filters), so a commit holds the worktree's bytes, byte for byte, and a checkout writes
+# the commit's. Verify, which runs on the worktree, then judges exactly what is committed.
+NEUTRAL_ATTRIBUTES = "* -text -eol -crlf -ident -filter -working-tree-encoding\n"
+
+
+def _neutral_attributes(mirror: Path) -> None:
+    info = mirror / "info"
+    info.mkdir(exist_ok=True)
+    target = info / "attributes"
+    if not target.is_file() or target.read_text() != NEUTRAL_ATTRIBUTES:
+        target.write_text(NEUTRAL_ATTRIBUTES)
+
+
+def _literal_pattern(rel: str) -> str:
+    """An exclude line that matches exactly ``rel`` (a directory when it ends in ``/``),
+    from the worktree's root: glob characters and trailing spaces escaped."""
+    out = "".join("\\" + c if c in "\\*?[]" else c for c in rel)
+    stripped = out.rstrip(" ")
+    return "/" + stripped + "\\ " * (len(out) - len(stripped))
 
 
 @dataclass(frozen=True)
@@ -88,6 +111,7 @@ class Worktrees:
                 git(mirror, "config", "gc.auto", "0")  # gc would stall a loop; run it apart
             else:
                 git(mirror, "remote", "set-url", "origin", clone_url)
+            _neutral_attributes(mirror)
             git(mirror, "fetch", "--prune", "--no-tags", "-q", "origin", token=token)
         return mirror
 
@@ -98,11 +122,13 @@ class Worktrees:
         return out.strip() or None
 
     def _git(self, path: Path, mirror: Path, *args: str, check: bool = True) -> str:
-        """git on the worktree at ``path``, with its git directory named explicitly."""
+        """git on the worktree at ``path``, with its git directory named explicitly, and
+        what setup and verify left there ignored (``exclude_leftovers``)."""
         admin = self._admin_dir(path, mirror)
         if admin is None:
             raise GitError(f"{path} is not a worktree of {mirror}")
-        return git(path, *args, git_dir=admin, check=check)
+        excludes = f"core.excludesFile={admin / LEFTOVERS}"
+        return git(path, "-c", excludes, *args, git_dir=admin, check=check)
 
     def checkout(
         self, repo: str, issue: int, branch: str, default_branch: str, mirror: Path
@@ -133,6 +159,9 @@ class Worktrees:
                 self._git(path, mirror, "checkout", "-q", "-f", "-B", branch, start)
             else:
                 git(mirror, "worktree", "add", "-q", "-f", "-B", branch, str(path), start)
+            admin = self._admin_dir(path, mirror)
+            if admin is not None:
+                (admin / LEFTOVERS).write_text("")  # a new loop: nothing left over yet
         return Checkout(path, mirror, branch, base_sha, resumed=pushed is not None)
 
     # -- spares: finished worktrees kept for reuse ---------------------------------------
@@ -153,17 +182,25 @@ class Worktrees:
         ):
             self.remove(repo, issue)
             return
-        with mirror_lock(mirror):
-            self._restore_gitfile(path, mirror)
-            defuse_tree(path)
-            # Free the loop branch and leave nothing of this loop behind: tracked files as
-            # committed, untracked and ignored files (build output, caches) deleted.
-            self._git(path, mirror, "checkout", "-q", "--detach")
-            self._git(path, mirror, "reset", "-q", "--hard")
-            self._git(path, mirror, "clean", "-q", "-ffdx")
-            spares.mkdir(parents=True, exist_ok=True)
-            target = spares / f"spare-{uuid.uuid4().hex[:12]}"
-            git(mirror, "worktree", "move", str(path), str(target))
+        try:
+            with mirror_lock(mirror):
+                self._restore_gitfile(path, mirror)
+                defuse_tree(path)
+                # Free the loop branch and leave nothing of this loop behind: tracked files
+                # as committed, untracked and ignored files (build output, caches) deleted.
+                self._git(path, mirror, "checkout", "-q", "--detach")
+                self._git(path, mirror, "reset", "-q", "--hard")
+                self._git(path, mirror, "clean", "-q", "-ffdx")
+                if not self.is_clean(Checkout(path, mirror, "", "", resumed=False)):
+                    raise GitError("git clean left files behind")
+                spares.mkdir(parents=True, exist_ok=True)
+                target = spares / f"spare-{uuid.uuid4().hex[:12]}"
+                git(mirror, "worktree", "move", str(path), str(target))
+        except (GitError, OSError) as exc:
+            # A tree git cannot clean (too deep, unreadable, read-only) is no spare: the
+            # whole worktree goes, however it was made.
+            log.warning("worktree.release_failed", path=str(path), error=str(exc)[:300])
+            self.remove(repo, issue)
 
     def _take_spare(self, repo: str, mirror: Path, path: Path) -> bool:
         spares = self.spares_dir(repo)
@@ -276,12 +313,44 @@ class Worktrees:
             self._git(path, mirror, "reset", "-q", "--hard")
             self._git(path, mirror, "clean", "-q", "-ffdx")
 
-    def ignored_files(self, checkout: Checkout) -> dict[str, tuple[int, int, int]]:
-        """Every file git ignores in the worktree, with (mtime_ns, size, mode): what
-        verify sees but a commit never carries (dependencies, build output, caches)."""
+    def exclude_leftovers(self, checkout: Checkout) -> list[str]:
+        """After ``setup`` or ``verify`` (run by the harness, on a committed tree): what
+        they wrote that the repository does not ignore (``__pycache__``, build output) is
+        theirs, not the agent's, and never reaches a commit. Each such path is added,
+        anchored and literal, to this worktree's own exclude file (in its git directory
+        in the mirror, where neither the agent nor another loop writes); from then on
+        harness git ignores it like the repository's ignored files. A name no exclude
+        line can hold (a newline in it) is deleted instead."""
         path, mirror = checkout.path, checkout.mirror
         with mirror_lock(mirror):
             self._restore_gitfile(path, mirror)
+            defuse_tree(path)
+            admin = self._admin_dir(path, mirror)
+            out = self._git(
+                path, mirror, "ls-files", "--others", "--exclude-standard", "--directory", "-z"
+            )
+            found = [p for p in out.split("\0") if p]
+            lines = []
+            for rel in found:
+                if "\n" in rel or "\r" in rel:
+                    _remove(path / rel.rstrip("/"))
+                else:
+                    lines.append(_literal_pattern(rel))
+            if lines and admin is not None:
+                with open(admin / LEFTOVERS, "a", encoding="utf-8", errors="surrogateescape") as f:
+                    f.write("".join(line + "\n" for line in lines))
+        return found
+
+    def ignored_files(self, checkout: Checkout) -> dict[str, FileState]:
+        """Every file git ignores in the worktree, with (ctime_ns, inode, size, mode):
+        what verify sees but a commit never carries (dependencies, build output,
+        caches). The change time and inode, not the modification time: the agent can set
+        a file's mtime (``touch -r``) but not its ctime, which any write or ``utime``
+        moves to now."""
+        path, mirror = checkout.path, checkout.mirror
+        with mirror_lock(mirror):
+            self._restore_gitfile(path, mirror)
+            defuse_tree(path)
             out = self._git(
                 path,
                 mirror,
@@ -292,17 +361,24 @@ class Worktrees:
                 "--directory",
                 "-z",
             )
-        found: dict[str, tuple[int, int, int]] = {}
+        found: dict[str, FileState] = {}
         for rel in (p for p in out.split("\0") if p):
             top = path / rel
             for file in files_under(top):
                 st = file[1]
-                found[str(file[0].relative_to(path))] = (st.st_mtime_ns, st.st_size, st.st_mode)
+                found[str(file[0].relative_to(path))] = (
+                    st.st_ctime_ns,
+                    st.st_ino,
+                    st.st_size,
+                    st.st_mode,
+                )
         return found
 
-    def purge_ignored(
-        self, checkout: Checkout, before: dict[str, tuple[int, int, int]]
-    ) -> list[str]:
+    def missing_ignored(self, checkout: Checkout, before: dict[str, FileState]) -> list[str]:
+        """Ignored files of ``before`` that are gone (the agent deleted what setup made)."""
+        return sorted(rel for rel in before if not os.path.lexists(checkout.path / rel))
+
+    def purge_ignored(self, checkout: Checkout, before: dict[str, FileState]) -> list[str]:
         """Remove the ignored files that are new or changed since ``before``: files the
         agent left where git does not look. verify would see them and the commit would
         not, so a verify that passes only because of them proves nothing about the
@@ -589,4 +665,13 @@ class Worktrees:
         return out
 
 
-__all__ = ["Checkout", "GitError", "Worktrees", "defuse_tree", "files_at", "git", "mirror_lock"]
+__all__ = [
+    "Checkout",
+    "FileState",
+    "GitError",
+    "Worktrees",
+    "defuse_tree",
+    "files_at",
+    "git",
+    "mirror_lock",
+]

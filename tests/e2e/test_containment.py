@@ -37,7 +37,7 @@ from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from jobs.sandbox import cgroups
 from jobs.sandbox.bwrap import Sandbox
-from jobs.worktree import Checkout, Worktrees, git
+from jobs.worktree import Checkout, GitError, Worktrees, git
 from tests.conftest import Web
 from tests.helpers import REPO, label, open_issue, sample_repo, worker_settings
 
@@ -676,6 +676,190 @@ def test_a_worktree_over_its_disk_limit_stops_the_loop_and_pushes_nothing(
         if b.get("type") == "tool_result"
     ]
     assert any("disk" in str(b.get("content")) and b.get("is_error") for b in results)
+
+
+# -- harness git, second pass (issue 27): the tree cannot hang, exhaust or fool it -----------
+
+
+def _agent(h: Hostile, co: Checkout, script: str) -> None:
+    """What the agent does, as the agent: in the sandbox, on the worktree."""
+    with _box(h, co) as box:
+        r = box.run(script)
+        assert r.passed, r.output
+
+
+def test_a_fifo_named_gitignore_does_not_hang_harness_git(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    """1. ``mkfifo sub/.gitignore``: every harness call that reads ignore rules (the
+    ignored-file snapshot, the leftovers, a commit) returns at once; the FIFO is gone."""
+    wt, mirror, _token = _repo(github, hostile, {"sub/keep": "k\n"})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    _agent(hostile, co, "mkfifo sub/.gitignore && echo y > sub/f")
+    started = time.monotonic()
+    _with_timeout(lambda: wt.ignored_files(co), 30)
+    _agent(hostile, co, "mkfifo sub/.gitignore")
+    assert _with_timeout(lambda: wt.commit_all(co, "loop(turn-1): fifo"), 30) is not None
+    _agent(hostile, co, "mkfifo sub/.gitignore")
+    _with_timeout(lambda: wt.exclude_leftovers(co), 30)
+    assert time.monotonic() - started < 30
+    assert not (co.path / "sub" / ".gitignore").exists()
+
+
+@pytest.mark.parametrize("size", [300 * 1024, 40 << 20])
+def test_ignore_rules_past_their_size_are_refused_before_git_reads_them(
+    github: GitHubServer, hostile: Hostile, size: int
+) -> None:
+    """2, 3. A .gitignore of many patterns (the cost is patterns by files) or of 40 MiB
+    (git took 1.5 GiB for it): refused with a clear error in well under a second, git
+    never started on it; and many small rule files add up to the same refusal."""
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    lines = size // 12
+    _agent(
+        hostile,
+        co,
+        f"python3 -c \"import sys; sys.stdout.write(''.join(f'/p{{i:09d}}\\n' for i in "
+        f'range({lines})))" > .gitignore && mkdir -p d && touch d/f1 d/f2',
+    )
+    started = time.monotonic()
+    for call in (lambda: wt.commit_all(co, "x"), lambda: wt.ignored_files(co)):
+        with pytest.raises(GitError, match="ignore and attribute files may hold at most"):
+            call()
+    assert time.monotonic() - started < 5
+    _agent(
+        hostile,
+        co,
+        "rm .gitignore && for i in $(seq 1 12); do mkdir -p s$i && "
+        "head -c 100000 /dev/zero | tr '\\0' 'a' > s$i/.gitattributes; done",
+    )
+    with pytest.raises(GitError, match="in all"):
+        wt.commit_all(co, "x")
+
+
+def test_a_forged_or_deleted_setup_file_is_seen(github: GitHubServer, hostile: Hostile) -> None:
+    """4. Setup installed an ignored helper; the agent rewrites it at the same length and
+    restores its mtime (``touch -r``): it is purged all the same (its ctime moved). One it
+    deletes is reported missing, so setup can make it again."""
+    wt, mirror, _token = _repo(github, hostile, {".gitignore": ".venv/\n"})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    _agent(hostile, co, "mkdir -p .venv/bin && echo 'exit 1' > .venv/bin/check && echo k > .venv/k")
+    before = wt.ignored_files(co)
+    assert set(before) == {".venv/bin/check", ".venv/k"}
+    time.sleep(0.05)
+    _agent(
+        hostile,
+        co,
+        "cp -p .venv/bin/check /tmp/ref && echo 'exit 0' > .venv/bin/check && "
+        "touch -r /tmp/ref .venv/bin/check && rm .venv/k",
+    )
+    assert wt.purge_ignored(co, before) == [".venv/bin/check"]
+    assert not (co.path / ".venv/bin/check").exists()
+    assert wt.missing_ignored(co, before) == [".venv/bin/check", ".venv/k"]
+
+
+def test_a_tree_past_path_max_or_unwritable_neither_blinds_git_nor_stops_the_reaper(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    """5. Directories nested past PATH_MAX (git does not see them) make a commit fail
+    with a clear error instead of committing around them; releasing the worktree, which
+    git cannot clean, removes it whole; the reaper survives it. The same for a
+    directory without write permission (``chmod 555``)."""
+    wt, mirror, _token = _repo(github, hostile, {})
+    name = "d" * 200
+    for issue, script in (
+        (1, f"for i in $(seq 1 26); do mkdir {name} && cd {name}; done; echo x > f"),
+        (2, "mkdir -p ro/sub && echo x > ro/sub/f && chmod 555 ro/sub ro"),
+    ):
+        co = wt.checkout(REPO, issue, f"loop/issue-{issue}", "main", mirror)
+        _agent(hostile, co, script)
+        if issue == 1:
+            with pytest.raises(GitError, match="longer than"):
+                wt.commit_all(co, "deep")
+        _with_timeout(lambda issue=issue: wt.release(REPO, issue), 60)
+        assert not co.path.exists()
+        assert not list(wt.spares_dir(REPO).glob("*")) or all(
+            wt.is_clean(Checkout(p, mirror, "", "", resumed=False))
+            for p in wt.spares_dir(REPO).glob("*")
+        )
+
+
+def test_attributes_never_make_the_commit_differ_from_the_tree_verify_saw(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    """6. ``*.py ident``, ``text eol=crlf`` and ``working-tree-encoding`` in a
+    .gitattributes: each would make ``git add`` store other bytes than the worktree holds
+    (verify ran on the worktree). The commit holds the worktree's bytes, exactly."""
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    hidden = 'TAG = "$Id:"; import os; os._exit(0); "$"\n'
+    files = {
+        ".gitattributes": "*.py ident\n*.txt text eol=crlf\n*.enc working-tree-encoding=UTF-16\n",
+        "a.py": hidden,
+        "b.txt": "one\r\ntwo\r\n",
+        "c.enc": "plain\n",
+    }
+    for name, text in files.items():
+        (co.path / name).write_bytes(text.encode())
+    with _box(hostile, co) as box:
+        box.adopt()
+    sha = wt.commit_all(co, "loop(turn-1): attributes")
+    assert sha is not None
+    for name, text in files.items():
+        blob = subprocess.run(
+            ["git", "-C", str(mirror), "cat-file", "blob", f"{sha}:{name}"],
+            capture_output=True,
+            check=True,
+        ).stdout
+        assert blob == text.encode(), name
+        assert (co.path / name).read_bytes() == text.encode(), name
+
+
+def test_git_is_never_found_in_the_worktree_through_path(
+    github: GitHubServer, hostile: Hostile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """7. An empty entry in the worker's PATH (a trailing or leading ``:``) means the
+    current directory, which for harness git is the worktree: the agent's ``./git``
+    never runs outside the sandbox."""
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    payload = hostile.payload("path-git")
+    _agent(hostile, co, f"printf '#!/bin/sh\\n{payload}\\n' > git && chmod +x git && echo y > b")
+    for path in (":" + os.environ["PATH"], ".:" + os.environ["PATH"], "bin:" + os.environ["PATH"]):
+        monkeypatch.setenv("PATH", path)
+        wt.commit_all(co, "loop(turn-1): path")
+        wt.ignored_files(co)
+    assert hostile.escaped() == []
+
+
+def test_what_setup_and_verify_leave_behind_is_never_committed(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    """8. verify (``py_compile``) writes ``__pycache__`` and a report the repository does
+    not ignore: the next commit holds the agent's new file and its edit, not those."""
+    wt, mirror, _token = _repo(github, hostile, {"calc.py": "X = 1\n"})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    with _box(hostile, co) as box:
+        r = box.run("python3 -m py_compile calc.py && echo ran > 'report [1].txt' && ls")
+        assert r.passed and "__pycache__" in r.output, r.output
+    left = wt.exclude_leftovers(co)
+    assert set(left) == {"__pycache__/", "report [1].txt"}
+    _agent(
+        hostile,
+        co,
+        "echo 'X = 2' > calc.py && echo new > added.py && echo more >> 'report [1].txt'",
+    )
+    sha = wt.commit_all(co, "loop(turn-1): change")
+    assert sha is not None
+    tree = git(mirror, "ls-tree", "-r", "--name-only", sha).split("\n")
+    assert "calc.py" in tree and "added.py" in tree
+    assert not [p for p in tree if "__pycache__" in p or p.startswith("report")], tree
+    # The next loop in this worktree (a recycled spare) starts with no exclusions.
+    wt.release(REPO, 1)
+    co2 = wt.checkout(REPO, 2, "loop/issue-2", "main", mirror)
+    (co2.path / "report [1].txt").write_text("agent's own\n")
+    sha2 = wt.commit_all(co2, "loop(turn-1): second")
+    assert sha2 is not None and "report [1].txt" in git(mirror, "ls-tree", "--name-only", sha2)
 
 
 # -- the same, as a non-root worker ---------------------------------------------------------
