@@ -44,9 +44,9 @@ from bot.core.models import ModelSpec
 from bot.core.rules import budget
 from bot.io.logs import get_logger
 from bot.io.store import Store
-from jobs import gateway
+from jobs import gateway, precall
 from jobs.agent import Limits, Outcome, add_user_text
-from jobs.sandbox.bwrap import INSIDE_HOME, Extra, Mount, Sandbox
+from jobs.sandbox.bwrap import INSIDE_HOME, Extra, Mount, Sandbox, TreeError, disk_usage
 
 log = get_logger("loopbot.claude_code")
 
@@ -94,20 +94,36 @@ def session_id(key: str) -> str:
     return str(uuid.uuid5(SESSION_NAMESPACE, key))
 
 
-def pack(home: Path, cwd: str, session: str) -> bytes:
-    """The session's transcript (and its subagents') out of ``home``, as a tar.gz."""
+MAX_SESSION = 64 << 20  # bytes of session files saved with the loop (Redis holds them)
+
+
+class SessionTooLarge(Exception):
+    pass
+
+
+def pack(home: Path, cwd: str, session: str, limit: int = MAX_SESSION) -> bytes:
+    """The session's transcript (and its subagents') out of ``home``, as a tar.gz.
+    Raises ``SessionTooLarge`` past ``limit`` bytes of files: the agent writes HOME, and
+    what is packed sits in the worker's memory and then in Redis."""
     root = home / ".claude" / "projects" / project_dir(cwd)
     buf = io.BytesIO()
+    total = 0
+
+    def regular_only(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        nonlocal total
+        if not (info.isfile() or info.isdir()):
+            return None  # never a link, a device or a FIFO the agent planted
+        total += info.size
+        if total > limit:
+            raise SessionTooLarge(f"Claude Code's session files passed {limit >> 20} MiB")
+        return info
+
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for path in sorted(root.glob(f"{session}*")) if root.is_dir() else []:
             if path.is_symlink():
                 continue  # the agent's HOME: never follow what it may have planted
-            tar.add(path, arcname=path.name, recursive=True, filter=_regular_only)
+            tar.add(path, arcname=path.name, recursive=True, filter=regular_only)
     return buf.getvalue()
-
-
-def _regular_only(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-    return info if info.isfile() or info.isdir() else None
 
 
 def unpack(data: bytes, home: Path, cwd: str, owner: tuple[int, int] | None) -> None:
@@ -292,6 +308,7 @@ class ClaudeCodeAgent:
         )
         state = _Turn()
         outcome = Outcome(end="finished")
+        home_limit = self.sandbox.limits.worktree_bytes
         ended: list[tuple[str, str]] = []
 
         def watch() -> str | None:
@@ -304,6 +321,16 @@ class ClaudeCodeAgent:
             if gw.exhausted:
                 ended.append(("budget_exhausted", gw.exhausted))
                 return gw.exhausted
+            try:  # HOME is on the worker's disk, outside the worktree's limit
+                over = disk_usage(home, home_limit) > home_limit
+            except TreeError as exc:
+                over, why = True, str(exc)
+            else:
+                why = f"more than {home_limit >> 20} MiB"
+            if over:
+                why = f"Claude Code's home directory holds {why}; delete what you generated"
+                ended.append(("resource_limit", why))
+                return why
             quiet = time.monotonic() - state.last_output
             if quiet > limits.stall_timeout:
                 why = f"Claude Code wrote nothing for {quiet:.0f} s"
@@ -329,7 +356,10 @@ class ClaudeCodeAgent:
                 self.first_request = gw.first_request - started
         self._read(state, b"\n")
         if saved is not None or (home / ".claude").is_dir():
-            self.store.save_agent_session(self.key, session, pack(home, cwd, session))
+            try:
+                self.store.save_agent_session(self.key, session, pack(home, cwd, session))
+            except SessionTooLarge as exc:  # the last saved session stays
+                ended.append(("resource_limit", f"{exc}; the turn's session was not saved"))
         self.last_model = self.model
         outcome.steps = state.steps
         outcome.tool_calls = state.steps
@@ -460,8 +490,6 @@ def trial(
     through a fresh gateway to ``model`` with the worker's key: it shows the CLI runs
     under bubblewrap, reaches the model only through the gateway, and reads the answer
     from its stream. Costs one small model call."""
-    from jobs import precall
-
     cli = cli_path()
     if cli is None:
         return Trial(False, "not installed on this worker")

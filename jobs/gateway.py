@@ -59,6 +59,72 @@ BASE_URL = f"http://127.0.0.1:{SANDBOX_PORT}"
 PLACEHOLDER_PREFIX = "sk-ant-loopbot-placeholder-"
 MAX_CONNECTIONS = 16  # concurrent connections from the sandbox (Claude Code uses one or two)
 MAX_BODY = 32 * 1024 * 1024  # the Messages API's own request size limit (32 MB)
+# JSON objects and arrays in one body: each costs the worker far more memory parsed than
+# its two bytes of JSON (a 32 MB body of ``{}`` took 2.7 GB); a real conversation holds
+# tens of thousands.
+MAX_NODES = 500_000
+# What a request may carry to the API. Anything else is dropped before it is sent: a
+# field that changes the price (``speed``, ``service_tier``, ``inference_geo``) or makes
+# the API reach out for the sandbox (``mcp_servers``, ``container``) is not the loop's to
+# ask for. These are the fields Claude Code sends, and the sampling ones.
+FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "tools",
+        "tool_choice",
+        "max_tokens",
+        "metadata",
+        "stream",
+        "thinking",
+        "context_management",
+        "output_config",
+        "temperature",
+        "top_p",
+        "top_k",
+        "stop_sequences",
+    }
+)
+# Beta features passed on, by name up to their date: none changes the price (the
+# 1M-context and fast-mode betas do) or lets the API fetch for the sandbox (MCP, web).
+BETAS = (
+    "claude-code-",
+    "interleaved-thinking-",
+    "context-management-",
+    "thinking-token-count-",
+    "advanced-tool-use-",
+    "effort-",
+    "thinking-display-updates-",
+    "fine-grained-tool-streaming-",
+    "token-efficient-tools-",
+    "prompt-caching-",
+    "structured-outputs-",
+)
+
+
+def allowed_betas(header: str) -> str:
+    """The ``anthropic-beta`` header with only the betas of ``BETAS``."""
+    names = [b.strip() for b in header.split(",") if b.strip()]
+    return ",".join(b for b in names if b.startswith(BETAS))
+
+
+def _remote_sources(node: Any) -> bool:
+    """Whether any content block in ``node`` has a source the API would fetch (a URL, an
+    uploaded file): the model's network, used by a sandbox that has none."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            source = item.get("source")
+            if isinstance(source, dict) and source.get("type") in ("url", "file"):
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 # Fields of a Messages request the budget check and the token count look at.
 _COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking")
 
@@ -126,6 +192,7 @@ class ModelGateway:
         self.first_request: float | None = None  # monotonic, for the benchmark
         self._server: _Server | None = None
         self._lock = threading.Lock()
+        self._one_call = threading.Lock()  # see _Handler.do_POST
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -171,7 +238,21 @@ class ModelGateway:
                 "invalid_request_error",
                 f"loopbot: this loop's model is {self.policy.model}; {asked!r} is not allowed",
             )
-        out = dict(body)
+        out = {k: v for k, v in body.items() if k in FIELDS}
+        tools = out.get("tools")
+        if tools is not None and (
+            not isinstance(tools, list)
+            or any(not isinstance(t, dict) or t.get("type", "custom") != "custom" for t in tools)
+        ):
+            # Server tools (web search, web fetch, code execution) are billed per use and
+            # reach the network for the sandbox; Claude Code's own tools are all custom.
+            raise Refused(400, "invalid_request_error", "loopbot: only custom tools are allowed")
+        if _remote_sources(out.get("messages")) or _remote_sources(out.get("system")):
+            raise Refused(
+                400,
+                "invalid_request_error",
+                "loopbot: content the API would fetch (a URL or file source) is not allowed",
+            )
         spec = self.policy.spec
         cap = min(self.policy.max_tokens, spec.max_output)
         given = out.get("max_tokens")
@@ -293,6 +374,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             self._error(413, "request_too_large", f"a request body is at most {MAX_BODY} bytes")
             return
+        # One request at a time, from reading its body to charging its answer: each call
+        # is judged against a spend that holds every call before it (concurrent calls
+        # were each judged alone and overran the budget together), and the worker holds
+        # one body in memory, not sixteen.
+        with gw._one_call:
+            self._one(gw, path, length)
+
+    def _one(self, gw: ModelGateway, path: str, length: int) -> None:
         raw = self.rfile.read(length) if length else b""
         if not gw.authorised(self.headers):
             self._error(401, "authentication_error", "invalid x-api-key")
@@ -300,16 +389,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if path not in ("/v1/messages", "/v1/messages/count_tokens"):
             self._error(404, "not_found_error", f"loopbot's gateway does not answer {path}")
             return
+        if raw.count(b"{") + raw.count(b"[") > MAX_NODES:
+            self._error(413, "request_too_large", f"more than {MAX_NODES} JSON objects")
+            return
         try:
             body = gw.shaped(json.loads(raw or b"null"))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             self._error(400, "invalid_request_error", "the body is not JSON")
             return
         except Refused as exc:
             self._error(exc.status, exc.kind, exc.message)
             return
-        betas = self.headers.get("anthropic-beta") or ""
+        del raw
+        betas = allowed_betas(self.headers.get("anthropic-beta") or "")
         if path.endswith("count_tokens"):
+            if gw.exhausted:  # the key is not lent once the budget is spent
+                self._error(400, "invalid_request_error", f"loopbot: {gw.exhausted}")
+                return
             body.pop("max_tokens", None)
             self._relay(gw, path, body, betas, counted=False)
             return
@@ -345,7 +441,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if counted:
                 gw.on_exchange(Exchange(model, exc.status_code, error=exc.response.text[:300]))
             return
-        except anthropic.APIError as exc:  # no answer: it may have been billed
+        except Exception as exc:  # noqa: BLE001 - no answer: it may have been billed
             if counted and worst is not None:
                 gw.charge(model, precall.worst_usage(worst, int(body["max_tokens"])))
             self._error(529, "overloaded_error", f"loopbot's gateway: {type(exc).__name__}")
@@ -370,7 +466,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
             complete = True
-        except (OSError, httpx.HTTPError) as exc:
+        except Exception as exc:  # noqa: BLE001 - the sandbox's side or the API's: a cut
             log.warning("gateway.stream_cut", error=f"{type(exc).__name__}: {exc}"[:200])
             self.close_connection = True
         finally:

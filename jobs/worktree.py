@@ -188,7 +188,18 @@ class Worktrees:
                 defuse_tree(path)
                 # Free the loop branch and leave nothing of this loop behind: tracked files
                 # as committed, untracked and ignored files (build output, caches) deleted.
-                self._git(path, mirror, "checkout", "-q", "--detach")
+                # Parked on a commit GitHub has (the newest fetched), not on the loop's
+                # own head: a commit whose push failed must be reachable from nothing
+                # once the branch goes (``_collect``).
+                park = git(
+                    mirror,
+                    "for-each-ref",
+                    "--count=1",
+                    "--sort=-committerdate",
+                    "--format=%(objectname)",
+                    "refs/remotes/origin",
+                ).strip()
+                self._git(path, mirror, "checkout", "-q", "-f", "--detach", *[park][: bool(park)])
                 self._git(path, mirror, "reset", "-q", "--hard")
                 self._git(path, mirror, "clean", "-q", "-ffdx")
                 if not self.is_clean(Checkout(path, mirror, "", "", resumed=False)):
@@ -196,6 +207,7 @@ class Worktrees:
                 spares.mkdir(parents=True, exist_ok=True)
                 target = spares / f"spare-{uuid.uuid4().hex[:12]}"
                 git(mirror, "worktree", "move", str(path), str(target))
+                self._collect(mirror, issue)
         except (GitError, OSError) as exc:
             # A tree git cannot clean (too deep, unreadable, read-only) is no spare: the
             # whole worktree goes, however it was made.
@@ -645,6 +657,28 @@ class Worktrees:
         if mirror.exists():
             with mirror_lock(mirror):
                 git(mirror, "worktree", "prune", check=False)
+                self._collect(mirror, issue)
+
+    def _collect(self, mirror: Path, issue: int) -> None:
+        """A finished loop's branch leaves the mirror, and with it what only it held: a
+        commit whose push failed (a file too large for GitHub) would otherwise stay in
+        the shared mirror for good (``gc.auto`` is off), loop after loop. The pushed
+        branch stays on GitHub; the mirror fetches it again when a loop needs it. Loose
+        objects nothing reaches any more are pruned (the mirror lock is held: no commit
+        of another loop is under way). Never fails the release."""
+        branch = f"refs/heads/loop/issue-{issue}"
+        try:
+            used = git(mirror, "worktree", "list", "--porcelain")
+        except GitError:
+            return
+        if f"branch {branch}\n" in used + "\n":
+            return  # checked out again already (another loop of the issue)
+        git(mirror, "update-ref", "-d", branch, check=False)
+        # Worktrees' HEAD reflogs hold every commit they had checked out: expired first
+        # (the harness never reads a reflog).
+        expire = ("reflog", "expire", "--expire=now", "--expire-unreachable=now", "--all")
+        git(mirror, *expire, check=False)
+        git(mirror, "prune", "--expire=now", check=False)
 
     def owned_worktrees(self) -> list[tuple[str, int, Path]]:
         """Every worktree on disk as (repo, issue, path), for the reaper."""

@@ -29,6 +29,7 @@ spooled to disk. The command and everything it started are killed on timeout.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import platform
 import selectors
@@ -116,6 +117,55 @@ _STAGE_PARENT = "/tmp"
 
 class SandboxUnavailable(RuntimeError):
     pass
+
+
+# -- orphans: bwrap's processes whose parent exits first ---------------------------------
+
+_PR_SET_CHILD_SUBREAPER = 36
+_subreaper_pid = 0
+NICE = 10  # sandbox commands yield the CPU to the harness (and to other loops' harness)
+
+
+def become_subreaper() -> None:
+    """Make this process the reaper of its descendants' orphans. A sandbox command's
+    bwrap processes can outlive their parent by an instant; without this they are
+    reparented to PID 1, which in a container may be a worker that never reaps them, and
+    pile up as zombies. Here they come back to us and ``reap_orphans`` collects them."""
+    global _subreaper_pid
+    if _subreaper_pid == os.getpid():
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
+            _subreaper_pid = os.getpid()
+
+
+def reap_orphans() -> int:
+    """Reap this process's zombie children that are orphaned sandbox processes (named
+    ``bwrap``). A child that a ``Popen`` still waits for is never one of them: sandbox
+    commands run one at a time on the thread that calls this, after its own wait."""
+    reaped = 0
+    try:
+        tasks = list(Path("/proc/self/task").iterdir())
+    except OSError:
+        return 0
+    for task in tasks:
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for pid in children:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            name = fields[fields.find("(") + 1 : fields.rfind(")")]
+            state = fields[fields.rfind(")") + 2 :].split(" ", 1)[0]
+            if state == "Z" and name == "bwrap":
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(int(pid), os.WNOHANG)
+                    reaped += 1
+    return reaped
 
 
 @dataclass(frozen=True)
@@ -575,6 +625,9 @@ class Sandbox:
         # every sandbox of the uid, is then only a backstop that one loop cannot exhaust.
         nproc = lim.processes * 16 if group is not None else lim.processes
         limits = [
+            "nice",
+            "-n",
+            str(NICE),
             "prlimit",
             f"--nproc={nproc}",
             f"--fsize={lim.file_bytes}",
@@ -661,6 +714,8 @@ class Sandbox:
         program = seccomp_program() if self.bwrap is not None else None
         fd = _memfd(program) if program is not None else None
         out = _HeadTail(self.max_output)
+        become_subreaper()
+        reap_orphans()  # an orphan of the command before, which died after it ended
         try:
             proc = subprocess.Popen(
                 self._argv(command, fd, group),
@@ -685,6 +740,7 @@ class Sandbox:
                 os.close(fd)
             if group is not None:
                 group.remove()
+        reap_orphans()
         seconds = time.monotonic() - started
         output = out.text()
         if timed_out:
@@ -700,6 +756,7 @@ class Sandbox:
             self._egress.stop()
             self._egress = None
         self._cleanup()
+        reap_orphans()
 
     def __enter__(self) -> Sandbox:
         return self

@@ -6,8 +6,10 @@ through the model gateway. Real RQ workers, real git, the local GitHub server.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,6 +46,36 @@ KEY = f"{REPO}#1"
 def agent_requests(model: AnthropicServer) -> list[dict[str, Any]]:
     """Claude Code's requests (the critic's are structured: an output format)."""
     return [b for b in model.requests if "format" not in (b.get("output_config") or {})]
+
+
+def cli_pids(root: int) -> set[int]:
+    """The Claude Code processes under process ``root`` (a worker, this test's process):
+    other tests may run their own at the same time (pytest -n 2)."""
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if INSIDE_CLI.encode() in cmdline:
+            found.add(pid)
+        todo += [int(c) for c in children]
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    """Those of ``pids`` still running (not gone, not a zombie)."""
+    out = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.add(pid)
+    return out
 
 
 def events(redis: Redis, kind: str | None = None) -> list[Any]:
@@ -196,8 +228,10 @@ def test_a_cancel_during_a_claude_code_turn_stops_it_within_seconds_and_pushes_n
     """The CLI runs a command that would take a minute; a writer's cancel lands: the
     CLI and everything it started are gone within 5 s, and nothing more is pushed."""
     asked: list[float] = []
+    seen: set[int] = set()
 
     def respond(body: dict[str, Any]) -> m.Item:
+        seen.update(cli_pids(os.getpid()))  # the CLI, asking now
         if not asked:
             asked.append(time.monotonic())
             Store(redis).request_cancel(KEY, "cancelled")  # as /loop-cancel flags it
@@ -210,10 +244,7 @@ def test_a_cancel_during_a_claude_code_turn_stops_it_within_seconds_and_pushes_n
     r = Store(redis).get(KEY)
     assert r is not None and r.status == Status.CANCELLED, events(redis)
     assert time.monotonic() - started < 30
-    leftover = subprocess.run(
-        ["pgrep", "-f", INSIDE_CLI], capture_output=True, text=True, check=False
-    ).stdout
-    assert leftover == ""
+    assert seen and alive(seen) == set()
     assert github.ref(REPO, "loop/issue-1") is None  # nothing was pushed for this loop
     assert events(redis, "cancelled_unpushed")
 
@@ -269,7 +300,10 @@ def test_a_killed_worker_s_loop_resumes_the_same_session_on_another_worker(
     wait_for(lambda: len(agent_requests(model)) >= 3, 90, "turn 2's long command")
     assert Store(redis).agent_session(KEY) is not None  # turn 1's session, saved
     time.sleep(1.0)  # the sandboxed `sleep 120` is running now
+    seen = cli_pids(a.proc.pid)  # type: ignore[union-attr]
+    assert seen
     a.kill()
+    wait_for(lambda: not alive(seen), 5, "a's Claude Code to be gone")
     before = len(agent_requests(model))
     model.play(
         m.cc_edit("calc.py", "a - b", "a + b"),
@@ -289,10 +323,6 @@ def test_a_killed_worker_s_loop_resumes_the_same_session_on_another_worker(
     session = Store(redis).agent_session(KEY)
     assert session is not None and session[0] in json.dumps(resumed.get("metadata") or {})
     assert github.file_at(REPO, "main", "calc.py") == CALC.replace("a - b", "a + b")
-    leftover = subprocess.run(
-        ["pgrep", "-f", INSIDE_CLI], capture_output=True, text=True, check=False
-    ).stdout
-    assert leftover == ""
 
 
 def test_doctor_shows_each_backend_and_a_trial_turn_through_the_gateway(
@@ -345,11 +375,18 @@ def test_a_drain_stops_claude_code_within_seconds_and_the_next_worker_resumes_it
         10,
         "the long command to run",
     )
+    seen = cli_pids(a.proc.pid)  # type: ignore[union-attr]
+    long_one = {
+        int(p)
+        for p in subprocess.run(
+            ["pgrep", "-f", "LONG-ONE"], capture_output=True, text=True
+        ).stdout.split()
+    }
+    assert seen and long_one
     stopping = time.monotonic()
     assert a.terminate(timeout=30) == 0, a.output()
     assert time.monotonic() - stopping < 5
-    for pattern in (INSIDE_CLI, "LONG-ONE"):
-        assert subprocess.run(["pgrep", "-f", pattern], capture_output=True).stdout == b""
+    assert alive(seen | long_one) == set()
     r = Store(redis).get(KEY)
     assert r.status == Status.QUEUED and r.phase in ("handoff", "queued"), r
     assert events(redis, "agent_turn")[-1]["end"] == "shutdown"
@@ -375,11 +412,37 @@ def test_a_claude_code_run_that_goes_quiet_is_killed_as_a_stall(
     """The model takes 60 s to answer and Claude Code writes nothing meanwhile: after
     LOOPBOT_STALL_TIMEOUT (3 s) without output the CLI's sandbox is killed, the turn ends
     ``stalled``, and no CLI process is left."""
-    model.play(m.text("late", delay=60.0))
+    seen: set[int] = set()
+
+    def respond(body: dict[str, Any]) -> m.Item:
+        seen.update(cli_pids(os.getpid()))
+        return m.text("late", delay=60.0)
+
+    model.responder = respond
     started = time.monotonic()
     start(github, drain)
     assert time.monotonic() - started < 30
     turn = events(redis, "agent_turn")[-1]
     assert turn["end"] == "stalled", events(redis)
-    leftover = subprocess.run(["pgrep", "-f", INSIDE_CLI], capture_output=True).stdout
-    assert leftover == b""
+    assert seen and alive(seen) == set()
+
+
+def test_a_session_grown_past_its_limit_is_not_saved_and_ends_the_turn(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """The agent writes 70 MB into its session directory (HOME is the worker's disk):
+    the turn ends ``resource_limit`` and the worker never holds or stores that session;
+    the one saved before stays (red team F5)."""
+    fill = (
+        "f=$(ls ~/.claude/projects/*/*.jsonl | head -1); d=${f%.jsonl}; mkdir -p $d; "
+        "head -c 70000000 /dev/urandom > $d/junk; echo filled"
+    )
+    model.play(m.cc_bash(fill), m.text("Done."))
+    start(github, drain)
+    r = Store(redis).get(KEY)
+    assert r is not None and r.reason == "resource_limit", events(redis)
+    assert "session files passed 64 MiB" in events(redis, "agent_turn")[-1]["end"] or any(
+        "session files passed" in json.dumps(e) for e in events(redis)
+    )
+    saved = Store(redis).agent_session(KEY)
+    assert saved is None or len(saved[1]) < 1 << 20

@@ -862,6 +862,85 @@ def test_what_setup_and_verify_leave_behind_is_never_committed(
     assert sha2 is not None and "report [1].txt" in git(mirror, "ls-tree", "--name-only", sha2)
 
 
+ZOMBIES = """
+import os, sys, time
+from pathlib import Path
+from jobs.sandbox.bwrap import Sandbox
+from tests.helpers import worker_settings
+
+def start_of(pid):
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return int(text[text.rfind(")") + 2 :].split()[19])
+
+me = os.getpid()
+born = start_of(me)
+tmp = Path(sys.argv[1])
+work = tmp / "wt"
+work.mkdir()
+with Sandbox(work, settings=worker_settings(tmp)) as box:
+    for _ in range(8):
+        box.run("true")
+    nice = box.run("nice").output.strip()
+time.sleep(0.5)
+found = []
+for proc in Path("/proc").iterdir():
+    if not proc.name.isdigit():
+        continue
+    try:
+        text = (proc / "stat").read_text()
+    except OSError:
+        continue
+    name = text[text.find("(") + 1 : text.rfind(")")]
+    rest = text[text.rfind(")") + 2 :].split()
+    if rest[0] == "Z" and int(rest[1]) in (1, me) and start_of(proc.name) >= born:
+        found.append(f"{proc.name}:{name}:ppid={rest[1]}")
+print("NICE", nice)
+print("ZOMBIES", " ".join(found) or "none")
+"""
+
+
+def test_sandbox_commands_leave_no_zombies_and_yield_the_cpu(tmp_path: Path) -> None:
+    """9. Eight sandbox commands in a fresh worker process: none leaves a zombie, neither
+    under that process nor reparented to PID 1 (which in a container may be a worker
+    that never reaps); and each runs at a lower CPU priority (niceness 10)."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", ZOMBIES, str(tmp_path)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ZOMBIES none" in proc.stdout, proc.stdout
+    assert "NICE 10" in proc.stdout, proc.stdout
+
+
+def test_a_commit_whose_push_failed_does_not_stay_in_the_shared_mirror(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    """9. A turn commits 8 MiB the push never delivers (refused); once the loop's
+    worktree is released, the mirror is back to its size: nothing keeps that commit."""
+    wt, mirror, _token = _repo(github, hostile, {})
+
+    def size_kb() -> int:
+        out = git(mirror, "count-objects", "-v")
+        fields = dict(line.split(": ") for line in out.splitlines())
+        return int(fields["size"]) + int(fields["size-pack"])
+
+    before = size_kb()
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    _agent(hostile, co, "head -c 8388608 /dev/urandom > big.bin")
+    assert wt.commit_all(co, "loop(turn-1): big") is not None
+    with pytest.raises(GitError):
+        wt.push(co, "not-a-token")
+    assert size_kb() - before > 8000
+    wt.release(REPO, 1)
+    assert size_kb() - before < 100, (before, size_kb())
+    assert "loop/issue-1" not in git(mirror, "for-each-ref", "refs/heads")
+
+
 # -- the same, as a non-root worker ---------------------------------------------------------
 
 
