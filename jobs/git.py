@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import resource
 import shutil
 import stat
 import subprocess
@@ -105,10 +106,6 @@ def git_binary() -> str:
     return found
 
 
-def _prlimit() -> str | None:
-    return shutil.which("prlimit", path=safe_path())
-
-
 def _scrub(text: str, token: str | None) -> str:
     return text.replace(token, "***") if token else text
 
@@ -139,33 +136,44 @@ def git(
         "LANG": "C",
         **AUTHOR,
     }
-    argv = [git_binary(), *_SAFE]
+    bounded = git_dir is not None
     if git_dir is not None:
         env["GIT_DIR"] = str(git_dir)
         env["GIT_WORK_TREE"] = str(cwd)
-        # A tree the agent wrote: bounded as a sandboxed command is, in heap and CPU time
-        # (the wall-clock timeout alone leaves the memory unbounded).
         timeout = min(timeout, TREE_TIMEOUT)
-        limiter = _prlimit()
-        if limiter is not None:
-            argv = [limiter, f"--data={TREE_MEMORY}", f"--cpu={TREE_TIMEOUT}", "--", *argv]
     if token:
         env["LOOPBOT_GIT_TOKEN"] = token
+    proc = subprocess.Popen(
+        [git_binary(), *_SAFE, *args],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    if bounded:
+        _bound(proc.pid)
     try:
-        proc = subprocess.run(
-            [*argv, *args],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
+        out, err_bytes = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
         raise GitError(f"git {args[0]} timed out after {timeout:.0f}s") from None
     if check and proc.returncode != 0:
-        err = _scrub(proc.stderr.decode(errors="replace").strip(), token)
+        err = _scrub(err_bytes.decode(errors="replace").strip(), token)
         raise GitError(f"git {' '.join(args[:2])} failed: {err[-2000:]}")
-    return proc.stdout.decode(errors="replace")
+    return out.decode(errors="replace")
+
+
+def _bound(pid: int) -> None:
+    """A tree the agent wrote: git on it is bounded as a sandboxed command is, in heap and
+    CPU time (the wall-clock timeout alone leaves the memory unbounded). Set on the
+    running process: ``preexec_fn`` is unsafe in a threaded worker and a ``prlimit``
+    wrapper costs an exec a call; in the instant before, git has read no rule file. The
+    rule files' size caps (``defuse_tree``) come first; this is the backstop."""
+    with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+        resource.prlimit(pid, resource.RLIMIT_DATA, (TREE_MEMORY, TREE_MEMORY))
+        resource.prlimit(pid, resource.RLIMIT_CPU, (TREE_TIMEOUT, TREE_TIMEOUT))
 
 
 @contextlib.contextmanager

@@ -941,6 +941,23 @@ def test_a_commit_whose_push_failed_does_not_stay_in_the_shared_mirror(
     assert "loop/issue-1" not in git(mirror, "for-each-ref", "refs/heads")
 
 
+def test_harness_git_on_a_tree_runs_with_its_heap_and_cpu_bounded() -> None:
+    """3. The limits ``git`` puts on a command on a worktree, read back from the kernel."""
+    from jobs import git as harness
+
+    proc = subprocess.Popen(["sleep", "5"])
+    try:
+        harness._bound(proc.pid)
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+    data = next(line for line in limits.splitlines() if line.startswith("Max data size"))
+    cpu = next(line for line in limits.splitlines() if line.startswith("Max cpu time"))
+    assert data.split()[3:5] == [str(harness.TREE_MEMORY)] * 2, data
+    assert cpu.split()[3:5] == [str(harness.TREE_TIMEOUT)] * 2, cpu
+
+
 # -- the same, as a non-root worker ---------------------------------------------------------
 
 
