@@ -176,11 +176,16 @@ def cli_command(model: str, max_turns: int, session_args: list[str]) -> str:
     )
 
 
-def cli_extra(cli: Path, home: Path, gw: gateway.ModelGateway, model: str) -> Extra:
+def cli_extra(
+    cli: Path, home: Path, gw: gateway.ModelGateway, model: str, retries: int | None = None
+) -> Extra:
     """What the CLI's command gets beyond the sandbox's own: the gateway as its API, the
-    placeholder key, its binary and private HOME mounted, and nothing phoning home."""
+    placeholder key, its binary and private HOME mounted, and nothing phoning home.
+    ``retries``: how often the CLI retries a failed model call (None: its own default)."""
+    more = {"CLAUDE_CODE_MAX_RETRIES": str(retries)} if retries is not None else {}
     return Extra(
         env={
+            **more,
             "ANTHROPIC_BASE_URL": gateway.BASE_URL,
             "ANTHROPIC_API_KEY": gw.placeholder,
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
@@ -517,7 +522,9 @@ def trial(
                 result = box.run(
                     cli_command(model, 1, ["--session-id", str(uuid.uuid4())]),
                     timeout=timeout,
-                    extra=cli_extra(cli, home, gw, model),
+                    # One retry: an overloaded API fails the check now, not after the
+                    # CLI's minutes of backoff.
+                    extra=cli_extra(cli, home, gw, model, retries=1),
                     on_output=output.extend,
                 )
     seconds = time.monotonic() - started
