@@ -21,6 +21,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 GIT_TIMEOUT = 600  # network operations (fetch, push) on the mirror
@@ -89,6 +90,20 @@ MAX_GITFILE = 4096
 
 class GitError(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """A loop's worktree (jobs/worktree.py makes them)."""
+
+    path: Path
+    mirror: Path
+    branch: str
+    base_sha: str  # default branch head the loop started from
+    resumed: bool  # created from the pushed branch
+
+
+FileState = tuple[int, int, int, int]  # an ignored file's ctime_ns, inode, size, mode
 
 
 def safe_path() -> str:

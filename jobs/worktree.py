@@ -26,7 +26,9 @@ files (FIFOs, sockets, devices) so git never descends into a repository the agen
 Fetches and pushes go from the mirror, never from the worktree.
 
 Mirrors are shared by every work horse on the machine (RQ forks one per job), so fetch,
-worktree add/move, commits, pushes and ref updates hold a file lock per mirror.
+worktree add/move, commits, pushes and ref updates hold a file lock per mirror. What a
+worktree holds beside its commits (ignored files, setup's and verify's leftovers) is
+``jobs/tree_files.py``'s.
 """
 
 from __future__ import annotations
@@ -34,27 +36,26 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 from bot.io.logs import get_logger
 from jobs.git import (
     MAX_GITFILE,
+    Checkout,
+    FileState,
     GitError,
     _read_small_regular,
     _remove,
     defuse_tree,
     files_at,
-    files_under,
     git,
     mirror_lock,
 )
+from jobs.tree_files import LEFTOVERS, TreeFiles
 
 log = get_logger("loopbot.worktree")
 
 MAX_SPARES = 2  # finished worktrees kept per repository for reuse
-FileState = tuple[int, int, int, int]  # an ignored file's ctime_ns, inode, size, mode
-LEFTOVERS = "loopbot-leftovers"  # a worktree's exclude file, in its git directory
 # In the mirror's info/attributes, which outranks every .gitattributes in a tree: no
 # attribute converts content between the worktree and a commit (eol, ident, encodings,
 # filters), so a commit holds the worktree's bytes, byte for byte, and a checkout writes
@@ -70,24 +71,7 @@ def _neutral_attributes(mirror: Path) -> None:
         target.write_text(NEUTRAL_ATTRIBUTES)
 
 
-def _literal_pattern(rel: str) -> str:
-    """An exclude line that matches exactly ``rel`` (a directory when it ends in ``/``),
-    from the worktree's root: glob characters and trailing spaces escaped."""
-    out = "".join("\\" + c if c in "\\*?[]" else c for c in rel)
-    stripped = out.rstrip(" ")
-    return "/" + stripped + "\\ " * (len(out) - len(stripped))
-
-
-@dataclass(frozen=True)
-class Checkout:
-    path: Path
-    mirror: Path
-    branch: str
-    base_sha: str  # default branch head the loop started from
-    resumed: bool  # created from the pushed branch
-
-
-class Worktrees:
+class Worktrees(TreeFiles):
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
 
@@ -324,97 +308,6 @@ class Worktrees:
             defuse_tree(path)
             self._git(path, mirror, "reset", "-q", "--hard")
             self._git(path, mirror, "clean", "-q", "-ffdx")
-
-    def exclude_leftovers(self, checkout: Checkout) -> list[str]:
-        """After ``setup`` or ``verify`` (run by the harness, on a committed tree): what
-        they wrote that the repository does not ignore (``__pycache__``, build output) is
-        theirs, not the agent's, and never reaches a commit. Each such path is added,
-        anchored and literal, to this worktree's own exclude file (in its git directory
-        in the mirror, where neither the agent nor another loop writes); from then on
-        harness git ignores it like the repository's ignored files. A name no exclude
-        line can hold (a newline in it) is deleted instead."""
-        path, mirror = checkout.path, checkout.mirror
-        with mirror_lock(mirror):
-            self._restore_gitfile(path, mirror)
-            defuse_tree(path)
-            admin = self._admin_dir(path, mirror)
-            out = self._git(
-                path, mirror, "ls-files", "--others", "--exclude-standard", "--directory", "-z"
-            )
-            found = [p for p in out.split("\0") if p]
-            lines = []
-            for rel in found:
-                if "\n" in rel or "\r" in rel:
-                    _remove(path / rel.rstrip("/"))
-                else:
-                    lines.append(_literal_pattern(rel))
-            if lines and admin is not None:
-                with open(admin / LEFTOVERS, "a", encoding="utf-8", errors="surrogateescape") as f:
-                    f.write("".join(line + "\n" for line in lines))
-        return found
-
-    def ignored_files(self, checkout: Checkout) -> dict[str, FileState]:
-        """Every file git ignores in the worktree, with (ctime_ns, inode, size, mode):
-        what verify sees but a commit never carries (dependencies, build output,
-        caches). The change time and inode, not the modification time: the agent can set
-        a file's mtime (``touch -r``) but not its ctime, which any write or ``utime``
-        moves to now."""
-        path, mirror = checkout.path, checkout.mirror
-        with mirror_lock(mirror):
-            self._restore_gitfile(path, mirror)
-            defuse_tree(path)
-            out = self._git(
-                path,
-                mirror,
-                "ls-files",
-                "--others",
-                "--ignored",
-                "--exclude-standard",
-                "--directory",
-                "-z",
-            )
-        found: dict[str, FileState] = {}
-        for rel in (p for p in out.split("\0") if p):
-            top = path / rel
-            for file in files_under(top):
-                st = file[1]
-                found[str(file[0].relative_to(path))] = (
-                    st.st_ctime_ns,
-                    st.st_ino,
-                    st.st_size,
-                    st.st_mode,
-                )
-        return found
-
-    def missing_ignored(self, checkout: Checkout, before: dict[str, FileState]) -> list[str]:
-        """Ignored files of ``before`` that are gone (the agent deleted what setup made)."""
-        return sorted(rel for rel in before if not os.path.lexists(checkout.path / rel))
-
-    def purge_ignored(self, checkout: Checkout, before: dict[str, FileState]) -> list[str]:
-        """Remove the ignored files that are new or changed since ``before``: files the
-        agent left where git does not look. verify would see them and the commit would
-        not, so a verify that passes only because of them proves nothing about the
-        commit (a ``calc/`` package in an ignored directory shadowing ``calc.py``)."""
-        removed = []
-        for rel, state in self.ignored_files(checkout).items():
-            if before.get(rel) == state:
-                continue
-            target = checkout.path / rel
-            with contextlib.suppress(FileNotFoundError):
-                if target.is_dir() and not target.is_symlink():
-                    _remove(target)
-                else:
-                    target.unlink()
-            removed.append(rel)
-            # Directories the removal emptied go too (an empty package dir can matter).
-            parent = target.parent
-            while parent != checkout.path and checkout.path in parent.parents:
-                try:
-                    parent.rmdir()
-                except OSError:
-                    break
-                parent = parent.parent
-        return sorted(removed)
 
     def changed_since_base(self, checkout: Checkout) -> bool:
         return self.head(checkout.path, checkout.mirror) != checkout.base_sha

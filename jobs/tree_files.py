@@ -1,0 +1,127 @@
+"""What a worktree holds beside its commits: the files git ignores (dependencies that
+``setup`` installed, build output, caches), which verify sees and a commit never
+carries, and what ``setup`` and ``verify`` leave behind that the repository does not
+ignore, which a commit must not carry either. ``Worktrees`` (jobs/worktree.py) has these
+as methods; they are kept here, apart from checkouts, commits and pushes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from jobs.git import Checkout, FileState, _remove, defuse_tree, files_under, mirror_lock
+
+LEFTOVERS = "loopbot-leftovers"  # a worktree's exclude file, in its git directory
+
+
+def _literal_pattern(rel: str) -> str:
+    """An exclude line that matches exactly ``rel`` (a directory when it ends in ``/``),
+    from the worktree's root: glob characters and trailing spaces escaped."""
+    out = "".join("\\" + c if c in "\\*?[]" else c for c in rel)
+    stripped = out.rstrip(" ")
+    return "/" + stripped + "\\ " * (len(out) - len(stripped))
+
+
+class TreeFiles:
+    """Ignored files and leftovers of a worktree (a part of ``Worktrees``)."""
+
+    def _git(self, path: Path, mirror: Path, *args: str, check: bool = True) -> str:
+        raise NotImplementedError  # Worktrees'
+
+    def _restore_gitfile(self, path: Path, mirror: Path) -> None:
+        raise NotImplementedError  # Worktrees'
+
+    def _admin_dir(self, path: Path, mirror: Path) -> Path | None:
+        raise NotImplementedError  # Worktrees'
+
+    def exclude_leftovers(self, checkout: Checkout) -> list[str]:
+        """After ``setup`` or ``verify`` (run by the harness, on a committed tree): what
+        they wrote that the repository does not ignore (``__pycache__``, build output) is
+        theirs, not the agent's, and never reaches a commit. Each such path is added,
+        anchored and literal, to this worktree's own exclude file (in its git directory
+        in the mirror, where neither the agent nor another loop writes); from then on
+        harness git ignores it like the repository's ignored files. A name no exclude
+        line can hold (a newline in it) is deleted instead."""
+        path, mirror = checkout.path, checkout.mirror
+        with mirror_lock(mirror):
+            self._restore_gitfile(path, mirror)
+            defuse_tree(path)
+            admin = self._admin_dir(path, mirror)
+            out = self._git(
+                path, mirror, "ls-files", "--others", "--exclude-standard", "--directory", "-z"
+            )
+            found = [p for p in out.split("\0") if p]
+            lines = []
+            for rel in found:
+                if "\n" in rel or "\r" in rel:
+                    _remove(path / rel.rstrip("/"))
+                else:
+                    lines.append(_literal_pattern(rel))
+            if lines and admin is not None:
+                with open(admin / LEFTOVERS, "a", encoding="utf-8", errors="surrogateescape") as f:
+                    f.write("".join(line + "\n" for line in lines))
+        return found
+
+    def ignored_files(self, checkout: Checkout) -> dict[str, FileState]:
+        """Every file git ignores in the worktree, with (ctime_ns, inode, size, mode):
+        what verify sees but a commit never carries (dependencies, build output,
+        caches). The change time and inode, not the modification time: the agent can set
+        a file's mtime (``touch -r``) but not its ctime, which any write or ``utime``
+        moves to now."""
+        path, mirror = checkout.path, checkout.mirror
+        with mirror_lock(mirror):
+            self._restore_gitfile(path, mirror)
+            defuse_tree(path)
+            out = self._git(
+                path,
+                mirror,
+                "ls-files",
+                "--others",
+                "--ignored",
+                "--exclude-standard",
+                "--directory",
+                "-z",
+            )
+        found: dict[str, FileState] = {}
+        for rel in (p for p in out.split("\0") if p):
+            top = path / rel
+            for file in files_under(top):
+                st = file[1]
+                found[str(file[0].relative_to(path))] = (
+                    st.st_ctime_ns,
+                    st.st_ino,
+                    st.st_size,
+                    st.st_mode,
+                )
+        return found
+
+    def missing_ignored(self, checkout: Checkout, before: dict[str, FileState]) -> list[str]:
+        """Ignored files of ``before`` that are gone (the agent deleted what setup made)."""
+        return sorted(rel for rel in before if not os.path.lexists(checkout.path / rel))
+
+    def purge_ignored(self, checkout: Checkout, before: dict[str, FileState]) -> list[str]:
+        """Remove the ignored files that are new or changed since ``before``: files the
+        agent left where git does not look. verify would see them and the commit would
+        not, so a verify that passes only because of them proves nothing about the
+        commit (a ``calc/`` package in an ignored directory shadowing ``calc.py``)."""
+        removed = []
+        for rel, state in self.ignored_files(checkout).items():
+            if before.get(rel) == state:
+                continue
+            target = checkout.path / rel
+            with contextlib.suppress(FileNotFoundError):
+                if target.is_dir() and not target.is_symlink():
+                    _remove(target)
+                else:
+                    target.unlink()
+            removed.append(rel)
+            # Directories the removal emptied go too (an empty package dir can matter).
+            parent = target.parent
+            while parent != checkout.path and checkout.path in parent.parents:
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+                parent = parent.parent
+        return sorted(removed)
