@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from jobs.git import Checkout, FileState, _remove, defuse_tree, files_under, mirror_lock
@@ -35,6 +36,17 @@ class TreeFiles:
     def _admin_dir(self, path: Path, mirror: Path) -> Path | None:
         raise NotImplementedError  # Worktrees'
 
+    @contextlib.contextmanager
+    def _tree(self, checkout: Checkout) -> Iterator[list[str]]:
+        """How every harness git call that reads a worktree starts: the mirror's lock
+        held, the tree defused (FIFOs, sockets, devices and nested ``.git`` removed; rule
+        files and path lengths checked) and the worktree's ``.git`` put back. Yields
+        what defusing removed."""
+        with mirror_lock(checkout.mirror):
+            removed = defuse_tree(checkout.path)
+            self._restore_gitfile(checkout.path, checkout.mirror)
+            yield removed
+
     def exclude_leftovers(self, checkout: Checkout) -> list[str]:
         """After ``setup`` or ``verify`` (run by the harness, on a committed tree): what
         they wrote that the repository does not ignore (``__pycache__``, build output) is
@@ -44,9 +56,7 @@ class TreeFiles:
         harness git ignores it like the repository's ignored files. A name no exclude
         line can hold (a newline in it) is deleted instead."""
         path, mirror = checkout.path, checkout.mirror
-        with mirror_lock(mirror):
-            self._restore_gitfile(path, mirror)
-            defuse_tree(path)
+        with self._tree(checkout):
             admin = self._admin_dir(path, mirror)
             out = self._git(
                 path, mirror, "ls-files", "--others", "--exclude-standard", "--directory", "-z"
@@ -70,9 +80,7 @@ class TreeFiles:
         a file's mtime (``touch -r``) but not its ctime, which any write or ``utime``
         moves to now."""
         path, mirror = checkout.path, checkout.mirror
-        with mirror_lock(mirror):
-            self._restore_gitfile(path, mirror)
-            defuse_tree(path)
+        with self._tree(checkout):
             out = self._git(
                 path,
                 mirror,

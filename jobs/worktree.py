@@ -261,11 +261,9 @@ class Worktrees(TreeFiles):
     def commit_all(self, checkout: Checkout, message: str) -> str | None:
         """Commit whatever the agent changed; None when nothing changed."""
         path, mirror = checkout.path, checkout.mirror
-        with mirror_lock(mirror):
-            removed = defuse_tree(path)
+        with self._tree(checkout) as removed:
             if removed:
                 log.warning("worktree.defused", removed=removed[:20], count=len(removed))
-            self._restore_gitfile(path, mirror)
             self._git(path, mirror, "add", "-A")
             status = self._git(path, mirror, "status", "--porcelain", "--ignore-submodules=all")
             if not status.strip():
@@ -282,9 +280,7 @@ class Worktrees(TreeFiles):
         """
         path, mirror = checkout.path, checkout.mirror
         ref = f"refs/remotes/origin/{default_branch}"
-        with mirror_lock(mirror):
-            self._restore_gitfile(path, mirror)
-            defuse_tree(path)
+        with self._tree(checkout):
             merged = self._git(
                 path,
                 mirror,
@@ -303,9 +299,7 @@ class Worktrees(TreeFiles):
     def discard_uncommitted(self, checkout: Checkout) -> None:
         """Back to the last commit: uncommitted, untracked and ignored files removed."""
         path, mirror = checkout.path, checkout.mirror
-        with mirror_lock(mirror):
-            self._restore_gitfile(path, mirror)
-            defuse_tree(path)
+        with self._tree(checkout):
             self._git(path, mirror, "reset", "-q", "--hard")
             self._git(path, mirror, "clean", "-q", "-ffdx")
 
@@ -372,9 +366,7 @@ class Worktrees(TreeFiles):
     def is_clean(self, checkout: Checkout) -> bool:
         """Nothing uncommitted in the worktree (ignored files aside)."""
         path, mirror = checkout.path, checkout.mirror
-        with mirror_lock(mirror):
-            defuse_tree(path)
-            self._restore_gitfile(path, mirror)
+        with self._tree(checkout):
             status = self._git(
                 path,
                 mirror,
@@ -389,9 +381,7 @@ class Worktrees(TreeFiles):
         """Back to the last commit, keeping ignored files (caches, installed packages):
         undoes what a command run on a clean checkout wrote into tracked or new files."""
         path, mirror = checkout.path, checkout.mirror
-        with mirror_lock(mirror):
-            self._restore_gitfile(path, mirror)
-            defuse_tree(path)
+        with self._tree(checkout):
             self._git(path, mirror, "reset", "-q", "--hard")
             self._git(path, mirror, "clean", "-q", "-fd")
 
@@ -440,9 +430,7 @@ class Worktrees(TreeFiles):
         """Put the branch and the worktree back at ``sha`` (an unpushed commit dropped),
         keeping ignored files."""
         path, mirror = checkout.path, checkout.mirror
-        with mirror_lock(mirror):
-            self._restore_gitfile(path, mirror)
-            defuse_tree(path)
+        with self._tree(checkout):
             self._git(path, mirror, "reset", "-q", "--hard", sha)
             self._git(path, mirror, "clean", "-q", "-fd")
 
@@ -480,9 +468,7 @@ class Worktrees(TreeFiles):
         """Undo the head commit with a new commit (``git revert --no-edit``): the history
         keeps what was tried. Uncommitted files (what a command wrote) go first."""
         path, mirror = checkout.path, checkout.mirror
-        with mirror_lock(mirror):
-            self._restore_gitfile(path, mirror)
-            defuse_tree(path)
+        with self._tree(checkout):
             self._git(path, mirror, "reset", "-q", "--hard")
             self._git(path, mirror, "clean", "-q", "-fd")
             self._git(path, mirror, "revert", "--no-edit", "HEAD")
@@ -492,9 +478,7 @@ class Worktrees(TreeFiles):
         """A new commit whose tree is ``sha``'s (the commits after it undone, kept in the
         history); None when the tree is ``sha``'s already."""
         path, mirror = checkout.path, checkout.mirror
-        with mirror_lock(mirror):
-            self._restore_gitfile(path, mirror)
-            defuse_tree(path)
+        with self._tree(checkout):
             self._git(path, mirror, "reset", "-q", "--hard")
             self._git(path, mirror, "clean", "-q", "-fd")
             self._git(path, mirror, "read-tree", "-u", "--reset", sha)
@@ -510,9 +494,7 @@ class Worktrees(TreeFiles):
         path (a link to elsewhere) is removed first, never followed."""
         path, mirror = checkout.path, checkout.mirror
         target = path / name
-        with mirror_lock(mirror):
-            self._restore_gitfile(path, mirror)
-            defuse_tree(path)
+        with self._tree(checkout):
             if target.is_symlink() or target.exists():
                 _remove(target)
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
