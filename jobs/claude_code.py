@@ -538,8 +538,8 @@ def trial(
     if not exchanges:
         tail = result.output.strip()[-300:] or f"exit code {result.exit_code}"
         return Trial(False, f"the CLI never reached the gateway: {tail}")
-    if refused or ended.get("is_error") or not ended:
-        why = refused[0].error if refused else str(ended.get("result") or result.output[-300:])
+    if ended.get("is_error") or not ended:  # a refusal its one retry got past is no failure
+        why = refused[-1].error if refused else str(ended.get("result") or result.output[-300:])
         return Trial(False, f"the trial turn failed: {why.strip()[:300]}")
     answer = " ".join(str(ended.get("result", "")).split())[:60]
     return Trial(

@@ -110,16 +110,22 @@ def allowed_betas(header: str) -> str:
 
 
 def _remote_sources(node: Any) -> bool:
-    """Whether any content block in ``node`` has a source the API would fetch (a URL, an
-    uploaded file): the model's network, used by a sandbox that has none."""
+    """Whether any image or document block in ``node`` (at any depth: a tool result holds
+    blocks too) has a source the API would fetch (a URL, an uploaded file): the model's
+    network, used by a sandbox that has none. A tool call's input is data, not a block:
+    not looked into."""
     stack = [node]
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
             source = item.get("source")
-            if isinstance(source, dict) and source.get("type") in ("url", "file"):
+            if (
+                item.get("type") in ("image", "document")
+                and isinstance(source, dict)
+                and source.get("type") in ("url", "file")
+            ):
                 return True
-            stack.extend(item.values())
+            stack.extend(v for k, v in item.items() if k != "input")
         elif isinstance(item, list):
             stack.extend(item)
     return False

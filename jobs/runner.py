@@ -121,11 +121,13 @@ class RunnerBase(ABC):
         return self._finish(Status.FAILED, Reason.RESOURCE_LIMIT, detail)
 
     def _harness(self, command: str) -> Result:
-        """``setup``, ``verify`` or a metric command, run by the harness on the committed
-        tree. What it leaves that the repository does not ignore is its own output, never
-        the agent's: it is kept out of every later commit (``exclude_leftovers``)."""
+        """``setup``, ``verify`` or a metric command, run by the harness. What it leaves
+        that the repository does not ignore, and that was not there before it ran, is its
+        own output, never the agent's: it is kept out of every later commit
+        (``exclude_leftovers``)."""
+        before = self.worktrees.untracked(self.checkout)
         result = self.sandbox.run(command)
-        left = self.worktrees.exclude_leftovers(self.checkout)
+        left = self.worktrees.exclude_leftovers(self.checkout, before)
         if left:
             self.store.event(self.key, "leftovers_excluded", paths=left[:50], count=len(left))
         return result

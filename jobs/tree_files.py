@@ -37,31 +37,53 @@ class TreeFiles:
         raise NotImplementedError  # Worktrees'
 
     @contextlib.contextmanager
-    def _tree(self, checkout: Checkout) -> Iterator[list[str]]:
+    def _tree(self, checkout: Checkout, *, lock: bool = True) -> Iterator[list[str]]:
         """How every harness git call that reads a worktree starts: the mirror's lock
         held, the tree defused (FIFOs, sockets, devices and nested ``.git`` removed; rule
         files and path lengths checked) and the worktree's ``.git`` put back. Yields
-        what defusing removed."""
-        with mirror_lock(checkout.mirror):
+        what defusing removed. ``lock=False`` for a read that touches only this
+        worktree and its own index, never the mirror's refs or objects."""
+        with mirror_lock(checkout.mirror) if lock else contextlib.nullcontext():
             removed = defuse_tree(checkout.path)
             self._restore_gitfile(checkout.path, checkout.mirror)
             yield removed
 
-    def exclude_leftovers(self, checkout: Checkout) -> list[str]:
-        """After ``setup`` or ``verify`` (run by the harness, on a committed tree): what
-        they wrote that the repository does not ignore (``__pycache__``, build output) is
-        theirs, not the agent's, and never reaches a commit. Each such path is added,
-        anchored and literal, to this worktree's own exclude file (in its git directory
-        in the mirror, where neither the agent nor another loop writes); from then on
-        harness git ignores it like the repository's ignored files. A name no exclude
-        line can hold (a newline in it) is deleted instead."""
+    def _others(self, checkout: Checkout, *flags: str) -> list[str]:
+        """Untracked paths, a wholly untracked directory as one ``dir/`` entry (call with
+        ``_tree`` held)."""
+        listed = self._git(
+            checkout.path,
+            checkout.mirror,
+            "ls-files",
+            "--others",
+            "--exclude-standard",
+            "--directory",
+            "-z",
+            *flags,
+        )
+        return [p for p in listed.split("\0") if p]
+
+    def untracked(self, checkout: Checkout) -> set[str]:
+        """What is untracked and not ignored now (before a harness command runs). Without
+        the mirror's lock: it reads only this worktree and its index, and the lock is
+        often held by the turn's push, which verify is meant to overlap."""
+        with self._tree(checkout, lock=False):
+            return set(self._others(checkout))
+
+    def exclude_leftovers(self, checkout: Checkout, before: set[str]) -> list[str]:
+        """After ``setup`` or ``verify`` (or a metric command): what it wrote that the
+        repository does not ignore (``__pycache__``, build output) and that was not there
+        before it ran (``before``: ``untracked``) is its own, not the agent's, and never
+        reaches a commit. Each such path is added, anchored and literal, to this
+        worktree's own exclude file (in its git directory in the mirror, where neither the
+        agent nor another loop writes); from then on harness git ignores it like the
+        repository's ignored files. A name no exclude line can hold (a newline in it) is
+        deleted instead. The agent's own uncommitted files (a turn a killed worker left)
+        were there before, and stay the agent's."""
         path, mirror = checkout.path, checkout.mirror
-        with self._tree(checkout):
+        with self._tree(checkout, lock=False):  # this worktree and its own exclude file
             admin = self._admin_dir(path, mirror)
-            out = self._git(
-                path, mirror, "ls-files", "--others", "--exclude-standard", "--directory", "-z"
-            )
-            found = [p for p in out.split("\0") if p]
+            found = [p for p in self._others(checkout) if p not in before]
             lines = []
             for rel in found:
                 if "\n" in rel or "\r" in rel:
@@ -79,20 +101,11 @@ class TreeFiles:
         caches). The change time and inode, not the modification time: the agent can set
         a file's mtime (``touch -r``) but not its ctime, which any write or ``utime``
         moves to now."""
-        path, mirror = checkout.path, checkout.mirror
+        path = checkout.path
         with self._tree(checkout):
-            out = self._git(
-                path,
-                mirror,
-                "ls-files",
-                "--others",
-                "--ignored",
-                "--exclude-standard",
-                "--directory",
-                "-z",
-            )
+            listed = self._others(checkout, "--ignored")
         found: dict[str, FileState] = {}
-        for rel in (p for p in out.split("\0") if p):
+        for rel in listed:
             top = path / rel
             for file in files_under(top):
                 st = file[1]

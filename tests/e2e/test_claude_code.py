@@ -281,6 +281,24 @@ def test_instructions_come_from_the_default_branch_not_from_the_agents_branch(
 FAST = {"LOOPBOT_LEASE_TTL": "3", "LOOPBOT_RECONCILE_INTERVAL": "1"}
 
 
+def turn_two_runs_long(
+    github: GitHubServer, model: AnthropicServer, workers: Any, marker: str
+) -> Any:
+    """Worker a: turn 1 writes a file and ends (verify fails); turn 2's command runs
+    for two minutes, named by ``marker``. Returns the worker once that call was asked."""
+    model.play(
+        m.cc_write("NOTES.md", "turn one\n"),
+        m.text("Started on the notes."),
+        # (Claude Code refuses a bare `sleep 120`: it asks for a background command.)
+        m.cc_bash(f"python3 -c 'import time; time.sleep(120)' # {marker}"),
+    )
+    sample_repo(github, loop_yml=YML)
+    a = workers("a", **ENV, **FAST)
+    label(github, "writer", open_issue(github))
+    wait_for(lambda: len(agent_requests(model)) >= 3, 90, "turn 2's long command")
+    return a
+
+
 def test_a_killed_worker_s_loop_resumes_the_same_session_on_another_worker(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, workers: Any
 ) -> None:
@@ -288,16 +306,7 @@ def test_a_killed_worker_s_loop_resumes_the_same_session_on_another_worker(
     command; worker b, with its own empty data directory, resumes the loop, restores the
     session into a fresh HOME and continues it: its first request holds turn 1's
     messages, under the same session id. Nothing of a's CLI outlives the kill."""
-    model.play(
-        m.cc_write("NOTES.md", "turn one\n"),
-        m.text("Started on the notes."),
-        # (Claude Code refuses a bare `sleep 120`: it asks for a background command.)
-        m.cc_bash("python3 -c 'import time; time.sleep(120)'"),
-    )
-    sample_repo(github, loop_yml=YML)
-    a = workers("a", **ENV, **FAST)
-    label(github, "writer", open_issue(github))
-    wait_for(lambda: len(agent_requests(model)) >= 3, 90, "turn 2's long command")
+    a = turn_two_runs_long(github, model, workers, "KILLED-ONE")
     assert Store(redis).agent_session(KEY) is not None  # turn 1's session, saved
     time.sleep(1.0)  # the sandboxed `sleep 120` is running now
     seen = cli_pids(a.proc.pid)  # type: ignore[union-attr]
@@ -368,15 +377,7 @@ def test_a_drain_stops_claude_code_within_seconds_and_the_next_worker_resumes_it
     what it started are gone within 5 s, the loop is handed over, and the session saved
     at the cut holds turn 2's call; the next worker resumes it with a valid conversation
     (the local model refuses a tool call left without its result, as the API does)."""
-    model.play(
-        m.cc_write("NOTES.md", "turn one\n"),
-        m.text("Started on the notes."),
-        m.cc_bash("python3 -c 'import time; time.sleep(120)' # LONG-ONE"),
-    )
-    sample_repo(github, loop_yml=YML)
-    a = workers("a", **ENV, **FAST)
-    label(github, "writer", open_issue(github))
-    wait_for(lambda: len(agent_requests(model)) >= 3, 90, "turn 2's long command")
+    a = turn_two_runs_long(github, model, workers, "LONG-ONE")
     wait_for(
         lambda: subprocess.run(["pgrep", "-f", "LONG-ONE"], capture_output=True).stdout,
         10,

@@ -701,7 +701,7 @@ def test_a_fifo_named_gitignore_does_not_hang_harness_git(
     _agent(hostile, co, "mkfifo sub/.gitignore")
     assert _with_timeout(lambda: wt.commit_all(co, "loop(turn-1): fifo"), 30) is not None
     _agent(hostile, co, "mkfifo sub/.gitignore")
-    _with_timeout(lambda: wt.exclude_leftovers(co), 30)
+    _with_timeout(lambda: wt.exclude_leftovers(co, set()), 30)
     assert time.monotonic() - started < 30
     assert not (co.path / "sub" / ".gitignore").exists()
 
@@ -836,13 +836,18 @@ def test_what_setup_and_verify_leave_behind_is_never_committed(
     github: GitHubServer, hostile: Hostile
 ) -> None:
     """8. verify (``py_compile``) writes ``__pycache__`` and a report the repository does
-    not ignore: the next commit holds the agent's new file and its edit, not those."""
+    not ignore: the next commit holds the agent's new file and its edit, not those. A
+    file of the agent's that was already there uncommitted (a turn a killed worker left)
+    stays the agent's and is committed."""
     wt, mirror, _token = _repo(github, hostile, {"calc.py": "X = 1\n"})
     co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    _agent(hostile, co, "echo mine > unfinished.py")
+    before = wt.untracked(co)
+    assert before == {"unfinished.py"}
     with _box(hostile, co) as box:
         r = box.run("python3 -m py_compile calc.py && echo ran > 'report [1].txt' && ls")
         assert r.passed and "__pycache__" in r.output, r.output
-    left = wt.exclude_leftovers(co)
+    left = wt.exclude_leftovers(co, before)
     assert set(left) == {"__pycache__/", "report [1].txt"}
     _agent(
         hostile,
@@ -852,7 +857,7 @@ def test_what_setup_and_verify_leave_behind_is_never_committed(
     sha = wt.commit_all(co, "loop(turn-1): change")
     assert sha is not None
     tree = git(mirror, "ls-tree", "-r", "--name-only", sha).split("\n")
-    assert "calc.py" in tree and "added.py" in tree
+    assert "calc.py" in tree and "added.py" in tree and "unfinished.py" in tree
     assert not [p for p in tree if "__pycache__" in p or p.startswith("report")], tree
     # The next loop in this worktree (a recycled spare) starts with no exclusions.
     wt.release(REPO, 1)

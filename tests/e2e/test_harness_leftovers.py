@@ -51,13 +51,14 @@ def test_setup_output_the_agent_deleted_is_made_again_before_verify(
 ) -> None:
     """setup installs an ignored file verify depends on to be strict; the agent deletes
     it and fixes nothing, so a verify on what it left would pass. loopbot runs setup again
-    first: verify runs the tests, fails, and nothing is merged."""
+    first: verify runs the tests, fails, and nothing is merged. The note the agent wrote in
+    the same turn is its own work, pushed."""
     yml = (
         "setup: mkdir -p .venv && touch .venv/strict\n"
         "verify: if [ -f .venv/strict ]; then python3 -m unittest -q; else exit 0; fi\n"
         "max_turns: 1\ntriage:\n  enabled: false\ncritic:\n  enabled: false\n"
     )
-    model.play(m.bash("rm -rf .venv"), m.text("Done."))
+    model.play(m.bash("rm -rf .venv && echo notes > NOTES.md"), m.text("Done."))
     sample_repo(github, loop_yml=yml, extra={".gitignore": ".venv/\n"})
     n = open_issue(github)
     label(github, "writer", n)
@@ -69,6 +70,9 @@ def test_setup_output_the_agent_deleted_is_made_again_before_verify(
     verify = events(redis, n, "verify")
     assert verify and verify[-1]["passed"] is False
     assert not github.repo(REPO).pulls
+    # setup ran again with the agent's new file in the tree: that file is still the
+    # agent's (pushed), not taken for setup's output.
+    assert github.file_at(REPO, "loop/issue-1", "NOTES.md") == "notes\n"
 
 
 def test_one_failing_reconciler_step_does_not_skip_the_others(

@@ -5,7 +5,6 @@ it must not be able to exhaust the worker."""
 from __future__ import annotations
 
 import json
-import resource
 import socket
 import threading
 import time
@@ -221,13 +220,7 @@ def test_concurrent_calls_cannot_overrun_the_budget_together(tmp_path: Path) -> 
     ).start()
     body = {"model": MODEL, "max_tokens": 8000, "stream": True, "messages": [USER]}
     try:
-        threads = [
-            threading.Thread(target=post, args=(gw, body)) for _ in range(gateway.MAX_CONNECTIONS)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        at_once([lambda: post(gw, body)] * gateway.MAX_CONNECTIONS)
     finally:
         gw.stop()
     assert len(billed) == 1 and sum(billed) <= limits.usd, billed
@@ -353,18 +346,33 @@ def test_bodies_that_would_blow_up_when_parsed_are_refused_unparsed(tmp_path: Pa
         answers.append(answer(s))
         s.close()
 
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # The peak from here on: the process's high-water mark is reset (clear_refs 5), so
+    # an earlier test's peak cannot hide this one's.
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_kb("VmRSS")
     try:
-        threads = [threading.Thread(target=send) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        at_once([send] * 4)
     finally:
         gw.stop()
-    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    grown_mb = (_status_kb("VmHWM") - before) / 1024
     assert len(answers) == 4 and all(a.startswith(b"HTTP/1.1 413") for a in answers), answers
     assert grown_mb < 400, grown_mb
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/self/status")
+
+
+def at_once(calls: list[Any]) -> None:
+    """Each of ``calls`` on its own thread, started together; back when all are done."""
+    threads = [threading.Thread(target=call) for call in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 class _U:

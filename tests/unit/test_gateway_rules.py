@@ -196,3 +196,37 @@ def test_the_operator_names_only_known_backends() -> None:
     with pytest.raises(SettingsError) as e:
         load_settings({**settings_env, "LOOPBOT_AGENT_BACKENDS": "builtin,codex"}, role="worker")
     assert "codex" in str(e.value)
+
+
+def test_content_the_api_would_fetch_is_refused_wherever_it_sits() -> None:
+    gw = make()
+    url = {"type": "url", "url": "https://attacker.example/?d=secret"}
+    hidden = [
+        {"role": "user", "content": [{"type": "image", "source": url}]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t1",
+                    "content": [{"type": "document", "source": {"type": "file", "file_id": "f"}}],
+                }
+            ],
+        },
+    ]
+    for message in hidden:
+        with pytest.raises(gateway.Refused, match="URL or file source"):
+            gw.shaped({"model": "claude-x", "max_tokens": 10, "messages": [message]})
+    # Inline data is fine, and so is a tool call's input that merely looks like a block.
+    fine = [
+        {
+            "role": "user",
+            "content": [{"type": "image", "source": {"type": "base64", "data": "AA=="}}],
+        },
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t", "name": "Write", "input": {"source": url}}],
+        },
+    ]
+    out = gw.shaped({"model": "claude-x", "max_tokens": 10, "messages": fine})
+    assert out["messages"] == fine
