@@ -94,6 +94,7 @@ def session_id(key: str) -> str:
     return str(uuid.uuid5(SESSION_NAMESPACE, key))
 
 
+CWD_MEMBER = "loopbot-cwd"  # in a packed session: the working directory it ran in
 MAX_SESSION = 64 << 20  # bytes of session files saved with the loop (Redis holds them)
 
 
@@ -119,6 +120,10 @@ def pack(home: Path, cwd: str, session: str, limit: int = MAX_SESSION) -> bytes:
         return info
 
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        where = cwd.encode()
+        info = tarfile.TarInfo(CWD_MEMBER)  # where the session ran, for the next worker
+        info.size = len(where)
+        tar.addfile(info, io.BytesIO(where))
         for path in sorted(root.glob(f"{session}*")) if root.is_dir() else []:
             if path.is_symlink():
                 continue  # the agent's HOME: never follow what it may have planted
@@ -126,16 +131,35 @@ def pack(home: Path, cwd: str, session: str, limit: int = MAX_SESSION) -> bytes:
     return buf.getvalue()
 
 
-def unpack(data: bytes, home: Path, cwd: str, owner: tuple[int, int] | None) -> None:
+def unpack(data: bytes, home: Path, cwd: str, owner: tuple[int, int] | None) -> str | None:
     """``pack``'s archive back into a fresh ``home``, for the working directory ``cwd``
-    (another worker's worktree path may differ: the project directory follows it)."""
+    (another worker's worktree path may differ: the project directory follows it).
+    Returns the working directory the session ran in before (None: not recorded)."""
     root = home / ".claude" / "projects" / project_dir(cwd)
     root.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         tar.extractall(root, filter="data")  # no absolute paths, links or devices
+    before = None
+    marker = root / CWD_MEMBER
+    if marker.is_file() and not marker.is_symlink():
+        before = marker.read_text(errors="replace")[:4096]
+        marker.unlink()
     if owner is not None:
         for path in [home, *home.rglob("*")]:
             os.chown(path, *owner, follow_symlinks=False)
+    return before
+
+
+def moved_note(before: str | None, cwd: str) -> str:
+    """The first line of a resumed turn's prompt when the worktree moved (another worker
+    with another data directory): the session's history names the old path, and a model
+    that trusts it edits files that are not there."""
+    if before is None or before == cwd:
+        return ""
+    return (
+        f"(loopbot: the repository is now at {cwd}; in the turns before it was at "
+        f"{before}. Use the new path.)\n\n"
+    )
 
 
 def stage_home(home: Path, prompt: str, system: str, owner: tuple[int, int] | None) -> None:
@@ -274,12 +298,13 @@ class ClaudeCodeAgent:
         home = self.sandbox.private_dir("agent-home")
         session = session_id(self.key)
         saved = None if first else self.store.agent_session(self.key)
+        note = ""
         if saved is not None:
             session = saved[0]
-            unpack(saved[1], home, cwd, self.sandbox.file_owner)
+            note = moved_note(unpack(saved[1], home, cwd, self.sandbox.file_owner), cwd)
         resume = saved is not None
         owner = self.sandbox.file_owner
-        stage_home(home, prompt, self.system, owner)
+        stage_home(home, note + prompt, self.system, owner)
         run_dir = self.sandbox.private_dir("gateway")
         exchanges = 0
 

@@ -650,6 +650,7 @@ def replace(path: str, old: str, new: str, **kw: Any) -> Reply:
 # and Edit tools take absolute paths only.
 CWD = "@cwd/"
 _CWD_LINE = re.compile(r"Primary working directory: (\S+)")
+_MOVED = re.compile(r"the repository is now at (\S+)")
 
 
 def cc_bash(command: str, **kw: Any) -> Reply:
@@ -665,16 +666,23 @@ def cc_edit(path: str, old: str, new: str, **kw: Any) -> Reply:
 
 
 def _working_dir(body: Json) -> str | None:
-    """The working directory Claude Code last told the model (a resumed session on
-    another worker tells it the new one; a model follows the newest)."""
-    found = None
+    """The working directory this model writes paths under. Harsh, as a model that
+    trusts its history is: the first one the conversation named, even after the session
+    moved to another worker, unless a prompt says in so many words where the repository
+    is now (loopbot's note on a moved session; the newest such note wins)."""
+    first = moved = None
     for msg in body.get("messages") or []:
         for b in _blocks(msg):
-            for match in _CWD_LINE.finditer(str(b.get("text", ""))):
-                found = match.group(1)
-    for match in _CWD_LINE.finditer(json.dumps(body.get("system") or "")):
-        found = found or match.group(1)
-    return found
+            text = str(b.get("text", ""))
+            for note in _MOVED.finditer(text):
+                moved = note.group(1).rstrip(";")
+            found = _CWD_LINE.search(text)
+            if found and first is None:
+                first = found.group(1)
+    if moved or first:
+        return moved or first
+    found = _CWD_LINE.search(json.dumps(body.get("system") or ""))
+    return found.group(1) if found else None
 
 
 def _with_cwd(content: list[Json], body: Json) -> list[Json]:

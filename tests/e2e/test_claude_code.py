@@ -305,7 +305,8 @@ def test_a_killed_worker_s_loop_resumes_the_same_session_on_another_worker(
     """Worker a runs turn 1 (saved with the loop) and dies by SIGKILL in turn 2's long
     command; worker b, with its own empty data directory, resumes the loop, restores the
     session into a fresh HOME and continues it: its first request holds turn 1's
-    messages, under the same session id. Nothing of a's CLI outlives the kill."""
+    messages, under the same session id, and is told the worktree's new path. Nothing
+    of a's CLI outlives the kill."""
     a = turn_two_runs_long(github, model, workers, "KILLED-ONE")
     assert Store(redis).agent_session(KEY) is not None  # turn 1's session, saved
     time.sleep(1.0)  # the sandboxed `sleep 120` is running now
@@ -329,6 +330,11 @@ def test_a_killed_worker_s_loop_resumes_the_same_session_on_another_worker(
     resumed = agent_requests(model)[before]
     text = json.dumps(resumed["messages"])
     assert "turn one" in text and "Started on the notes." in text
+    # b's worktree is under its own data directory: the prompt says where the repository
+    # is now (the local model, like one that trusts its history, edits the old path
+    # otherwise, and the fix would miss).
+    assert "data-b/worktrees" in json.dumps(resumed["messages"][-1])
+    assert "the repository is now at" in json.dumps(resumed["messages"][-1])
     session = Store(redis).agent_session(KEY)
     assert session is not None and session[0] in json.dumps(resumed.get("metadata") or {})
     assert github.file_at(REPO, "main", "calc.py") == CALC.replace("a - b", "a + b")

@@ -134,12 +134,16 @@ def test_a_session_packs_and_unpacks_under_another_worktree_path(tmp_path: Path)
     (root / "s1-link.jsonl").symlink_to("/etc/passwd")
     data = claude_code.pack(home, cwd, "s1")
     other, cwd2 = tmp_path / "b", "/data/b/wt/acme-1"
-    claude_code.unpack(data, other, cwd2, None)
+    assert claude_code.unpack(data, other, cwd2, None) == cwd  # where it ran before
+    note = claude_code.moved_note(cwd, cwd2)
+    assert f"now at {cwd2}" in note and cwd in note
+    assert claude_code.moved_note(cwd2, cwd2) == claude_code.moved_note(None, cwd2) == ""
     back = other / ".claude" / "projects" / claude_code.project_dir(cwd2)
     assert (back / "s1.jsonl").read_text() == '{"turn": 1}\n'
     assert (back / "s1" / "subagents" / "x.jsonl").read_text() == "sub\n"
     assert not (back / "other.jsonl").exists()  # only this loop's session
     assert not (back / "s1-link.jsonl").exists()  # a link planted in HOME is not followed
+    assert not (back / claude_code.CWD_MEMBER).exists()  # read and removed
     assert claude_code.project_dir("/tmp/a.b_c") == "-tmp-a-b-c"
 
 
