@@ -307,7 +307,7 @@ def _renew(
         if kind is not None:
             r.kind = kind
         if approved is not None:
-            approve(r, approved.title, approved.body, actor)
+            approve(r, approved.title, approved.body, actor, approved.labels)
 
     return renew
 

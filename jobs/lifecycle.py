@@ -115,7 +115,7 @@ def create(
         kind=kind,
     )
     if approved is not None:
-        approve(record, approved.title, approved.body, actor)
+        approve(record, approved.title, approved.body, actor, approved.labels)
     queues.func_name(JobKind.LOOP)  # no job function to enqueue: fail before any write
     store.put(record)
     store.event(loop, "loop_created", actor=actor)

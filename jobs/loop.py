@@ -26,8 +26,8 @@ from bot.io.logs import get_logger
 from bot.io.store import FencedStore, LeaseLost
 from jobs import evidence, lifecycle, metric_loop, precall, triage
 from jobs.agent import MAX_TOKENS, Agent, Limits, Outcome, TurnAgent
+from jobs.backends import CLI_BACKENDS
 from jobs.base_verify import BaseVerify
-from jobs.claude_code import ClaudeCodeAgent
 from jobs.drain import DRAIN
 from jobs.handover import Handover
 from jobs.lease import Lease
@@ -115,6 +115,11 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
                 messages.config_error(exc.problems, record.started_by),
             )
             return self._finish(Status.FAILED, Reason.BAD_CONFIG, "; ".join(exc.problems))
+        if record.approved_backend:  # a writer's loop:agent-<name> label
+            config, picked = repo_config.with_backend(
+                config, record.approved_backend, self.rt.ceilings
+            )
+            clamped = [*clamped, *picked]
         self.config = config
         # The repository's instructions, read once from the default branch: never from the
         # worktree, where the agent could write its own.
@@ -205,8 +210,9 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
             known=spec.known,
         )
         agent: TurnAgent
-        if config.agent.backend == "claude-code":  # inside the sandbox: jobs/claude_code.py
-            agent = ClaudeCodeAgent(
+        backend = CLI_BACKENDS.get(config.agent.backend)
+        if backend is not None:  # a CLI inside the sandbox: jobs/cli_agent.py
+            agent = backend(
                 client=self.rt.model,
                 model=model,
                 spec=spec,

@@ -152,6 +152,9 @@ class LoopRecord(BaseModel):
     approved_body: str = ""
     approved_sha256: str = ""  # intake_hash(approved_title, approved_body); "" = none yet
     approved_by: str = ""
+    # The agent backend a ``loop:agent-<name>`` label picked when a writer approved the
+    # issue (bot/core/repo_config.py, ``label_backend``); "" = loop.yml's.
+    approved_backend: str = ""
     # Evidence from the base: verify on the base commit before any change (sha, passed,
     # exit_code, tail, seconds, cached); turns in a row that changed nothing; the test
     # files the pull request adds or changes.
@@ -240,18 +243,38 @@ class LoopRecord(BaseModel):
         self.usage = dict(self.usage)  # re-validate on assignment
 
 
+AGENT_LABEL = "loop:agent-"  # loop:agent-claude-code, loop:agent-opencode, loop:agent-builtin
+
+
+def label_backend(labels: tuple[str, ...]) -> str:
+    """The backend an issue's ``loop:agent-<name>`` label asks for ("" when none; with
+    several, all of them, comma-separated, for the loop to refuse by name)."""
+    asked = sorted({x[len(AGENT_LABEL) :] for x in labels if x.startswith(AGENT_LABEL)})
+    return ",".join(asked)
+
+
 def intake_hash(title: str, body: str | None) -> str:
     """The hash of an issue's title and body, as approved or as read now."""
     data = json.dumps([title, body or ""], ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(data.encode()).hexdigest()
 
 
-def approve(record: LoopRecord, title: str, body: str | None, actor: str) -> None:
-    """Take ``title`` and ``body`` as the text a writer (``actor``) approved."""
+def approve(
+    record: LoopRecord,
+    title: str,
+    body: str | None,
+    actor: str,
+    labels: tuple[str, ...] | None = None,
+) -> None:
+    """Take ``title`` and ``body`` as the text a writer (``actor``) approved, and, when
+    the issue's ``labels`` are known (a label or a restart, not an edit), the agent
+    backend one of them picks."""
     record.approved_title = title
     record.approved_body = body or ""
     record.approved_sha256 = intake_hash(title, body)
     record.approved_by = actor
+    if labels is not None:
+        record.approved_backend = label_backend(labels)
 
 
 def can_restart(record: LoopRecord, lease_alive: bool) -> tuple[bool, str]:

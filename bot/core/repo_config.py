@@ -34,8 +34,8 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-Backend = Literal["builtin", "claude-code"]
-BACKENDS: tuple[Backend, ...] = ("builtin", "claude-code")
+Backend = Literal["builtin", "claude-code", "opencode"]
+BACKENDS: tuple[Backend, ...] = ("builtin", "claude-code", "opencode")
 
 
 class AgentConfig(_Strict):
@@ -388,6 +388,33 @@ def wall_hours(config: RepoConfig, ceilings: Ceilings) -> float:
     """The wall-clock hours a loop may run: ``limits.max_hours`` within the ceiling."""
     asked = config.limits.max_hours
     return min(asked if asked is not None else math.inf, ceilings.max_hours)
+
+
+def with_backend(
+    config: RepoConfig, asked: str, ceilings: Ceilings
+) -> tuple[RepoConfig, list[str]]:
+    """``config`` with the backend a writer's ``loop:agent-<name>`` label asked for, when
+    the operator allows it; otherwise unchanged, with the note that says why."""
+    label = f"`loop:agent-{asked}`"
+    if "," in asked:
+        names = ", ".join(f"`loop:agent-{a}`" for a in asked.split(","))
+        return config, [
+            f"{names}: more than one backend asked for, so `.github/loop.yml`'s "
+            f"`{config.agent.backend}` codes"
+        ]
+    if asked not in BACKENDS:
+        return config, [
+            f"{label}: no such agent backend (known: {', '.join(BACKENDS)}), so "
+            f"`{config.agent.backend}` codes"
+        ]
+    if asked not in ceilings.models.backends:
+        return config, [
+            f"{label}: not a backend this installation allows "
+            f"({', '.join(sorted(ceilings.models.backends))}; `LOOPBOT_AGENT_BACKENDS`), so "
+            f"`{config.agent.backend}` codes"
+        ]
+    agent = config.agent.model_copy(update={"backend": asked})
+    return config.model_copy(update={"agent": agent}), []
 
 
 def clamped_comment(notes: list[str]) -> str:

@@ -60,7 +60,8 @@ class Settings(BaseSettings):
     # The models a repository's loop.yml may choose (comma-separated); the three configured
     # here are always allowed. A model outside the list is replaced by the default.
     allowed_models_list: str = Field("", alias="LOOPBOT_ALLOWED_MODELS")
-    # The agent backends a loop.yml may choose (comma-separated): builtin, claude-code.
+    # The agent backends a loop.yml may choose (comma-separated): builtin, claude-code,
+    # opencode.
     agent_backends_list: str = Field("builtin", alias="LOOPBOT_AGENT_BACKENDS")
     # The most effort a loop.yml may ask for; more is lowered to it.
     max_effort: Effort = Field("high", alias="LOOPBOT_MAX_EFFORT")
@@ -144,11 +145,11 @@ class Settings(BaseSettings):
     @field_validator("agent_backends_list")
     @classmethod
     def _backends(cls, v: str) -> str:
-        known = ("builtin", "claude-code")
+        known = ("builtin", "claude-code", "opencode")
         bad = [b.strip() for b in v.split(",") if b.strip() and b.strip() not in known]
         if bad:
             raise ValueError(
-                f"unknown agent backends: {', '.join(bad)} (known: builtin, claude-code)"
+                f"unknown agent backends: {', '.join(bad)} (known: {', '.join(known)})"
             )
         return v
 

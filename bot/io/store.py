@@ -200,14 +200,22 @@ class Store:
         raw = self.redis.get(_k("conv", key))
         return [] if raw is None else list(json.loads(raw))
 
-    def save_agent_session(self, key: LoopKey, session: str, files: bytes) -> None:
-        """An agent backend's own session (Claude Code's transcript, compressed): saved
-        after each turn, so the next turn resumes it on any worker."""
-        self.redis.hset(_k("agent-session", key), mapping={"id": session, "files": files})
+    def save_agent_session(
+        self, key: LoopKey, session: str, files: bytes, backend: str = "claude-code"
+    ) -> None:
+        """An agent backend's own session (Claude Code's transcript, opencode's database,
+        compressed): saved after each turn, so the next turn resumes it on any worker."""
+        self.redis.hset(
+            _k("agent-session", key), mapping={"id": session, "files": files, "backend": backend}
+        )
 
-    def agent_session(self, key: LoopKey) -> tuple[str, bytes] | None:
+    def agent_session(self, key: LoopKey, backend: str = "claude-code") -> tuple[str, bytes] | None:
+        """The saved session of ``backend`` (None: none, or another backend's: a writer
+        switched the issue's backend, and one backend cannot resume another's session)."""
         found = self.redis.hgetall(_k("agent-session", key))
         if not found or b"id" not in found:
+            return None
+        if found.get(b"backend", b"claude-code").decode() != backend:
             return None
         return found[b"id"].decode(), found.get(b"files", b"")
 
@@ -392,9 +400,11 @@ class FencedStore(Store):
         self.guard()
         super().save_conversation(key, messages)
 
-    def save_agent_session(self, key: LoopKey, session: str, files: bytes) -> None:
+    def save_agent_session(
+        self, key: LoopKey, session: str, files: bytes, backend: str = "claude-code"
+    ) -> None:
         self.guard()
-        super().save_agent_session(key, session, files)
+        super().save_agent_session(key, session, files, backend)
 
     def count(self, name: str, by: int = 1) -> None:
         self.guard()

@@ -507,29 +507,36 @@ def backend_checks(settings: Settings) -> list[Check]:
         if backend == "builtin":
             detail = f"the built-in agent (Messages API, anthropic {anthropic.__version__})"
             checks.append(Check(name, True, detail))
-        elif backend == "claude-code":
-            checks.append(_claude_code(settings, name))
+        elif backend in ("claude-code", "opencode"):
+            checks.append(_cli_backend(settings, name, backend))
         else:  # the settings refuse unknown names; kept so a new one is never silent
             checks.append(Check(name, False, "unknown backend", "see README, Agent backends"))
     return checks
 
 
-def _claude_code(settings: Settings, name: str) -> Check:
-    from jobs import claude_code
+def _cli_backend(settings: Settings, name: str, backend: str) -> Check:
+    """A backend CLI (Claude Code, opencode): its version, then a trial turn in the
+    sandbox through the model gateway (``jobs.cli_agent.trial``)."""
+    from jobs import claude_code, opencode
+    from jobs.backends import run_trial
     from jobs.models import ModelCatalog, UnknownModel
 
-    install = "./scripts/setup --claude-code (or pip install 'loopbot[claude-code]')"
-    version = claude_code.cli_version()
+    if backend == "claude-code":
+        label, version = "Claude Code", claude_code.cli_version()
+        install = "./scripts/setup --claude-code (or pip install 'loopbot[claude-code]')"
+    else:
+        label, version = "opencode", opencode.cli_version()
+        install = "./scripts/setup --opencode (the opencode-ai npm package, pinned)"
     if version is None:
-        return Check(name, False, "Claude Code is not installed on this worker", install)
+        return Check(name, False, f"{label} is not installed on this worker", install)
     client = _client(settings).with_options(timeout=60)
     try:
         spec = ModelCatalog(client, settings).spec(settings.model)
     except UnknownModel:
-        return Check(name, False, f"Claude Code {version}; {settings.model} is unknown")
-    result = claude_code.trial(client, settings, settings.model, spec)
+        return Check(name, False, f"{label} {version}; {settings.model} is unknown")
+    result = run_trial(backend, client, settings, settings.model, spec)
     fix = "see the line above for the sandbox and the model; README, Agent backends"
-    return Check(name, result.ok, f"Claude Code {version}: {result.detail}", fix)
+    return Check(name, result.ok, f"{label} {version}: {result.detail}", fix)
 
 
 def _thinking(spec: ModelSpec) -> str:

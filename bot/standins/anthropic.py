@@ -649,7 +649,8 @@ def replace(path: str, old: str, new: str, **kw: Any) -> Reply:
 # Claude Code states in its first message ("Primary working directory: ..."): its Write
 # and Edit tools take absolute paths only.
 CWD = "@cwd/"
-_CWD_LINE = re.compile(r"Primary working directory: (\S+)")
+# Claude Code's line, and opencode's (in its system prompt's <env>).
+_CWD_LINE = re.compile(r"(?:Primary working directory|  Working directory): (\S+)")
 _MOVED = re.compile(r"the repository is now at (\S+)")
 
 
@@ -663,6 +664,21 @@ def cc_write(path: str, content: str, **kw: Any) -> Reply:
 
 def cc_edit(path: str, old: str, new: str, **kw: Any) -> Reply:
     return tool("Edit", {"file_path": CWD + path, "old_string": old, "new_string": new}, **kw)
+
+
+# -- opencode's tools (the opencode backend): absolute paths, as its tools describe them ---
+
+
+def oc_bash(command: str, **kw: Any) -> Reply:
+    return tool("bash", {"command": command, "description": "Run a command"}, **kw)
+
+
+def oc_write(path: str, content: str, **kw: Any) -> Reply:
+    return tool("write", {"filePath": CWD + path, "content": content}, **kw)
+
+
+def oc_edit(path: str, old: str, new: str, **kw: Any) -> Reply:
+    return tool("edit", {"filePath": CWD + path, "oldString": old, "newString": new}, **kw)
 
 
 def _working_dir(body: Json) -> str | None:
@@ -681,7 +697,10 @@ def _working_dir(body: Json) -> str | None:
                 first = found.group(1)
     if moved or first:
         return moved or first
-    found = _CWD_LINE.search(json.dumps(body.get("system") or ""))
+    system = body.get("system") or ""
+    if isinstance(system, list):
+        system = "\n".join(str(b.get("text", "")) for b in system if isinstance(b, dict))
+    found = _CWD_LINE.search(str(system))
     return found.group(1) if found else None
 
 
@@ -689,9 +708,11 @@ def _with_cwd(content: list[Json], body: Json) -> list[Json]:
     cwd = _working_dir(body)
     out = []
     for b in content:
-        path = (b.get("input") or {}).get("file_path") if b.get("type") == "tool_use" else None
-        if isinstance(path, str) and path.startswith(CWD) and cwd:
-            b = {**b, "input": {**b["input"], "file_path": f"{cwd}/{path[len(CWD) :]}"}}
+        given = (b.get("input") or {}) if b.get("type") == "tool_use" else {}
+        for name in ("file_path", "filePath"):
+            path = given.get(name)
+            if isinstance(path, str) and path.startswith(CWD) and cwd:
+                b = {**b, "input": {**b["input"], name: f"{cwd}/{path[len(CWD) :]}"}}
         out.append(b)
     return out
 

@@ -185,6 +185,9 @@ class Extra:
     env: dict[str, str] = field(default_factory=dict)
     mounts: tuple[Mount, ...] = ()
     prelude: str = ""
+    # The worktree also at this fixed path, and the command started there (a backend
+    # whose sessions remember their directory: every worker then shows it the same one).
+    worktree_at: str | None = None
 
 
 @dataclass(frozen=True)
@@ -558,7 +561,10 @@ class Sandbox:
         for ro in self.readonly:
             if ro.is_dir():
                 args += ["--ro-bind", str(through_stage("ro", ro, "mirror")), str(ro)]
-        args += ["--bind", str(through_stage("rw", self.worktree, "wt")), str(self.worktree)]
+        staged_wt = str(through_stage("rw", self.worktree, "wt"))
+        args += ["--bind", staged_wt, str(self.worktree)]
+        if self._extra.worktree_at:
+            args += ["--bind", staged_wt, self._extra.worktree_at]
         if self._egress is not None:
             sock_dir = through_stage("rw", self._egress.socket_path.parent, "egress")
             args += [
@@ -617,7 +623,7 @@ class Sandbox:
             bwrap += ["--seccomp", str(seccomp_fd)]
         for k, v in self._env().items():
             bwrap += ["--setenv", k, v]
-        bwrap += ["--chdir", str(self.worktree), "/bin/sh", "-c", script]
+        bwrap += ["--chdir", self._extra.worktree_at or str(self.worktree), "/bin/sh", "-c", script]
         if preludes:
             bwrap += ["sh", command]
         lim = self.limits
@@ -683,7 +689,7 @@ class Sandbox:
         *,
         extra: Extra | None = None,
         watch: Callable[[], str | None] | None = None,
-        on_output: Callable[[bytes], None] | None = None,
+        on_output: Callable[[bytes], object] | None = None,
     ) -> Result:
         """Run ``command`` in the sandbox. ``extra``: what this command gets beyond the
         sandbox's own; ``watch``: asked about once a second, a sentence kills the command
@@ -699,7 +705,7 @@ class Sandbox:
         command: str,
         timeout: float | None,
         watch: Callable[[], str | None] | None,
-        on_output: Callable[[bytes], None] | None,
+        on_output: Callable[[bytes], object] | None,
     ) -> Result:
         limit = timeout or self.timeout
         if "\0" in command or len(command.encode(errors="replace")) > MAX_COMMAND:
@@ -806,10 +812,11 @@ def _pump(
     out: _HeadTail,
     deadline: float,
     watch: Callable[[], str | None] = lambda: None,
-    on_output: Callable[[bytes], None] | None = None,
+    on_output: Callable[[bytes], object] | None = None,
 ) -> tuple[bool, str | None]:
     """Read the command's output until it ends or the deadline, asking ``watch`` about
-    once a second whether a limit is exceeded (it then kills the command).
+    once a second whether a limit is exceeded (it then kills the command), and at once
+    when ``on_output`` returns true (it saw what may cross a limit).
 
     Returns (timed out, the limit it exceeded).
     """
@@ -845,8 +852,8 @@ def _pump(
             if not chunk:
                 break
             out.feed(chunk)
-            if on_output is not None:
-                on_output(chunk)
+            if on_output is not None and on_output(chunk):
+                next_watch = time.monotonic()
     proc.stdout.close()
     try:
         proc.wait(None if not (timed_out or over) else 10)

@@ -234,3 +234,28 @@ def test_content_the_api_would_fetch_is_refused_wherever_it_sits() -> None:
     ]
     out = gw.shaped({"model": "claude-x", "max_tokens": 10, "messages": fine})
     assert out["messages"] == fine
+
+
+def test_a_label_picks_an_allowed_backend_and_anything_else_is_refused_by_name() -> None:
+    from dataclasses import replace
+
+    from bot.core import repo_config
+    from bot.core.record import label_backend
+
+    assert label_backend(("loop:ready", "bug")) == ""
+    assert label_backend(("loop:agent-opencode", "loop:ready")) == "opencode"
+    assert label_backend(("loop:agent-opencode", "loop:agent-builtin")) == "builtin,opencode"
+    ceilings = repo_config.DEFAULT_CEILINGS
+    allowed = replace(
+        ceilings, models=replace(ceilings.models, backends=frozenset({"builtin", "opencode"}))
+    )
+    config = repo_config.parse("verify: make test\n")
+    picked, notes = repo_config.with_backend(config, "opencode", allowed)
+    assert picked.agent.backend == "opencode" and notes == []
+    for asked, why in (
+        ("claude-code", "not a backend this installation allows"),
+        ("gpt", "no such agent backend"),
+        ("builtin,opencode", "more than one backend"),
+    ):
+        same, notes = repo_config.with_backend(config, asked, allowed)
+        assert same.agent.backend == "builtin" and why in notes[0], notes

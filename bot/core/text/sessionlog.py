@@ -354,16 +354,19 @@ class _Out:
 
 
 def describe_backend_call(name: str, args: dict[str, Any]) -> tuple[str, str, str | None]:
-    """A Claude Code tool call as (title, body, diff), as ``describe_call`` does loopbot's."""
-    path = str(args.get("file_path", args.get("path", "?")))
-    if name == "Bash":
+    """A backend's tool call (Claude Code's ``Bash``, ``Edit``…, opencode's ``bash``,
+    ``edit``…) as (title, body, diff), as ``describe_call`` does loopbot's."""
+    path = str(args.get("file_path", args.get("filePath", args.get("path", "?"))))
+    name = name.lower()
+    if name == "bash":
         return describe_call(BASH, {"command": args.get("command", "")})
-    if name == "Edit":
-        old, new = str(args.get("old_string", "")), str(args.get("new_string", ""))
+    if name == "edit":
+        old = str(args.get("old_string", args.get("oldString", "")))
+        new = str(args.get("new_string", args.get("newString", "")))
         return f"edit {path}", "", _diff(path, old, new)
-    if name == "Write":
+    if name == "write":
         return f"write {path}", "", _diff(path, "", str(args.get("content", "")), created=True)
-    if name == "Read":
+    if name == "read":
         return f"read {path}", "", None
     return name, json.dumps(args, indent=2, sort_keys=True, default=str), None
 

@@ -1,0 +1,24 @@
+"""The agent backends that run a CLI inside the sandbox, by their ``agent.backend`` name
+(``builtin``, loopbot's own agent, is ``jobs/agent.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot.core.models import ModelSpec
+from jobs.claude_code import ClaudeCodeAgent
+from jobs.claude_code import trial as claude_code_trial
+from jobs.cli_agent import CliAgent, Trial, trial
+from jobs.opencode import OpenCodeAgent
+
+CLI_BACKENDS: dict[str, type[CliAgent]] = {
+    "claude-code": ClaudeCodeAgent,
+    "opencode": OpenCodeAgent,
+}
+
+
+def run_trial(backend: str, client: Any, settings: Any, model: str, spec: ModelSpec) -> Trial:
+    """``loopbot doctor``'s trial turn of ``backend``."""
+    if backend == "claude-code":
+        return claude_code_trial(client, settings, model, spec)
+    return trial(CLI_BACKENDS[backend], client, settings, model, spec)
