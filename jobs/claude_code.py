@@ -25,15 +25,17 @@ agent (``jobs/agent.py``), whose ``run_turn`` this class mirrors.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bot.core.models import ModelSpec
 from bot.io.logs import get_logger
-from jobs import gateway
+from jobs import gateway, mcp
 from jobs.agent import Limits
 from jobs.cli_agent import (  # noqa: F401 (CWD_MEMBER: named here for the tests)
     CWD_MEMBER,
@@ -202,12 +204,18 @@ class ClaudeCodeAgent(CliAgent):
             session = saved[0]
             note = moved_note(unpack(saved[1], home, cwd, owner), cwd)
         stage(home, note + prompt, self.system, owner)
-        command = cli_command(
-            self.model,
-            max(1, limits.step_cap),
-            ["--resume", session] if saved is not None else ["--session-id", session],
-        )
-        return Run(command, cli_extra(binary, home, gw, self.model), session, saved is not None)
+        more = ["--session-id", session] if saved is None else ["--resume", session]
+        if self.mcp_servers:  # in HOME, never in the worktree: nothing to commit
+            config = json.dumps(mcp.claude_code_config(self.mcp_servers))
+            stage_home(home, {"mcp.json": config}, owner)
+            more += ["--mcp-config", f"{INSIDE_HOME}/.loopbot/mcp.json"]
+        command = cli_command(self.model, max(1, limits.step_cap), more)
+        extra = cli_extra(binary, home, gw, self.model)
+        if self.mcp_servers:
+            # The servers' tools offered as tools, not behind a search the model must
+            # think of first (a loop has few servers, each named in loop.yml).
+            extra = replace(extra, env={**extra.env, "ENABLE_TOOL_SEARCH": "false"})
+        return Run(command, extra, session, saved is not None)
 
     def save(self, home: Path, session: str) -> bytes:
         return pack(home, str(self.sandbox.worktree), session)

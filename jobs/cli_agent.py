@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.core.models import ModelSpec
+from bot.core.repo_config import McpServer
 from bot.core.rules import budget
 from bot.io.store import Store
 from jobs import gateway, precall
@@ -211,6 +212,7 @@ class CliAgent:
         self.first_request: float | None = None  # seconds from the turn's start (bench)
         self._charged: list[tuple[str, Any]] = []  # this turn's calls, as charged
         self.extra_env: dict[str, str] = {}  # more for the CLI's environment (the trial)
+        self.mcp_servers: dict[str, McpServer] = {}  # loop.yml's, checked (jobs/mcp.py)
         self.on_exchange: Callable[[gateway.Exchange], None] | None = None
 
     # -- what a backend gives -------------------------------------------------------------

@@ -24,10 +24,11 @@ from bot.io.github.client import IssueInfo
 from bot.io.github.failures import GitHubError, new_error_id, public_error
 from bot.io.logs import get_logger
 from bot.io.store import FencedStore, LeaseLost
-from jobs import evidence, lifecycle, metric_loop, precall, triage
+from jobs import evidence, lifecycle, mcp, metric_loop, precall, triage
 from jobs.agent import MAX_TOKENS, Agent, Limits, Outcome, TurnAgent
 from jobs.backends import CLI_BACKENDS
 from jobs.base_verify import BaseVerify
+from jobs.cli_agent import CliAgent
 from jobs.drain import DRAIN
 from jobs.handover import Handover
 from jobs.lease import Lease
@@ -120,6 +121,13 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
                 config, record.approved_backend, self.rt.ceilings
             )
             clamped = [*clamped, *picked]
+        if config.agent.mcp_servers and config.agent.backend not in CLI_BACKENDS:
+            clamped = [
+                *clamped,
+                "`agent.mcp_servers`: the built-in agent does not start MCP servers (README, "
+                "MCP servers), so this loop runs without them; `agent.backend: claude-code` "
+                "or `opencode` starts them",
+            ]
         self.config = config
         # The repository's instructions, read once from the default branch: never from the
         # worktree, where the agent could write its own.
@@ -185,6 +193,22 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
             self.store.event(self.key, "setup", exit_code=result.exit_code, seconds=result.seconds)
             if (problem := sandbox.worktree_problem()) is not None:
                 return self._over_limit(f"setup: {problem}")
+        if config.agent.mcp_servers and config.agent.backend in CLI_BACKENDS:
+            checked = mcp.check(sandbox, config.agent.mcp_servers)
+            self.store.event(
+                self.key,
+                "mcp_checked",
+                servers={c.name: list(c.tools) or c.problem for c in checked},
+            )
+            problems = [c.problem for c in checked if c.problem]
+            if problems:
+                self.gh.upsert_comment(
+                    self.repo,
+                    self.issue_number,
+                    "config-error",
+                    messages.config_error(problems, record.started_by),
+                )
+                return self._finish(Status.FAILED, Reason.BAD_CONFIG, "; ".join(problems))
         if record.sync_base:
             self._sync_base(base, token)
         if not record.base_verify:
@@ -231,6 +255,8 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
             )
         else:
             agent = self._builtin_agent(model, spec, effort, sandbox, checkout)
+        if isinstance(agent, CliAgent):
+            agent.mcp_servers = dict(config.agent.mcp_servers)
         if self.guidance:
             agent.system += "\n\n" + self.guidance
         # The stored conversation's thinking blocks are tied to the model that wrote them.

@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jobs import gateway
+from bot.core.repo_config import McpServer
+from jobs import gateway, mcp
 from jobs.agent import Limits
 from jobs.cli_agent import CliAgent, Run, Turn, give, pack, stage_home, unpack
 from jobs.sandbox.bwrap import INSIDE_HOME, Extra, Mount
@@ -66,7 +67,12 @@ def cli_version(base: Path = INSTALL_DIR) -> str | None:
 
 
 def config(
-    model: str, window: int, max_output: int, placeholder: str, steps: int
+    model: str,
+    window: int,
+    max_output: int,
+    placeholder: str,
+    steps: int,
+    servers: dict[str, McpServer] | None = None,
 ) -> dict[str, Any]:
     """opencode's whole configuration for a loop's turn."""
     return {
@@ -95,6 +101,7 @@ def config(
         "permission": {"*": "allow"},
         "agent": {"build": {"steps": steps, "model": f"anthropic/{model}"}},
         "instructions": [f"{INSIDE_HOME}/.loopbot/system.md"],
+        "mcp": mcp.opencode_config(servers or {}),
     }
 
 
@@ -154,6 +161,7 @@ class OpenCodeAgent(CliAgent):
             min(self.max_tokens, self.spec.max_output),
             gw.placeholder,
             max(1, limits.step_cap),
+            self.mcp_servers,
         )
         stage_home(
             home,

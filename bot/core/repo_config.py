@@ -38,6 +38,69 @@ Backend = Literal["builtin", "claude-code", "opencode"]
 BACKENDS: tuple[Backend, ...] = ("builtin", "claude-code", "opencode")
 
 
+_MCP_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# What loopbot and the backends set themselves: a repository cannot reach them this way.
+_RESERVED_ENV = (
+    "ANTHROPIC_",
+    "OPENAI_",
+    "CLAUDE_",
+    "OPENCODE_",
+    "CODEX_",
+    "LOOPBOT_",
+    "GITHUB_",
+    "GH_",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    "HOME",
+    "PATH",
+    "LD_",
+    "GIT_",
+)
+
+
+class McpServer(_Strict):
+    """A stdio MCP server the agent's backend starts inside the sandbox (in the worktree,
+    with the sandbox's network): ``command`` and ``args`` run there, ``env`` is given to it
+    (public values only: this file is in the repository)."""
+
+    command: str = Field(min_length=1, max_length=500)
+    args: tuple[str, ...] = Field((), max_length=32)
+    env: dict[str, str] = Field(default_factory=dict, max_length=32)
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if any(len(a) > 1000 or "\0" in a for a in v):
+            raise ValueError("an argument is over 1000 characters or holds a NUL")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: str) -> str:
+        if "\0" in v or "\n" in v:
+            raise ValueError("the command holds a NUL or a newline")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, value in v.items():
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"not an environment variable name: {name[:64]!r}")
+            if name.startswith(_RESERVED_ENV) or name in _RESERVED_ENV:
+                raise ValueError(f"{name} is loopbot's to set, not a repository's")
+            if len(value) > 1000 or "\0" in value:
+                raise ValueError(f"{name}: a value is at most 1000 characters, without NUL")
+        return v
+
+
 class AgentConfig(_Strict):
     # A model the operator allows (LOOPBOT_ALLOWED_MODELS) and an effort level up to
     # LOOPBOT_MAX_EFFORT; unset: the operator's LOOPBOT_MODEL and LOOPBOT_EFFORT.
@@ -47,6 +110,20 @@ class AgentConfig(_Strict):
     # inside the sandbox behind the model gateway (jobs/claude_code.py). One the operator
     # does not allow (LOOPBOT_AGENT_BACKENDS) is clamped to builtin.
     backend: Backend = "builtin"
+    # MCP servers (stdio) the backend starts in the sandbox, by name (jobs/mcp.py): for
+    # claude-code and opencode; the built-in agent does not run them (README says why).
+    mcp_servers: dict[str, McpServer] = Field(default_factory=dict, max_length=8)
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _mcp_names(cls, v: dict[str, McpServer]) -> dict[str, McpServer]:
+        bad = [n for n in v if not _MCP_NAME.match(n)]
+        if bad:
+            raise ValueError(
+                f"MCP server names are lower-case letters, digits, - and _ (at most 32): "
+                f"{', '.join(repr(b[:40]) for b in bad)}"
+            )
+        return v
 
 
 class CriticConfig(_Strict):
