@@ -24,7 +24,7 @@ from bot.io.github.client import IssueInfo
 from bot.io.github.failures import GitHubError, new_error_id, public_error
 from bot.io.logs import get_logger
 from bot.io.store import FencedStore, LeaseLost
-from jobs import evidence, lifecycle, mcp, metric_loop, precall, triage
+from jobs import evidence, lifecycle, mcp, metric_loop, precall, setup_phase, triage
 from jobs.agent import MAX_TOKENS, Agent, Limits, Outcome, TurnAgent
 from jobs.backends import CLI_BACKENDS
 from jobs.base_verify import BaseVerify
@@ -39,6 +39,7 @@ from jobs.runner import LEASE_LOST, _News
 from jobs.runtime import current, instrumented
 from jobs.sandbox.bwrap import Sandbox, SandboxUnavailable
 from jobs.section_audits import SectionAudits, _AllAudited, _SectionNext, resumed_outcome
+from jobs.setup_phase import SetupPhase
 from jobs.tools import ToolBox
 from jobs.worktree import Checkout, GitError, files_at
 
@@ -176,10 +177,30 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
             timeout=config.sandbox.timeout_seconds,
             readonly=(mirror,),
         )
+        setup = None
+        if config.setup:  # its own sandbox: its network, the repository's caches
+            setup = SetupPhase(
+                checkout.path,
+                settings=self.rt.settings,
+                network=(
+                    config.sandbox.network if config.setup_network is None else config.setup_network
+                ),
+                timeout=config.sandbox.timeout_seconds,
+                readonly=(mirror,),
+                cache=setup_phase.cache_dir(
+                    self.rt.settings.data_dir,
+                    record.installation_id,
+                    repo_info.id,
+                    self.repo,
+                ),
+            )
+        self.setup_phase = setup
         try:
             return self._prepared(record, sandbox, checkout, repo_info.default_branch, token)
         finally:
             sandbox.close()
+            if setup is not None:
+                setup.close()
 
     def _prepared(
         self, record: LoopRecord, sandbox: Sandbox, checkout: Checkout, base: str, token: str
@@ -189,8 +210,14 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
         self.sandbox = sandbox
         if config.setup and not checkout.resumed:
             self._set(phase="setup")
-            result = self._harness(config.setup)
-            self.store.event(self.key, "setup", exit_code=result.exit_code, seconds=result.seconds)
+            result = self._harness(config.setup, setup=True)
+            self.store.event(
+                self.key,
+                "setup",
+                exit_code=result.exit_code,
+                seconds=result.seconds,
+                cache_emptied=bool(self.setup_phase and self.setup_phase.emptied),
+            )
             if (problem := sandbox.worktree_problem()) is not None:
                 return self._over_limit(f"setup: {problem}")
         if config.agent.mcp_servers and config.agent.backend in CLI_BACKENDS:

@@ -29,6 +29,7 @@ from jobs.agent import Outcome, TurnAgent
 from jobs.lease import Lease
 from jobs.runtime import Runtime
 from jobs.sandbox.bwrap import Result, Sandbox
+from jobs.setup_phase import SetupPhase
 from jobs.worktree import Checkout, FileState, GitError, Worktrees
 
 log = get_logger("loopbot.loop")
@@ -87,6 +88,7 @@ class RunnerBase(ABC):
     config: repo_config.RepoConfig
     checkout: Checkout
     sandbox: Sandbox
+    setup_phase: SetupPhase | None = None  # `setup`'s own sandbox (jobs/setup_phase.py)
     budget: budget.Budget
 
     def __init__(self, rt: Runtime, repo: str, issue: int) -> None:
@@ -120,13 +122,14 @@ class RunnerBase(ABC):
             self.worktrees.remove(self.repo, self.issue_number)
         return self._finish(Status.FAILED, Reason.RESOURCE_LIMIT, detail)
 
-    def _harness(self, command: str) -> Result:
-        """``setup``, ``verify`` or a metric command, run by the harness. What it leaves
-        that the repository does not ignore, and that was not there before it ran, is its
-        own output, never the agent's: it is kept out of every later commit
-        (``exclude_leftovers``)."""
+    def _harness(self, command: str, *, setup: bool = False) -> Result:
+        """``setup`` (``setup=True``: in its own phase, jobs/setup_phase.py), ``verify`` or
+        a metric command, run by the harness. What it leaves that the repository does not
+        ignore, and that was not there before it ran, is its own output, never the
+        agent's: it is kept out of every later commit (``exclude_leftovers``)."""
         before = self.worktrees.untracked(self.checkout)
-        result = self.sandbox.run(command)
+        phase = self.setup_phase
+        result = phase.run(command) if setup and phase is not None else self.sandbox.run(command)
         left = self.worktrees.exclude_leftovers(self.checkout, before)
         if left:
             self.store.event(self.key, "leftovers_excluded", paths=left[:50], count=len(left))
@@ -141,7 +144,7 @@ class RunnerBase(ABC):
             return
         self.store.event(self.key, "ignored_missing", turn=turn, paths=missing[:50])
         if self.config.setup:
-            result = self._harness(self.config.setup)
+            result = self._harness(self.config.setup, setup=True)
             self.store.event(
                 self.key, "setup", exit_code=result.exit_code, seconds=result.seconds, again=True
             )

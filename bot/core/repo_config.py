@@ -193,15 +193,20 @@ class SandboxConfig(_Strict):
     @field_validator("network")
     @classmethod
     def _hosts(cls, v: bool | tuple[str, ...]) -> bool | tuple[str, ...]:
-        if isinstance(v, bool):
-            return v
-        if not v:
-            raise ValueError("a list of host names must name at least one host")
-        hosts = tuple(h.strip().lower() for h in v)
-        bad = [h for h in hosts if not _HOST.match(h)]
-        if bad:
-            raise ValueError(f"not host names: {', '.join(bad)} (no schemes, ports or paths)")
-        return hosts
+        return _network(v)
+
+
+def _network(v: bool | tuple[str, ...]) -> bool | tuple[str, ...]:
+    """A network setting: off, any public host, or these host names."""
+    if isinstance(v, bool):
+        return v
+    if not v:
+        raise ValueError("a list of host names must name at least one host")
+    hosts = tuple(h.strip().lower() for h in v)
+    bad = [h for h in hosts if not _HOST.match(h)]
+    if bad:
+        raise ValueError(f"not host names: {', '.join(bad)} (no schemes, ports or paths)")
+    return hosts
 
 
 class LimitsConfig(_Strict):
@@ -251,6 +256,10 @@ class MetricConfig(_Strict):
 class RepoConfig(_Strict):
     verify: str = Field(min_length=1)
     setup: str | None = None
+    # The network of `setup` alone (the package registries, say), as `sandbox.network`
+    # is the agent's and verify's; unset: `sandbox.network`. Setup also gets the
+    # repository's dependency caches (jobs/setup_phase.py); the agent never does.
+    setup_network: bool | tuple[str, ...] | None = None
     max_turns: int = Field(20, ge=1, le=100)
     max_steps: int = Field(200, ge=0)
     tool_budget: int = Field(400, ge=1)
@@ -260,6 +269,12 @@ class RepoConfig(_Strict):
     max_parallel: int = Field(3, ge=1)
     agent: AgentConfig = AgentConfig()
     critic: CriticConfig = CriticConfig()
+
+    @field_validator("setup_network")
+    @classmethod
+    def _setup_hosts(cls, v: bool | tuple[str, ...] | None) -> bool | tuple[str, ...] | None:
+        return None if v is None else _network(v)
+
     merge: MergeConfig = MergeConfig()
     labels: LabelsConfig = LabelsConfig()
     sandbox: SandboxConfig = SandboxConfig()

@@ -30,6 +30,7 @@ SMOKE = {
     "worktree.py": rf"loopbot, recycled spare\s+{NUM} ms",
     "webhook.py": rf"loopbot\s+{NUM}\s+{NUM}\s+{NUM}\n",
     "tokens.py": rf"cache share\s+{NUM}% on steps 2\+",
+    "setup_cache.py": rf"second loop \(the first's cache\)\s+{NUM} s\s+\(0 downloads\)",
 }
 
 # Modules in bench/ that are not scripts, and the smoke runs that exercise them.

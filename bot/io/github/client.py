@@ -67,6 +67,7 @@ class _Model(BaseModel):
 
 class RepoInfo(_Model):
     full_name: str
+    id: int = 0  # GitHub's, which a new repository of the same name does not inherit
     default_branch: str
     clone_url: str
     private: bool = False
