@@ -1,6 +1,7 @@
 """Orchestration overhead per turn, with model and verify time excluded.
 
-    .venv/bin/python bench/loop_overhead.py [--turns 20] [--backend builtin|claude-code] [--smoke]
+    .venv/bin/python bench/loop_overhead.py [--turns 20] [--smoke]
+        [--backend builtin|claude-code|opencode]
 
 Runs one real loop job (real RQ worker, Redis, git, bubblewrap sandbox, the local GitHub
 and model servers) for ``--turns`` turns. Each turn the scripted model edits one file
@@ -45,12 +46,13 @@ REPO = "bench/overhead"
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--turns", type=int, default=20)
-    ap.add_argument("--backend", choices=["builtin", "claude-code"], default="builtin")
+    ap.add_argument("--backend", choices=["builtin", "claude-code", "opencode"], default="builtin")
     args = _smoke.parse(ap, turns=3)
     configure("json", level=logging.WARNING)
     claude = args.backend == "claude-code"
-    extra = {"LOOPBOT_AGENT_BACKENDS": "builtin,claude-code"} if claude else {}
-    if claude:  # a model Claude Code knows (see tests/e2e/test_claude_code.py)
+    cli = args.backend != "builtin"  # a CLI in the sandbox
+    extra = {"LOOPBOT_AGENT_BACKENDS": f"builtin,{args.backend}"} if cli else {}
+    if cli:  # a model Claude Code knows (see tests/e2e/test_claude_code.py)
         extra["LOOPBOT_MODEL"] = "claude-sonnet-4-6"
     b = _env.start(extra)
     try:
@@ -58,7 +60,7 @@ def main() -> None:
         yml = (
             f"verify: exit 1\nmax_turns: {args.turns}\ncritic:\n  enabled: false\n"
             "merge:\n  enabled: false\n"
-        ) + ("agent:\n  backend: claude-code\n" if claude else "")
+        ) + (f"agent:\n  backend: {args.backend}\n" if cli else "")
         b.github.add_repo(REPO, {".github/loop.yml": yml, "app.py": "x = 0\n"}, installation_id=iid)
         with b.github.as_user("bench") as u:
             n = u.post(f"/repos/{REPO}/issues", json={"title": "t", "body": "b"}).json()["number"]
@@ -76,6 +78,8 @@ def main() -> None:
             counter["turn"] += 1
             if claude:
                 return m.cc_write("app.py", f"x = {counter['turn']}\n")
+            if cli:
+                return m.oc_write("app.py", f"x = {counter['turn']}\n")
             return m.write_file("app.py", f"x = {counter['turn']}\n")
 
         b.model.responder = respond
@@ -112,7 +116,7 @@ def main() -> None:
             f"{statistics.median(late):.1f} ms"
         )
         print(
-            f"  (excluded per turn, median: {'the Claude Code run' if claude else 'model'} "
+            f"  (excluded per turn, median: {f'the {args.backend} run' if cli else 'model'} "
             f"{model_ms:.1f} ms over 2 model calls, verify {verify_ms:.1f} ms in the sandbox)"
         )
         to_first = sorted((a - s) * 1000 for s, a in zip(starts, first_asks, strict=False))
