@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import tarfile
 import tempfile
 import time
@@ -41,6 +42,9 @@ from jobs.sandbox.bwrap import Extra, Result, Sandbox, TreeError, disk_usage
 OUTPUT_SHOWN = 2000  # characters of a tool result kept in its event
 CWD_MEMBER = "loopbot-cwd"  # in a packed session: the working directory it ran in
 MAX_SESSION = 64 << 20  # bytes of session files saved with the loop (Redis holds them)
+MAX_SESSION_ENTRIES = 10_000  # files and directories in a saved session
+MAX_SESSION_DEPTH = 16  # directory levels in a saved session
+MAX_LINE = 8 << 20  # bytes of one line of the CLI's stream (an event with a large result)
 SYSTEM = """\
 You are working for loopbot, an autonomous GitHub bot, on one GitHub issue in this \
 repository. Make the smallest correct change that resolves the issue, with tests where \
@@ -59,31 +63,54 @@ class SessionTooLarge(Exception):
 def pack(root: Path, paths: Iterable[Path], cwd: str, limit: int = MAX_SESSION) -> bytes:
     """``paths`` (files or directories under ``root``, in the agent's HOME) as a tar.gz,
     with the working directory the session ran in. Raises ``SessionTooLarge`` past
-    ``limit`` bytes of files: the agent writes HOME, and what is packed sits in the
-    worker's memory and then in Redis."""
+    ``limit`` bytes of files, ``MAX_SESSION_ENTRIES`` entries or ``MAX_SESSION_DEPTH``
+    levels: the agent writes HOME, and what is packed sits in the worker's memory and
+    then in Redis. Only regular files and directories, never followed through a link."""
     buf = io.BytesIO()
-    total = 0
-
-    def regular_only(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        nonlocal total
-        if not (info.isfile() or info.isdir()):
-            return None  # never a link, a device or a FIFO the agent planted
-        total += info.size
-        if total > limit:
-            raise SessionTooLarge(f"the agent's session files passed {limit >> 20} MiB")
-        return info
-
+    total = entries = 0
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         where = cwd.encode()
         info = tarfile.TarInfo(CWD_MEMBER)  # where the session ran, for the next worker
         info.size = len(where)
         tar.addfile(info, io.BytesIO(where))
-        for path in paths:
-            if path.is_symlink() or not path.exists():
-                continue  # the agent's HOME: never follow what it may have planted
-            arcname = str(path.relative_to(root))
-            tar.add(path, arcname=arcname, recursive=True, filter=regular_only)
+        todo = [(path, 0) for path in reversed(list(paths))]
+        while todo:  # a walk of our own: no recursion a deep tree could exhaust
+            path, depth = todo.pop()
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                continue
+            entries += 1
+            if entries > MAX_SESSION_ENTRIES or depth > MAX_SESSION_DEPTH:
+                raise SessionTooLarge(
+                    f"the agent's session files passed {MAX_SESSION_ENTRIES} entries or "
+                    f"{MAX_SESSION_DEPTH} levels"
+                )
+            name = str(path.relative_to(root))
+            if stat.S_ISDIR(st.st_mode):
+                tar.addfile(_info(name, st, tarfile.DIRTYPE))
+                todo += [(p, depth + 1) for p in sorted(path.iterdir(), reverse=True)]
+            elif stat.S_ISREG(st.st_mode):
+                total += st.st_size
+                if total > limit:
+                    raise SessionTooLarge(f"the agent's session files passed {limit >> 20} MiB")
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                with os.fdopen(fd, "rb") as f:
+                    now = os.fstat(f.fileno())
+                    if not stat.S_ISREG(now.st_mode) or now.st_size != st.st_size:
+                        raise SessionTooLarge("a session file changed while it was saved")
+                    tar.addfile(_info(name, now, tarfile.REGTYPE), f)
+            # never a link, a device or a FIFO the agent planted
     return buf.getvalue()
+
+
+def _info(name: str, st: os.stat_result, kind: bytes) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.size = st.st_size if kind == tarfile.REGTYPE else 0
+    info.mode = st.st_mode & 0o755
+    info.mtime = int(st.st_mtime)
+    return info
 
 
 def unpack(data: bytes, root: Path, home: Path, owner: tuple[int, int] | None) -> str | None:
@@ -137,7 +164,9 @@ class Turn:
     """What one CLI run said, read from its stream as it comes."""
 
     buffer: bytes = b""
-    steps: int = 0
+    skipping: bool = False  # inside a line past MAX_LINE, dropped
+    steps: int = 0  # tool calls the CLI's stream reported
+    called: int = 0  # tool calls the model made, as the gateway saw them
     text: str = ""
     session: str = ""  # the session id the CLI named (a backend that picks its own)
     result: dict[str, Any] = field(default_factory=dict)
@@ -264,9 +293,12 @@ class CliAgent:
         if state.session and (saved is not None or state.steps or state.text or exchanges):
             try:
                 files = self.save(home, state.session)
-                self.store.save_agent_session(self.key, state.session, files, self.name)
-            except SessionTooLarge as exc:  # the last saved session stays
+            except (SessionTooLarge, OSError, RecursionError, tarfile.TarError) as exc:
+                # The agent wrote HOME: whatever it planted there ends the turn, never the
+                # job (the last saved session stays).
                 ended.append(("resource_limit", f"{exc}; the turn's session was not saved"))
+            else:
+                self.store.save_agent_session(self.key, state.session, files, self.name)
         self.last_model = self.model
         outcome = Outcome(end="finished")
         outcome.steps = state.steps
@@ -318,10 +350,16 @@ class CliAgent:
         stream said. (``run_turn`` and doctor's trial share it.)"""
         owner = self.sandbox.file_owner
         exchanges = 0
+        state = Turn()
 
         def exchange(x: gateway.Exchange) -> None:
             nonlocal exchanges
             exchanges += 1
+            # The model's tool calls as the gateway saw them: a count nothing in the
+            # sandbox can touch (a process there may write into the CLI's stdout).
+            state.called += sum(1 for b in x.content if b.get("type") == "tool_use")
+            if not self.stops_at_cap and state.called > limits.step_cap:
+                gw.closed = f"the turn's step cap ({limits.step_cap} steps) is reached"
             self.on_event("gateway_call", exchange_event(x))
             if self.on_exchange is not None:
                 self.on_exchange(x)
@@ -337,7 +375,7 @@ class CliAgent:
         )
         run = self.start(binary, home, gw, prompt, saved, limits)
         extra = replace(run.extra, env={**run.extra.env, **self.extra_env})
-        state = Turn(session=run.session)
+        state.session = run.session
         home_limit = self.sandbox.limits.worktree_bytes
         ended: list[tuple[str, str]] = []
 
@@ -361,7 +399,7 @@ class CliAgent:
                 why = f"{self.label}'s home directory holds {why}; delete what you generated"
                 ended.append(("resource_limit", why))
                 return why
-            if not self.stops_at_cap and state.steps > limits.step_cap:
+            if not self.stops_at_cap and max(state.steps, state.called) > limits.step_cap:
                 why = f"{limits.step_cap} steps"
                 ended.append(("step_cap", why))
                 return why
@@ -388,7 +426,7 @@ class CliAgent:
             if gw.first_request is not None:
                 self.first_request = gw.first_request - started
         self._read(state, b"\n")
-        if not self.stops_at_cap and state.steps >= max(1, limits.step_cap):
+        if not self.stops_at_cap and max(state.steps, state.called) >= max(1, limits.step_cap):
             state.step_cap = True  # it stopped there: the loop treats it as a cap
         return Driven(state, result, ended, exchanges, gw.exhausted)
 
@@ -399,11 +437,26 @@ class CliAgent:
         self._charged.append((model, used))
 
     def _read(self, state: Turn, chunk: bytes) -> bool:
-        """The JSON events in ``chunk`` (one per line), each to ``event``. True: read."""
+        """The JSON events in ``chunk`` (one per line), each to ``event``. True: read.
+
+        A line longer than ``MAX_LINE`` is dropped, not held: the CLI's stdout is a
+        pipe a process in the sandbox may write into too. Only whole lines count as
+        output for the stall check."""
+        if b"\n" not in chunk:
+            if len(state.buffer) + len(chunk) > MAX_LINE:
+                state.buffer, state.skipping = b"", True
+            elif not state.skipping:
+                state.buffer += chunk
+            return True
         state.last_output = time.monotonic()
-        state.buffer += chunk
-        while b"\n" in state.buffer:
-            line, state.buffer = state.buffer.split(b"\n", 1)
+        head, _, rest = chunk.partition(b"\n")
+        lines = [b"" if state.skipping else state.buffer + head]
+        state.skipping = False
+        *more, tail = rest.split(b"\n")
+        lines += more
+        state.buffer = tail if len(tail) <= MAX_LINE else b""
+        state.skipping = len(tail) > MAX_LINE
+        for line in lines:
             if not line.strip().startswith(b"{"):
                 continue
             try:

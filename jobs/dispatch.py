@@ -24,6 +24,7 @@ from bot.core.commands import (
 )
 from bot.core.ids import LoopId, issue_from_branch
 from bot.core.record import (
+    AGENT_LABEL,
     LoopRecord,
     Reason,
     Status,
@@ -211,6 +212,8 @@ def start_loop(
     keeps the text approved before. ``kind``: "code" or "metric", as the label that
     starts it says; None keeps the record's (a new record: "code").
     """
+    if approved is not None:
+        approved = _writers_backend_labels(rt.github.installation(installation_id), repo, approved)
     store = rt.store
     loop = LoopId(repo, issue)
     gh = rt.github.installation(installation_id)
@@ -262,6 +265,24 @@ def start_loop(
                 return "restarted" if record.restarts or restart else "started"
             case _:
                 assert_never(decision)
+
+
+def _writers_backend_labels(gh: Installation, repo: str, issue: IssueInfo) -> IssueInfo:
+    """``issue`` with only the ``loop:agent-<name>`` labels someone with write access
+    added (the last to add each, from the issue's events): the backend is a writer's
+    choice, and anyone with triage access may label an issue."""
+    asked = [x for x in issue.labels if x.startswith(AGENT_LABEL)]
+    if not asked:
+        return issue
+    kept = [x for x in issue.labels if not x.startswith(AGENT_LABEL)]
+    for name in asked:
+        try:
+            who = gh.last_labeler(repo, issue.number, name)
+            if who is not None and gh.can_write(repo, who):
+                kept.append(name)
+        except GitHubError as exc:  # not known to be a writer's: not taken
+            log.warning("dispatch.labeler_unknown", repo=repo, label=name, error=str(exc)[:200])
+    return issue.model_copy(update={"labels": tuple(kept)})
 
 
 def _pacing(

@@ -194,6 +194,8 @@ class ModelGateway:
         self.socket_path = run_dir / "model.sock"
         self.sandbox_uid = sandbox_uid
         self.exhausted = ""  # the budget's sentence, once a request was refused for it
+        # Set by the harness (a step cap reached): every later request is refused.
+        self.closed = ""
         self.calls = 0
         self.first_request: float | None = None  # monotonic, for the benchmark
         self._server: _Server | None = None
@@ -313,6 +315,8 @@ class ModelGateway:
         gateway refuses everything after: the budget does not come back in a turn)."""
         if self.exhausted:
             raise Refused(400, "invalid_request_error", f"loopbot: {self.exhausted}")
+        if self.closed:
+            raise Refused(400, "invalid_request_error", f"loopbot: {self.closed}")
         try:
             return self.guard({k: body[k] for k in (*_COUNTED, "max_tokens") if k in body})
         except precall.OverBudget as exc:

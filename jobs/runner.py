@@ -144,7 +144,10 @@ class RunnerBase(ABC):
             return
         self.store.event(self.key, "ignored_missing", turn=turn, paths=missing[:50])
         if self.config.setup:
-            result = self._harness(self.config.setup, setup=True)
+            # On a tree the agent wrote (its requirements, its scripts): in the agent's
+            # sandbox, with the agent's network and no cache. setup's own network and the
+            # repository's cache are for the default branch's tree only (red team).
+            result = self._harness(self.config.setup)
             self.store.event(
                 self.key, "setup", exit_code=result.exit_code, seconds=result.seconds, again=True
             )

@@ -10,20 +10,34 @@ agents run it): its own network, and the repository's dependency caches.
   repository id: another repository, or a new one given a deleted one's name, never
   reads it; loops of one repository share it. Bounded: setup is killed when the cache
   passes ``LOOPBOT_SETUP_CACHE_MB`` (a resource limit), and a cache found over it is
-  emptied before setup runs. ``LOOPBOT_SETUP_CACHE_MB=0`` turns caches off.
-* **Reuse.** Setup runs once per new worktree; a later turn, a restart or a handover on
-  the same worker finds its output in the worktree. On another worker it runs again, and
-  the cache makes it quick.
+  emptied before setup runs. ``LOOPBOT_SETUP_CACHE_MB=0`` turns caches off. All caches
+  of a worker together stay within ``LOOPBOT_SETUP_CACHES_TOTAL_MB``: the least
+  recently used go first.
+* **Only on the maintainers' tree.** The setup phase runs once, on a new loop's worktree
+  fresh from the default branch: nothing the agent wrote has run with setup's network or
+  touched the cache. When setup must run again on the agent's tree (the agent deleted
+  what setup made), it runs in the agent's sandbox: the agent's network, no cache.
+* **Reuse.** A later turn, a restart or a handover on the same worker finds setup's
+  output in the worktree. A loop resumed on another worker (its worktree made from the
+  pushed branch) does not run setup there.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 from bot.core.settings import Settings
-from jobs.sandbox.bwrap import Extra, Mount, Network, Result, Sandbox, TreeError, disk_usage
+from jobs.sandbox.bwrap import (
+    Extra,
+    Mount,
+    Network,
+    Result,
+    Sandbox,
+    TreeError,
+    disk_usage,
+    remove_tree,
+)
 
 INSIDE = "/tmp/loopbot-cache"
 # Where each package manager keeps what it downloaded (and, for cargo and go, built).
@@ -57,7 +71,7 @@ def over(path: Path, limit: int) -> bool:
 
 
 def empty(path: Path, owner: tuple[int, int] | None) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+    remove_tree(path)
     prepare(path, owner)
 
 
@@ -65,6 +79,30 @@ def prepare(path: Path, owner: tuple[int, int] | None) -> None:
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     if owner is not None:
         os.chown(path, *owner, follow_symlinks=False)
+
+
+def evict(root: Path, total: int, keep: Path) -> list[Path]:
+    """The least recently used caches under ``root`` removed until all of them together
+    hold at most ``total`` bytes (``keep``, the one just used, last of all). Returns what
+    went."""
+    sizes: list[tuple[float, Path, int]] = []
+    for path in root.iterdir() if root.is_dir() else []:
+        if path.is_symlink() or not path.is_dir():
+            continue
+        try:
+            used = disk_usage(path, total + 1)
+        except TreeError:
+            used = total + 1  # cannot be walked: not worth keeping
+        sizes.append((path.stat().st_mtime if path != keep else float("inf"), path, used))
+    held = sum(used for _, _, used in sizes)
+    gone = []
+    for _, path, used in sorted(sizes, key=lambda x: x[0]):
+        if held <= total:
+            break
+        remove_tree(path)
+        held -= used
+        gone.append(path)
+    return gone
 
 
 class SetupPhase:
@@ -85,6 +123,7 @@ class SetupPhase:
         )
         self.cache = cache if settings.setup_cache_mb > 0 else None
         self.limit = settings.setup_cache_mb << 20
+        self.total = settings.setup_caches_total_mb << 20
         self.emptied = False  # the cache was over its limit before this setup
 
     def run(self, command: str) -> Result:
@@ -109,6 +148,8 @@ class SetupPhase:
         )
         if result.over_limit and over(cache, limit):
             empty(cache, owner)  # never left over its bound for the next loop
+        os.utime(cache)  # its last use, for evict
+        evict(cache.parent, self.total, keep=cache)
         return result
 
     def close(self) -> None:

@@ -108,6 +108,9 @@ class Settings(BaseSettings):
     # Each repository's dependency caches (pip, npm, cargo, go, ...), mounted into its
     # `setup` only (jobs/setup_phase.py); past this size a cache is emptied. 0: no caches.
     setup_cache_mb: int = Field(2048, alias="LOOPBOT_SETUP_CACHE_MB", ge=0)
+    # All repositories' caches on this worker together: past it, the least recently used
+    # are removed (jobs/setup_phase.py).
+    setup_caches_total_mb: int = Field(8192, alias="LOOPBOT_SETUP_CACHES_TOTAL_MB", ge=0)
     # Private or loopback networks the egress proxy may reach anyway (an internal package
     # mirror); comma-separated CIDRs. Empty: only public addresses.
     egress_allowed_networks: str = Field("", alias="LOOPBOT_EGRESS_ALLOWED_NETWORKS")

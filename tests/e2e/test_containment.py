@@ -437,7 +437,8 @@ def test_keyrings_dev_and_kernel_interfaces_are_closed(
         "libc = ctypes.CDLL(None, use_errno=True)\n"
         "for name, nr, args in (('keyctl', 250, (0, -3, 0)), "
         "('add_key', 248, (b'user', b'x', b'leak', 4, -3)), ('bpf', 321, (0, 0, 0)), "
-        "('unshare', 272, (0x10000000,))):\n"
+        "('unshare', 272, (0x10000000,)), ('ptrace', 101, (16, os.getppid(), 0, 0)), "
+        "('pidfd_getfd', 438, (0, 1, 0)), ('process_vm_readv', 310, (1, 0, 0, 0, 0, 0))):\n"
         "    r = libc.syscall(nr, *args)\n"
         "    print(name, r, ctypes.get_errno())\n"
         "import socket\n"
@@ -453,8 +454,11 @@ def test_keyrings_dev_and_kernel_interfaces_are_closed(
         box.adopt()
         r = box.run("python3 probe.py; dd if=/dev/zero of=/dev/fill bs=1M count=8 2>&1; true")
     if os.uname().machine == "x86_64":
-        for name in ("keyctl", "add_key", "bpf", "unshare"):
+        # ptrace, pidfd_getfd, process_vm_*: no process may reach into another (a backend
+        # CLI's stdout, which the harness reads, is its tools' parent's).
+        for name in ("keyctl", "add_key", "bpf", "unshare", "ptrace", "pidfd_getfd"):
             assert f"{name} -1 1\n" in r.output, r.output  # EPERM
+        assert "process_vm_readv -1 1\n" in r.output, r.output
         assert "AF_VSOCK refused 1" in r.output and "AF_PACKET refused" in r.output
         assert "AF_INET open" in r.output and "AF_UNIX open" in r.output
     assert "Read-only file system" in r.output

@@ -257,3 +257,53 @@ def test_a_writer_picks_opencode_for_one_issue_by_label(
     assert r.approved_backend == "opencode"
     assert [t["backend"] for t in events(redis, "agent_turn")] == ["opencode"]
     assert "todowrite" in {t["name"] for t in agent_requests(model)[0]["tools"]}  # opencode's
+
+
+def test_doctor_runs_a_trial_opencode_turn_through_the_gateway(
+    env: dict[str, str], github: GitHubServer, model: AnthropicServer
+) -> None:
+    """``loopbot doctor`` with opencode allowed: its version and a trial turn in the
+    sandbox that reached the model through the gateway; a model that refuses makes the
+    line fail with the API's reason."""
+    from bot.core.settings import load_settings
+    from bot.ops.doctor import backend_checks
+
+    model.play(m.text("ready"))
+    checks = {c.name: c for c in backend_checks(load_settings(env, role="worker"))}
+    line = checks["agent backend opencode"]
+    assert line.ok, line
+    assert "opencode 1.18.33" in line.detail and "through the gateway (1 call(s)" in line.detail
+    assert "answered 'ready'" in line.detail
+    trial = agent_requests(model)[-1]
+    assert trial["model"] == "claude-sonnet-4-6"
+    assert "Reply with the single word: ready" in json.dumps(trial["messages"])
+
+    model.play(*[m.Fail(400, "no such thing", "invalid_request_error")] * 3)
+    failed = {c.name: c for c in backend_checks(load_settings(env, role="worker"))}
+    assert not failed["agent backend opencode"].ok, failed["agent backend opencode"]
+
+
+def test_a_backend_label_added_by_someone_without_write_access_is_not_taken(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """A triage-role collaborator (who may label, not approve) adds ``loop:agent-opencode``;
+    a writer then approves the issue: the label is not a writer's choice, and loop.yml's
+    backend (builtin) codes (the red team's case)."""
+    from tests.helpers import TEST_CALC
+
+    model.play(m.replace("calc.py", "a - b", "a + b"), m.text("Fixed add."), APPROVE)
+    iid = github.add_installation("acme")
+    github.add_repo(
+        REPO,
+        {"calc.py": CALC, "test_calc.py": TEST_CALC, ".github/loop.yml": YML.split("agent:")[0]},
+        installation_id=iid,
+        collaborators={"writer": "write", "triager": "triage"},
+    )
+    n = open_issue(github)
+    label(github, "triager", n, "loop:agent-opencode")
+    label(github, "writer", n)
+    drain()
+    r = Store(redis).get(KEY)
+    assert r is not None and (r.status, r.reason) == (Status.COMPLETED, "merged"), events(redis)
+    assert r.approved_backend == ""
+    assert events(redis, "agent_turn") == []  # the built-in agent: no CLI turn events

@@ -161,3 +161,62 @@ def test_a_cache_past_its_bound_ends_setup_and_is_emptied_and_repositories_never
         phase.close()
     assert setup_phase.cache_dir(settings.data_dir, 7, 1235, "acme/widgets") != cache
     assert setup_phase.cache_dir(settings.data_dir, 8, 1234, "acme/widgets") != cache
+
+
+def test_setup_run_again_on_the_agent_s_tree_gets_neither_setup_network_nor_the_cache(
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    drain: Any,
+    env: dict[str, str],
+) -> None:
+    """The agent rewrites the setup script and deletes what setup made: setup runs again
+    before verify, but in the agent's sandbox: no proxy, no cache; nothing lands in the
+    repository's cache for the next loop (the red team's attack)."""
+    base = "mkdir -p .deps && touch .deps/ready && echo base-setup\n"
+    evil = (
+        'echo "AGENT SETUP proxy=[$HTTPS_PROXY] cache=[$PIP_CACHE_DIR]"\n'
+        "mkdir -p /tmp/loopbot-cache/pip && echo planted > /tmp/loopbot-cache/pip/PLANTED\n"
+        "mkdir -p .deps && touch .deps/ready\n"
+    )
+    yml_text = (
+        "verify: python3 -m unittest -q\nmax_turns: 1\ntriage:\n  enabled: false\n"
+        f"setup: sh tools/setup.sh\nsetup_network: [{HOST}]\n"
+    )
+    model.play(
+        m.write_file("tools/setup.sh", evil),
+        m.bash("rm -rf .deps && echo removed"),
+        m.replace("calc.py", "a - b", "a + b"),
+        m.text("Fixed add."),
+        APPROVE,
+    )
+    sample_repo(github, loop_yml=yml_text, extra={"tools/setup.sh": base, ".gitignore": ".deps/\n"})
+    label(github, "writer", open_issue(github))
+    drain()
+    key = f"{REPO}#1"
+    runs = events(redis, key, "setup")
+    assert len(runs) == 2 and runs[1].get("again"), runs  # it did run again
+    caches = Path(env["LOOPBOT_DATA_DIR"]) / "caches"
+    assert not [p for p in caches.rglob("PLANTED")] if caches.exists() else True
+
+
+def test_all_caches_together_stay_within_their_total_the_least_recently_used_go(
+    tmp_path: Path,
+) -> None:
+    import time as _time
+
+    from jobs import setup_phase
+
+    root = tmp_path / "caches"
+    paths = []
+    for i in range(6):  # 1 MiB each, used in this order
+        path = root / f"1-{i}"
+        path.mkdir(parents=True)
+        (path / "blob").write_bytes(b"x" * (1 << 20))
+        os.utime(path, (_time.time() - 100 + i, _time.time() - 100 + i))
+        paths.append(path)
+    os.utime(paths[0])  # the oldest was just used again
+    gone = setup_phase.evict(root, (3 << 20) + (64 << 10), keep=paths[5])
+    assert gone == [paths[1], paths[2], paths[3]]
+    assert sorted(p.name for p in root.iterdir()) == ["1-0", "1-4", "1-5"]

@@ -259,3 +259,58 @@ def test_a_label_picks_an_allowed_backend_and_anything_else_is_refused_by_name()
     ):
         same, notes = repo_config.with_backend(config, asked, allowed)
         assert same.agent.backend == "builtin" and why in notes[0], notes
+
+
+def test_a_stream_without_newlines_is_dropped_not_held_and_costs_linear_time() -> None:
+    """The CLI's stdout is a pipe a process in the sandbox may write into (red team): 64
+    MiB with no newline is dropped past MAX_LINE, in linear time, and the next whole
+    line is read as it comes."""
+    import time as _time
+
+    from jobs import cli_agent
+
+    seen: list[dict[str, object]] = []
+
+    class Reader(cli_agent.CliAgent):
+        def event(self, state: cli_agent.Turn, event: dict[str, object]) -> None:
+            seen.append(event)
+
+    reader = Reader.__new__(Reader)
+    state = cli_agent.Turn()
+    started = _time.monotonic()
+    chunk = b"x" * (64 << 10)
+    for _ in range(1024):  # 64 MiB
+        reader._read(state, chunk)
+        assert len(state.buffer) <= cli_agent.MAX_LINE
+    reader._read(state, b'tail of the long line\n{"type": "a"}\n{"type": ')
+    reader._read(state, b'"b"}\n')
+    assert _time.monotonic() - started < 5
+    assert seen == [{"type": "a"}, {"type": "b"}]
+
+
+def test_a_session_tree_too_deep_or_too_wide_is_refused_without_recursion(
+    tmp_path: Path,
+) -> None:
+    from jobs import cli_agent
+
+    deep = tmp_path / "deep"
+    path = deep / "opencode.db-shm"
+    for _ in range(40):  # deeper than a session has
+        path = path / "d"
+    path.mkdir(parents=True)
+    with pytest.raises(cli_agent.SessionTooLarge):
+        cli_agent.pack(deep, [deep / "opencode.db-shm"], "/w")
+    wide = tmp_path / "wide" / "opencode.db-shm"
+    wide.mkdir(parents=True)
+    for i in range(cli_agent.MAX_SESSION_ENTRIES + 1):
+        (wide / str(i)).touch()
+    with pytest.raises(cli_agent.SessionTooLarge):
+        cli_agent.pack(wide.parent, [wide], "/w")
+    (wide.parent / "opencode.db").write_bytes(b"db")
+    (wide.parent / "opencode.db-wal").symlink_to("/etc/passwd")
+    data = cli_agent.pack(
+        wide.parent, [wide.parent / "opencode.db", wide.parent / "opencode.db-wal"], "/w"
+    )
+    out = tmp_path / "out"
+    cli_agent.unpack(data, out, out, None)
+    assert (out / "opencode.db").read_bytes() == b"db" and not (out / "opencode.db-wal").exists()
