@@ -16,6 +16,7 @@ without it (opencode drops a failed server without a word) or hangs on it.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from bot.core.repo_config import McpServer
 from jobs.sandbox.bwrap import Extra, Sandbox
 
 CHECK_SECONDS = 20.0
+EXITED = "loopbot-mcp-exited:"  # the check's own line once the server ended
 PROTOCOL = "2025-06-18"
 _HANDSHAKE = [
     {
@@ -53,7 +55,12 @@ def check_command(server: McpServer) -> str:
     (a server may stop reading at end of input before it answers) until it is killed."""
     lines = " ".join(shlex.quote(json.dumps(m)) for m in _HANDSHAKE)
     run = shlex.join([server.command, *server.args])
-    return f"{{ printf '%s\\n' {lines}; sleep {int(CHECK_SECONDS) + 5}; }} | {run} 2>&1"
+    # A server that ends prints the sentinel with its status: the check stops at once
+    # instead of waiting for the sleep that holds its stdin open.
+    return (
+        f"{{ printf '%s\\n' {lines}; sleep {int(CHECK_SECONDS) + 5}; }} | "
+        f'{{ {run} 2>&1; echo "{EXITED}$?"; }}'
+    )
 
 
 def answers(output: str) -> dict[int, dict[str, Any]]:
@@ -76,6 +83,10 @@ def judge(name: str, output: str, exit_code: int, seconds: float) -> Checked:
     """What a server's answer to the handshake says of it (pure: the test's and the
     check's one reading)."""
     got = answers(output)
+    ended = re.search(rf"^{EXITED}(\d+)$", output, re.M)
+    if ended:
+        exit_code = int(ended.group(1))
+        output = output.replace(ended.group(0), "")
     listed = got.get(2, {}).get("result")
     if isinstance(listed, dict) and isinstance(listed.get("tools"), list):
         names = tuple(
@@ -83,7 +94,9 @@ def judge(name: str, output: str, exit_code: int, seconds: float) -> Checked:
         )
         return Checked(name, names)
     error = got.get(1, {}).get("error") or got.get(2, {}).get("error")
-    said = [ln for ln in output.splitlines() if ln.strip() and not ln.startswith("{")]
+    said = [
+        ln for ln in output.splitlines() if ln.strip() and not ln.startswith(("{", "[loopbot:"))
+    ]
     tail = " / ".join(said[-3:])[-300:]
     if error:
         why = f"it answered with an error: {json.dumps(error)[:300]}"
@@ -102,13 +115,18 @@ def check(sandbox: Sandbox, servers: dict[str, McpServer]) -> list[Checked]:
     for name, server in sorted(servers.items()):
         seen = bytearray()
 
+        def over(seen: bytearray) -> str | None:
+            text = seen.decode(errors="replace")
+            if 2 in answers(text):
+                return "answered"  # stop it now, not at the end of its sleep
+            return "exited" if EXITED in text else None
+
         def done(chunk: bytes, seen: bytearray = seen) -> bool:
             seen.extend(chunk[: 1 << 20])  # what a check needs; the rest is the sandbox's
-            return 2 in answers(seen.decode(errors="replace"))
+            return over(seen) is not None
 
         def watch(seen: bytearray = seen) -> str | None:
-            # Answered: stop it now, not at the end of its sleep.
-            return "answered" if 2 in answers(seen.decode(errors="replace")) else None
+            return over(seen)
 
         result = sandbox.run(
             check_command(server),

@@ -158,6 +158,8 @@ def test_the_built_in_agent_is_told_it_runs_without_the_servers(
         ('{"jsonrpc":"2.0","id":1,"result":{}}\n', 124, "answered initialize but not"),
         ('{"jsonrpc":"2.0","id":1,"error":{"code":-1,"message":"no"}}\n', 1, "with an error"),
         ("", 124, "did not answer within 20 s"),
+        # Killed by the check once it ended: its own status, not the kill's.
+        ("python3: can't open file\nloopbot-mcp-exited:2\n", 137, "exited (2) without"),
     ],
 )
 def test_a_handshake_is_judged_by_what_the_server_answered(
