@@ -170,3 +170,26 @@ def test_a_handshake_is_judged_by_what_the_server_answered(
         assert got.problem is None and got.tools == ("a", "b")
     else:
         assert got.problem is not None and problem in got.problem, got.problem
+
+
+@pytest.mark.parametrize(
+    "servers, problem",
+    [
+        ("    notes:\n      command: x\n      env: {ANTHROPIC_API_KEY: k}\n", "loopbot's to set"),
+        ("    notes:\n      command: x\n      env: {LD_PRELOAD: /x.so}\n", "loopbot's to set"),
+        ("    notes:\n      command: x\n      env: {HTTPS_PROXY: http://x}\n", "loopbot's to set"),
+        ("    Bad.Name:\n      command: x\n", "lower-case letters"),
+        ('    notes:\n      command: "a\\nb"\n', "newline"),
+        ("".join(f"    s{i}:\n      command: x\n" for i in range(9)), "at most 8"),
+    ],
+)
+def test_loop_yml_mcp_servers_are_validated(servers: str, problem: str) -> None:
+    from bot.core import repo_config
+
+    text = f"verify: x\nagent:\n  backend: opencode\n  mcp_servers:\n{servers}"
+    with pytest.raises(repo_config.ConfigError) as e:
+        repo_config.load(text, repo_config.DEFAULT_CEILINGS)
+    assert problem in " ".join(e.value.problems), e.value.problems
+    ok = "    notes:\n      command: python3\n      args: [s.py]\n      env: {WORD: x}\n"
+    config = repo_config.parse(f"verify: x\nagent:\n  mcp_servers:\n{ok}")
+    assert config.agent.mcp_servers["notes"].env == {"WORD": "x"}
