@@ -327,6 +327,7 @@ class CliAgent:
                 "backend": self.name,
                 "end": outcome.end,
                 "steps": state.steps,
+                "tool_calls_seen": state.called,  # by the gateway, in the model's answers
                 "calls": exchanges,
                 "cost_usd": round(outcome.cost, 6),  # as the gateway charged it
                 "exit_code": result.exit_code,
