@@ -29,7 +29,6 @@ import json
 import re
 import shlex
 import uuid
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +43,14 @@ from jobs.cli_agent import (  # noqa: F401 (CWD_MEMBER: named here for the tests
     Run,
     Trial,
     Turn,
+    cli_extra,
     moved_note,
     stage_home,
 )
 from jobs.cli_agent import pack as pack_files
 from jobs.cli_agent import trial as cli_trial
 from jobs.cli_agent import unpack as unpack_files
-from jobs.sandbox.bwrap import INSIDE_HOME, Extra, Mount
+from jobs.sandbox.bwrap import INSIDE_HOME
 
 log = get_logger("loopbot.claude_code")
 
@@ -137,38 +137,25 @@ def cli_command(model: str, max_turns: int, session_args: list[str]) -> str:
     )
 
 
-def cli_extra(
-    cli: Path, home: Path, gw: gateway.ModelGateway, model: str, retries: int | None = None
-) -> Extra:
-    """What the CLI's command gets beyond the sandbox's own: the gateway as its API, the
-    placeholder key, its binary and private HOME mounted, and nothing phoning home.
-    ``retries``: how often the CLI retries a failed model call (None: its own default)."""
-    more = {"CLAUDE_CODE_MAX_RETRIES": str(retries)} if retries is not None else {}
-    return Extra(
-        env={
-            **more,
-            "ANTHROPIC_BASE_URL": gateway.BASE_URL,
-            "ANTHROPIC_API_KEY": gw.placeholder,
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_AUTOUPDATER": "1",
-            "DISABLE_TELEMETRY": "1",
-            "DISABLE_ERROR_REPORTING": "1",
-            # Every model Claude Code could pick for itself or a subagent is the loop's:
-            # the gateway refuses any other.
-            "ANTHROPIC_MODEL": model,
-            "ANTHROPIC_SMALL_FAST_MODEL": model,
-            "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
-            "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
-            "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
-            "CLAUDE_CODE_SUBAGENT_MODEL": model,
-        },
-        mounts=(
-            Mount(cli.parent, str(Path(INSIDE_CLI).parent)),
-            Mount(home, INSIDE_HOME, writable=True),
-            Mount(gw.socket_path, gateway.SANDBOX_SOCKET, writable=True),
-        ),
-        prelude=gateway.relay_prelude(),
-    )
+def environment(gw: gateway.ModelGateway, model: str) -> dict[str, str]:
+    """Claude Code's environment: the gateway as its API with the placeholder key, the
+    loop's model for everything, and nothing phoning home."""
+    return {
+        "ANTHROPIC_BASE_URL": gateway.BASE_URL,
+        "ANTHROPIC_API_KEY": gw.placeholder,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        # Every model Claude Code could pick for itself or a subagent is the loop's:
+        # the gateway refuses any other.
+        "ANTHROPIC_MODEL": model,
+        "ANTHROPIC_SMALL_FAST_MODEL": model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
+        "CLAUDE_CODE_SUBAGENT_MODEL": model,
+    }
 
 
 class ClaudeCodeAgent(CliAgent):
@@ -210,11 +197,12 @@ class ClaudeCodeAgent(CliAgent):
             stage_home(home, {"mcp.json": config}, owner)
             more += ["--mcp-config", f"{INSIDE_HOME}/.loopbot/mcp.json"]
         command = cli_command(self.model, max(1, limits.step_cap), more)
-        extra = cli_extra(binary, home, gw, self.model)
+        env = environment(gw, self.model)
         if self.mcp_servers:
             # The servers' tools offered as tools, not behind a search the model must
             # think of first (a loop has few servers, each named in loop.yml).
-            extra = replace(extra, env={**extra.env, "ENABLE_TOOL_SEARCH": "false"})
+            env["ENABLE_TOOL_SEARCH"] = "false"
+        extra = cli_extra(binary, str(Path(INSIDE_CLI).parent), home, gw, env)
         return Run(command, extra, session, saved is not None)
 
     def save(self, home: Path, session: str) -> bytes:

@@ -37,7 +37,15 @@ from bot.core.rules import budget
 from bot.io.store import Store
 from jobs import gateway, precall
 from jobs.agent import Limits, Outcome, add_user_text
-from jobs.sandbox.bwrap import Extra, Result, Sandbox, TreeError, disk_usage
+from jobs.sandbox.bwrap import (
+    INSIDE_HOME,
+    Extra,
+    Mount,
+    Result,
+    Sandbox,
+    TreeError,
+    disk_usage,
+)
 
 OUTPUT_SHOWN = 2000  # characters of a tool result kept in its event
 CWD_MEMBER = "loopbot-cwd"  # in a packed session: the working directory it ran in
@@ -157,6 +165,29 @@ def stage_home(home: Path, files: dict[str, str], owner: tuple[int, int] | None)
     if owner is not None:
         for path in [home / ".loopbot", *(home / ".loopbot").iterdir()]:
             os.chown(path, *owner)
+
+
+def cli_extra(
+    binary: Path,
+    inside: str,
+    home: Path,
+    gw: gateway.ModelGateway,
+    env: dict[str, str],
+    worktree_at: str | None = None,
+) -> Extra:
+    """What a backend CLI's command gets beyond the sandbox's own: ``env``, its binary's
+    directory read-only at ``inside``, its private HOME, the gateway's socket and the
+    relay to it on the sandbox's loopback."""
+    return Extra(
+        env=env,
+        mounts=(
+            Mount(binary.parent, inside),
+            Mount(home, INSIDE_HOME, writable=True),
+            Mount(gw.socket_path, gateway.SANDBOX_SOCKET, writable=True),
+        ),
+        prelude=gateway.relay_prelude(),
+        worktree_at=worktree_at,
+    )
 
 
 @dataclass

@@ -31,8 +31,8 @@ from typing import Any
 from bot.core.repo_config import McpServer
 from jobs import gateway, mcp
 from jobs.agent import Limits
-from jobs.cli_agent import CliAgent, Run, Turn, give, pack, stage_home, unpack
-from jobs.sandbox.bwrap import INSIDE_HOME, Extra, Mount
+from jobs.cli_agent import CliAgent, Run, Turn, cli_extra, pack, stage_home, unpack
+from jobs.sandbox.bwrap import INSIDE_HOME
 
 VERSION = "1.18.33"  # the opencode-ai npm package, as tested (scripts/setup installs it)
 INSTALL_DIR = Path(sys.prefix) / "opt" / "opencode"  # npm install --prefix (scripts/setup)
@@ -172,17 +172,9 @@ class OpenCodeAgent(CliAgent):
             },
             owner,
         )
-        give(home, owner)
-        extra = Extra(
-            env=environment(gw.placeholder),
-            mounts=(
-                Mount(binary.parent, str(Path(INSIDE_CLI).parent)),
-                Mount(home, INSIDE_HOME, writable=True),
-                Mount(gw.socket_path, gateway.SANDBOX_SOCKET, writable=True),
-            ),
-            prelude=gateway.relay_prelude(),
-            worktree_at=INSIDE_WORKTREE,
-        )
+        inside = str(Path(INSIDE_CLI).parent)
+        env = environment(gw.placeholder)
+        extra = cli_extra(binary, inside, home, gw, env, worktree_at=INSIDE_WORKTREE)
         return Run(command(session or None), extra, session, saved is not None)
 
     def save(self, home: Path, session: str) -> bytes:

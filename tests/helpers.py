@@ -176,3 +176,36 @@ def chromium_or_skip() -> str:
             pytest.fail("chromium or playwright is missing: ./scripts/setup --dev")
         pytest.skip("chromium or playwright is missing (./scripts/setup --dev)")
     return chromium
+
+
+# -- backend CLIs in the sandbox (tests/e2e/test_claude_code.py, test_opencode.py) ---------
+
+
+def cli_pids(root: int, marker: str) -> set[int]:
+    """The processes under process ``root`` (a worker, this test's process) whose command
+    line holds ``marker`` (a CLI's path inside the sandbox): other tests may run their
+    own at the same time (pytest -n 4)."""
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.add(pid)
+        todo += [int(c) for c in children]
+    return found
+
+
+def billed(model: str, calls: int, input_tokens: int, output_tokens: int) -> float:
+    """What ``calls`` model calls of these sizes cost, as the price table says."""
+    from bot.core.pricing import usage_from
+
+    class Used:
+        cache_creation_input_tokens = cache_read_input_tokens = 0
+
+    used = Used()
+    used.input_tokens, used.output_tokens = input_tokens, output_tokens  # type: ignore[attr-defined]
+    return calls * usage_from(model, used).cost_usd

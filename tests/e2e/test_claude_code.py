@@ -21,6 +21,7 @@ from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from jobs.claude_code import INSIDE_CLI, cli_path
+from tests import helpers
 from tests.conftest import Web, wait_for
 from tests.helpers import CALC, REPO, label, open_issue, sample_repo
 
@@ -49,20 +50,7 @@ def agent_requests(model: AnthropicServer) -> list[dict[str, Any]]:
 
 
 def cli_pids(root: int) -> set[int]:
-    """The Claude Code processes under process ``root`` (a worker, this test's process):
-    other tests may run their own at the same time (pytest -n 2)."""
-    found, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if INSIDE_CLI.encode() in cmdline:
-            found.add(pid)
-        todo += [int(c) for c in children]
-    return found
+    return helpers.cli_pids(root, INSIDE_CLI)
 
 
 def alive(pids: set[int]) -> set[int]:
@@ -209,13 +197,7 @@ def test_a_backend_that_never_stops_is_cut_off_at_the_budget(
     assert (r.status, r.reason) == (Status.FAILED, "budget_exhausted"), events(redis)
     billed = [x for x in model.responses]
     assert 1 <= len(billed) == len(agent_requests(model))
-    from bot.core.pricing import usage_from
-
-    class U:
-        input_tokens, output_tokens = 20_000, 1_000
-        cache_creation_input_tokens = cache_read_input_tokens = 0
-
-    expected = sum(usage_from("claude-sonnet-4-6", U()).cost_usd for _ in billed)
+    expected = helpers.billed("claude-sonnet-4-6", len(billed), 20_000, 1_000)
     assert abs(r.cost_usd - expected) < 1e-9 and r.cost_usd <= 0.6
     refused = [e for e in events(redis, "gateway_call") if e["status"] == 400]
     assert refused and "budget" in refused[0]["error"]

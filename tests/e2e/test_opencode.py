@@ -19,6 +19,7 @@ from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from jobs.opencode import INSIDE_CLI, INSIDE_WORKTREE, cli_path
+from tests import helpers
 from tests.conftest import Web, wait_for
 from tests.e2e.test_claude_code import LOOK, PROBE, REAL_KEY, alive
 from tests.helpers import CALC, REPO, label, open_issue, sample_repo
@@ -56,20 +57,7 @@ def start(github: GitHubServer, drain: Any, yml: str = YML, **extra: str) -> Non
 
 
 def cli_pids(root: int) -> set[int]:
-    from pathlib import Path
-
-    found, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if INSIDE_CLI.encode() in cmdline:
-            found.add(pid)
-        todo += [int(c) for c in children]
-    return found
+    return helpers.cli_pids(root, INSIDE_CLI)
 
 
 def test_opencode_fixes_the_bug_over_two_turns_and_the_loop_merges_it(
@@ -156,13 +144,7 @@ def test_a_stubborn_opencode_is_cut_off_at_the_budget(
     assert (r.status, r.reason) == (Status.FAILED, "budget_exhausted"), events(redis)
     billed = list(model.responses)
     assert 1 <= len(billed) == len(agent_requests(model))
-    from bot.core.pricing import usage_from
-
-    class U:
-        input_tokens, output_tokens = 20_000, 1_000
-        cache_creation_input_tokens = cache_read_input_tokens = 0
-
-    expected = sum(usage_from("claude-sonnet-4-6", U()).cost_usd for _ in billed)
+    expected = helpers.billed("claude-sonnet-4-6", len(billed), 20_000, 1_000)
     assert abs(r.cost_usd - expected) < 1e-9 and r.cost_usd <= 0.6
     assert events(redis, "agent_turn")[-1]["end"] == "budget_exhausted"
 
