@@ -212,7 +212,7 @@ def start_loop(
     keeps the text approved before. ``kind``: "code" or "metric", as the label that
     starts it says; None keeps the record's (a new record: "code").
     """
-    if approved is not None:
+    if approved is not None and any(x.startswith(AGENT_LABEL) for x in approved.labels):
         approved = _writers_backend_labels(rt.github.installation(installation_id), repo, approved)
     store = rt.store
     loop = LoopId(repo, issue)
@@ -272,8 +272,6 @@ def _writers_backend_labels(gh: Installation, repo: str, issue: IssueInfo) -> Is
     added (the last to add each, from the issue's events): the backend is a writer's
     choice, and anyone with triage access may label an issue."""
     asked = [x for x in issue.labels if x.startswith(AGENT_LABEL)]
-    if not asked:
-        return issue
     kept = [x for x in issue.labels if not x.startswith(AGENT_LABEL)]
     for name in asked:
         try:
