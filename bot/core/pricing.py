@@ -32,7 +32,8 @@ class Price:
     output: float
     cache_write: float  # a 5-minute cache write (loopbot's ``cache_control`` has no ttl)
     cache_read: float  # a cache hit or refresh
-    long: Price | None = None  # above LONG_PROMPT prompt tokens, where the model has a tier
+    long: Price | None = None  # above ``long_above`` prompt tokens, where the model has a tier
+    long_above: int = LONG_PROMPT
 
     @property
     def highest(self) -> Price:
@@ -63,24 +64,79 @@ PRICES: dict[str, Price] = {
     "claude-haiku-5-5": Price(0.1, 0.5, 0.125, 0.01, long=Price(0.5, 2.5, 0.625, 0.05)),
     "claude-haiku-4-5": Price(1.0, 5.0, 1.25, 0.1),
 }
-# Unknown models: the most any listed model charges for each kind of token.
-UNKNOWN = Price(
-    input=max(p.highest.input for p in PRICES.values()),
-    output=max(p.highest.output for p in PRICES.values()),
-    cache_write=max(p.highest.cache_write for p in PRICES.values()),
-    cache_read=max(p.highest.cache_read for p in PRICES.values()),
-)
+
+
+# OpenAI's models (the codex backend, through the gateway's Responses side), USD per
+# million tokens as OpenAI's pricing page and model pages listed them on
+# ``OPENAI_PRICES_TAKEN`` (read through third-party copies of those pages: check them
+# against https://developers.openai.com/api/docs/pricing before relying on them). A
+# request over 272K input tokens is billed whole at the long tier: 2x input and cache,
+# 1.5x output. Where no cache-write price is published the write is priced at 1.25x
+# input: more than OpenAI charges, never less.
+OPENAI_PRICES_TAKEN = date(2026, 11, 25)
+OPENAI_LONG_PROMPT = 272_000
+
+
+def _openai(inp: float, out: float, cached: float, write: float | None = None) -> Price:
+    write = inp * 1.25 if write is None else write
+    long = Price(inp * 2, out * 1.5, write * 2, cached * 2)
+    return Price(inp, out, write, cached, long=long, long_above=OPENAI_LONG_PROMPT)
+
+
+OPENAI_PRICES: dict[str, Price] = {
+    "gpt-6.1-sol": _openai(2.0, 10.0, 0.10, 2.5),
+    "gpt-6-sol": _openai(2.0, 10.0, 0.20, 2.5),
+    "gpt-6-luna": _openai(0.10, 0.50, 0.01, 0.125),
+    "gpt-5.6-sol": _openai(5.0, 30.0, 0.50),
+    "gpt-5.6-terra": _openai(2.5, 15.0, 0.25),
+    "gpt-5.6-luna": _openai(1.0, 6.0, 0.10),
+    "gpt-5.5": _openai(5.0, 30.0, 0.50),
+    "gpt-5.5-pro": _openai(30.0, 180.0, 30.0),
+    "gpt-5.4": _openai(2.5, 15.0, 0.25),
+    "gpt-5.4-mini": _openai(0.75, 4.5, 0.075),
+    "gpt-5.4-nano": _openai(0.20, 1.25, 0.02),
+}
+
+
+def _most(table: dict[str, Price]) -> Price:
+    return Price(
+        input=max(p.highest.input for p in table.values()),
+        output=max(p.highest.output for p in table.values()),
+        cache_write=max(p.highest.cache_write for p in table.values()),
+        cache_read=max(p.highest.cache_read for p in table.values()),
+    )
+
+
+# Unknown models: the most any listed model of the same maker charges for each kind of
+# token (an unknown OpenAI model is priced as GPT-5.5 Pro's long tier).
+UNKNOWN = _most(PRICES)
+OPENAI_UNKNOWN = _most(OPENAI_PRICES)
 _DATED = re.compile(r"-\d{8}$")  # a snapshot id: claude-haiku-4-5-20251001
+_OPENAI_DATED = re.compile(r"-\d{4}-\d{2}-\d{2}$")  # gpt-5.5-2026-04-23
+_OPENAI_ID = re.compile(r"^(gpt-|o\d|codex-|chatgpt-)")
+
+
+def is_openai(model: str) -> bool:
+    """Whether ``model`` names an OpenAI model (the codex backend's), by its id."""
+    return bool(_OPENAI_ID.match(model))
 
 
 def price(model: str) -> Price:
     """The model's prices: by its id, or its alias when the id is a dated snapshot; an
-    unlisted model (a new one, or a stand-in's) costs ``UNKNOWN``."""
+    unlisted model (a new one, or a stand-in's) costs ``UNKNOWN`` (``OPENAI_UNKNOWN`` for
+    an OpenAI id)."""
+    if is_openai(model):
+        return (
+            OPENAI_PRICES.get(model)
+            or OPENAI_PRICES.get(_OPENAI_DATED.sub("", model))
+            or OPENAI_UNKNOWN
+        )
     return PRICES.get(model) or PRICES.get(_DATED.sub("", model)) or UNKNOWN
 
 
 def known(model: str) -> bool:
-    return price(model) is not UNKNOWN
+    p = price(model)
+    return p is not UNKNOWN and p is not OPENAI_UNKNOWN
 
 
 def price_of(model: str) -> tuple[float, float]:
@@ -97,7 +153,7 @@ def usage_from(model: str, u: object) -> Usage:
     cw = int(getattr(u, "cache_creation_input_tokens", 0) or 0)
     cr = int(getattr(u, "cache_read_input_tokens", 0) or 0)
     p = price(model)
-    if p.long is not None and inp + cw + cr > LONG_PROMPT:
+    if p.long is not None and inp + cw + cr > p.long_above:
         p = p.long
     cost = (inp * p.input + out * p.output + cw * p.cache_write + cr * p.cache_read) / 1_000_000
     return Usage(
@@ -108,3 +164,27 @@ def usage_from(model: str, u: object) -> Usage:
         messages=1,
         cost_usd=cost,
     )
+
+
+def usage_from_responses(model: str, usage: dict[str, object]) -> Usage:
+    """A ``Usage`` with cost, from a Responses API ``usage`` object: ``input_tokens``
+    counts every input token, of which ``input_tokens_details`` says how many were read
+    from the prompt cache (``cached_tokens``) and written to it (``cache_write_tokens``);
+    ``output_tokens`` includes the reasoning tokens."""
+
+    def number(node: object, key: str) -> int:
+        value = node.get(key) if isinstance(node, dict) else None
+        return value if isinstance(value, int) and value > 0 else 0
+
+    total = number(usage, "input_tokens")
+    details = usage.get("input_tokens_details")
+    cached = min(number(details, "cached_tokens"), total)
+    written = min(number(details, "cache_write_tokens"), total - cached)
+
+    class _Anthropic:  # the same figures as usage_from reads them
+        input_tokens = total - cached - written
+        output_tokens = number(usage, "output_tokens")
+        cache_creation_input_tokens = written
+        cache_read_input_tokens = cached
+
+    return usage_from(model, _Anthropic())

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from bot.core.models import DEFAULT_MODEL, Effort, clamp_effort
+from bot.core.pricing import is_openai
 
 if TYPE_CHECKING:
     from bot.core.settings import Settings
@@ -34,8 +35,8 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-Backend = Literal["builtin", "claude-code", "opencode"]
-BACKENDS: tuple[Backend, ...] = ("builtin", "claude-code", "opencode")
+Backend = Literal["builtin", "claude-code", "opencode", "codex"]
+BACKENDS: tuple[Backend, ...] = ("builtin", "claude-code", "opencode", "codex")
 
 
 _MCP_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
@@ -303,7 +304,15 @@ class RepoConfig(_Strict):
     # The model and effort each role runs with: the file's choice (already clamped to the
     # operator's list and ceiling by ``clamp``), else the operator's default.
     def agent_model(self, ceilings: Ceilings) -> str:
-        return self.agent.model or ceilings.models.model
+        """The agent's model. Codex talks to OpenAI: an OpenAI model the file names, else
+        the operator's ``LOOPBOT_CODEX_MODEL``; every other backend an Anthropic one (an
+        OpenAI model named for them is the operator's ``LOOPBOT_MODEL``)."""
+        named = self.agent.model
+        if self.agent.backend == "codex":
+            return named if named and is_openai(named) else ceilings.models.codex_model
+        if named and is_openai(named):
+            return ceilings.models.model
+        return named or ceilings.models.model
 
     def critic_model(self, ceilings: Ceilings) -> str:
         return self.critic.model or ceilings.models.critic_model
@@ -341,6 +350,7 @@ class ModelPolicy:
     max_effort: Effort = "high"
     effort: Effort | None = None  # when the file names none; None: the model's default
     backends: frozenset[str] = frozenset({"builtin"})  # LOOPBOT_AGENT_BACKENDS
+    codex_model: str = "gpt-6.1-sol"  # LOOPBOT_CODEX_MODEL
 
     @classmethod
     def of(cls, settings: Settings) -> ModelPolicy:
@@ -351,6 +361,7 @@ class ModelPolicy:
             max_effort=settings.max_effort,
             effort=settings.effort,
             backends=settings.agent_backends,
+            codex_model=settings.codex_model,
         )
 
 

@@ -55,13 +55,19 @@ class Settings(BaseSettings):
     github_max_retry_wait: float = Field(120.0, alias="LOOPBOT_GITHUB_MAX_RETRY_WAIT", ge=0)
     anthropic_api_key: SecretStr | None = Field(None, alias="ANTHROPIC_API_KEY")
     anthropic_base_url: AnyHttpUrl | None = Field(None, alias="ANTHROPIC_BASE_URL")
+    # The codex backend's model API (OpenAI's Responses API), used only by the worker's
+    # model gateway; needed when LOOPBOT_AGENT_BACKENDS allows codex.
+    openai_api_key: SecretStr | None = Field(None, alias="OPENAI_API_KEY")
+    openai_base_url: AnyHttpUrl | None = Field(None, alias="OPENAI_BASE_URL")
+    # The codex backend's model when loop.yml names no OpenAI model.
+    codex_model: str = Field("gpt-6.1-sol", alias="LOOPBOT_CODEX_MODEL", min_length=1)
     model: str = Field(DEFAULT_MODEL, alias="LOOPBOT_MODEL", min_length=1)
     critic_model: str = Field(DEFAULT_MODEL, alias="LOOPBOT_CRITIC_MODEL", min_length=1)
     # The models a repository's loop.yml may choose (comma-separated); the three configured
     # here are always allowed. A model outside the list is replaced by the default.
     allowed_models_list: str = Field("", alias="LOOPBOT_ALLOWED_MODELS")
     # The agent backends a loop.yml may choose (comma-separated): builtin, claude-code,
-    # opencode.
+    # opencode, codex.
     agent_backends_list: str = Field("builtin", alias="LOOPBOT_AGENT_BACKENDS")
     # The most effort a loop.yml may ask for; more is lowered to it.
     max_effort: Effort = Field("high", alias="LOOPBOT_MAX_EFFORT")
@@ -151,7 +157,7 @@ class Settings(BaseSettings):
     @field_validator("agent_backends_list")
     @classmethod
     def _backends(cls, v: str) -> str:
-        known = ("builtin", "claude-code", "opencode")
+        known = ("builtin", "claude-code", "opencode", "codex")
         bad = [b.strip() for b in v.split(",") if b.strip() and b.strip() not in known]
         if bad:
             raise ValueError(
@@ -185,6 +191,8 @@ class Settings(BaseSettings):
         """What a loop.yml may choose: the list, plus the models configured here."""
         listed = {m.strip() for m in self.allowed_models_list.split(",") if m.strip()}
         configured = {self.model, self.critic_model, self.fallback_model}
+        if "codex" in self.agent_backends:
+            configured.add(self.codex_model)
         return frozenset(m for m in listed | configured if m)
 
     @property
@@ -210,6 +218,10 @@ class Settings(BaseSettings):
         if role == "worker" and self.anthropic_api_key is None:
             raise SettingsError(
                 ["ANTHROPIC_API_KEY: required by the worker (the agent and critic)"]
+            )
+        if role == "worker" and "codex" in self.agent_backends and self.openai_api_key is None:
+            raise SettingsError(
+                ["OPENAI_API_KEY: required by a worker when LOOPBOT_AGENT_BACKENDS allows codex"]
             )
         return self
 
