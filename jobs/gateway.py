@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anthropic
 import httpx
@@ -131,6 +131,27 @@ def _remote_sources(node: Any) -> bool:
     return False
 
 
+# Content the API bills by its pixels or pages, not its bytes: a request holding any has
+# no bound from its size (a 4.6 KB PDF held 242K tokens of text), so the budget assumes
+# the whole context window. Anthropic's blocks and OpenAI's parts.
+MEDIA = frozenset({"image", "document", "input_image", "input_file", "computer_screenshot"})
+
+
+def has_media(node: Any) -> bool:
+    """Whether ``node`` holds an image, a document or a file at any depth (a tool's
+    result holds blocks too). A tool call's arguments are data, not content."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if item.get("type") in MEDIA:
+                return True
+            stack.extend(v for k, v in item.items() if k not in ("input", "arguments"))
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 # Fields of a Messages request the budget check and the token count look at.
 _COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking")
 
@@ -172,11 +193,18 @@ Charge = Callable[[str, Usage], None]
 
 
 class ModelGateway:
-    """One loop's gateway (start it before the backend's turn, stop it after)."""
+    """One loop's gateway (start it before the backend's turn, stop it after): the
+    Anthropic Messages API as Claude Code and opencode speak it. ``jobs.gateway_openai``
+    is the same gateway for OpenAI's Responses API (Codex); a subclass overrides the
+    methods between ``-- the API --`` and ``-- the rules --``."""
+
+    PATHS = {"/v1/messages": "call", "/v1/messages/count_tokens": "count"}
+    RESPONSE_HEADERS = ("request-id", "anthropic-organization-id")
+    ERROR_HEADERS = ("retry-after", "x-should-retry", "request-id")
 
     def __init__(
         self,
-        client: anthropic.Anthropic,
+        client: anthropic.Anthropic | None,
         policy: Policy,
         *,
         run_dir: Path,
@@ -186,7 +214,8 @@ class ModelGateway:
         sandbox_uid: int | None = None,
         timeout: float = 600.0,
     ) -> None:
-        self.client = client.with_options(max_retries=0, timeout=timeout)
+        # No retries: the backend retries what the API refuses. (None: a subclass's own.)
+        self.client = client.with_options(max_retries=0, timeout=timeout) if client else None
         self.policy = policy
         self.guard, self.charge, self.on_exchange = guard, charge, on_exchange
         self.placeholder = PLACEHOLDER_PREFIX + secrets.token_hex(16)
@@ -231,6 +260,36 @@ class ModelGateway:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    # -- the API -----------------------------------------------------------------------------
+
+    def error_body(self, status: int, kind: str, message: str) -> bytes:
+        """An error as the API words it (the backend parses and shows it)."""
+        return json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
+
+    def forwarded_headers(self, headers: Any) -> dict[str, str]:
+        """The request headers passed on to the API: only the betas of ``BETAS``."""
+        betas = allowed_betas(headers.get("anthropic-beta") or "")
+        return {"anthropic-beta": betas} if betas else {}
+
+    def budgeted(self, body: dict[str, Any]) -> dict[str, Any]:
+        """What the budget check and the token count see of a shaped request."""
+        seen = {k: body[k] for k in (*_COUNTED, "max_tokens") if k in body}
+        if has_media(body.get("messages")) or has_media(body.get("system")):
+            seen[budget.MIN_INPUT] = self.policy.spec.window
+        return seen
+
+    def max_output(self, body: dict[str, Any]) -> int:
+        return int(body["max_tokens"])
+
+    def counting(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A shaped request as the token-count path takes it."""
+        body.pop("max_tokens", None)
+        return body
+
+    def reader(self) -> Any:
+        """A fresh reader of one answer's usage and content (``_Usage``'s methods)."""
+        return _Usage(self.policy.model)
 
     # -- the rules ---------------------------------------------------------------------------
 
@@ -318,18 +377,25 @@ class ModelGateway:
         if self.closed:
             raise Refused(400, "invalid_request_error", f"loopbot: {self.closed}")
         try:
-            return self.guard({k: body[k] for k in (*_COUNTED, "max_tokens") if k in body})
+            return self.guard(self.budgeted(body))
         except precall.OverBudget as exc:
             self.exhausted = f"the issue's budget is spent: {exc}"
             raise Refused(400, "invalid_request_error", f"loopbot: {self.exhausted}") from None
 
-    def forward(self, path: str, body: dict[str, Any], betas: str) -> Any:
-        headers = {"X-Stainless-Raw-Response": "stream"}
-        if betas:
-            headers["anthropic-beta"] = betas
-        return self.client.post(
-            path, cast_to=httpx.Response, body=body, options={"headers": headers}
-        )
+    def forward(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
+        """The request sent with the real key: the API's answer, streaming, whatever its
+        status (an error's body is read). Raises when no answer came."""
+        assert self.client is not None
+        try:
+            raw = self.client.post(
+                path,
+                cast_to=httpx.Response,
+                body=body,
+                options={"headers": {"X-Stainless-Raw-Response": "stream", **headers}},
+            )
+        except anthropic.APIStatusError as exc:  # refused by the API
+            return exc.response
+        return cast(Any, raw).http_response
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -369,7 +435,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        self._error(404, "not_found_error", "loopbot's gateway answers /v1/messages only")
+        paths = ", ".join(self.server.gateway.PATHS)
+        self._error(404, "not_found_error", f"loopbot's gateway answers {paths} only")
 
     def do_POST(self) -> None:
         gw = self.server.gateway
@@ -393,10 +460,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _one(self, gw: ModelGateway, path: str, length: int) -> None:
         raw = self.rfile.read(length) if length else b""
+        if self.headers.get("content-encoding", "identity").lower() != "identity":
+            # Read as sent: a compressed body would be forwarded unchecked or not at all.
+            self._error(415, "invalid_request_error", "loopbot's gateway takes plain JSON")
+            return
         if not gw.authorised(self.headers):
             self._error(401, "authentication_error", "invalid x-api-key")
             return
-        if path not in ("/v1/messages", "/v1/messages/count_tokens"):
+        kind = gw.PATHS.get(path)
+        if kind is None:
             self._error(404, "not_found_error", f"loopbot's gateway does not answer {path}")
             return
         if raw.count(b"{") + raw.count(b"[") > MAX_NODES:
@@ -404,20 +476,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         try:
             body = gw.shaped(json.loads(raw or b"null"))
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, compressed
             self._error(400, "invalid_request_error", "the body is not JSON")
             return
-        except Refused as exc:
+        except Refused as exc:  # shown in the session log: the backend may not say why
+            log.info("gateway.refused", why=exc.message[:200])
+            gw.on_exchange(Exchange(gw.policy.model, exc.status, error=exc.message))
             self._error(exc.status, exc.kind, exc.message)
             return
         del raw
-        betas = allowed_betas(self.headers.get("anthropic-beta") or "")
-        if path.endswith("count_tokens"):
+        headers = gw.forwarded_headers(self.headers)
+        if kind == "count":
             if gw.exhausted:  # the key is not lent once the budget is spent
                 self._error(400, "invalid_request_error", f"loopbot: {gw.exhausted}")
                 return
-            body.pop("max_tokens", None)
-            self._relay(gw, path, body, betas, counted=False)
+            self._relay(gw, path, gw.counting(body), headers, counted=False)
             return
         with gw._lock:
             gw.calls += 1
@@ -430,14 +503,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             gw.on_exchange(Exchange(gw.policy.model, exc.status, error=exc.message))
             self._error(exc.status, exc.kind, exc.message)
             return
-        self._relay(gw, path, body, betas, counted=True, worst=worst)
+        self._relay(gw, path, body, headers, counted=True, worst=worst)
 
     def _relay(
         self,
         gw: ModelGateway,
         path: str,
         body: dict[str, Any],
-        betas: str,
+        headers: dict[str, str],
         *,
         counted: bool,
         worst: budget.Call | None = None,
@@ -445,26 +518,30 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         started = time.monotonic()
         model = gw.policy.model
         try:
-            resp = gw.forward(path, body, betas)
-        except anthropic.APIStatusError as exc:  # refused by the API: not billed
-            self._send(exc.status_code, exc.response.headers, exc.response.content)
-            if counted:
-                gw.on_exchange(Exchange(model, exc.status_code, error=exc.response.text[:300]))
-            return
+            http_resp = gw.forward(path, body, headers)
         except Exception as exc:  # noqa: BLE001 - no answer: it may have been billed
             if counted and worst is not None:
-                gw.charge(model, precall.worst_usage(worst, int(body["max_tokens"])))
+                gw.charge(model, precall.worst_usage(worst, gw.max_output(body)))
             self._error(529, "overloaded_error", f"loopbot's gateway: {type(exc).__name__}")
             return
-        http_resp = resp.http_response
-        reader = _Usage(model)
+        if http_resp.status_code >= 400:  # refused by the API: not billed
+            try:
+                content = http_resp.read()
+            finally:
+                http_resp.close()
+            self._send(http_resp.status_code, http_resp.headers, content)
+            if counted:
+                text = content.decode(errors="replace")[:300]
+                gw.on_exchange(Exchange(model, http_resp.status_code, error=text))
+            return
+        reader = gw.reader()
         complete = False
         try:
             self.send_response(http_resp.status_code)
             ctype = http_resp.headers.get("content-type", "application/json")
             self.send_header("content-type", ctype)
             self.send_header("transfer-encoding", "chunked")
-            for name in ("request-id", "anthropic-organization-id"):
+            for name in gw.RESPONSE_HEADERS:
                 if name in http_resp.headers:
                     self.send_header(name, http_resp.headers[name])
             self.end_headers()
@@ -485,7 +562,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         used = reader.usage() if complete or reader.done else None
         if used is None and worst is not None:
-            used = precall.worst_usage(worst, int(body["max_tokens"]))  # cut: the worst case
+            used = precall.worst_usage(worst, gw.max_output(body))  # cut: the worst case
         if used is not None:
             gw.charge(model, used)
         gw.on_exchange(
@@ -503,7 +580,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _send(self, status: int, headers: Any, content: bytes) -> None:
         self.send_response(status)
         self.send_header("content-type", headers.get("content-type", "application/json"))
-        for name in ("retry-after", "x-should-retry", "request-id"):
+        for name in self.server.gateway.ERROR_HEADERS:
             if name in headers:
                 self.send_header(name, headers[name])
         self.send_header("content-length", str(len(content)))
@@ -511,8 +588,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(content)
 
     def _error(self, status: int, kind: str, message: str) -> None:
-        data = json.dumps({"type": "error", "error": {"type": kind, "message": message}})
-        self._send(status, {"x-should-retry": "false"}, data.encode())
+        data = self.server.gateway.error_body(status, kind, message)
+        self._send(status, {"x-should-retry": "false"}, data)
 
 
 class _Usage:

@@ -31,20 +31,25 @@ class OverBudget(Exception):
     """The call was not made: it could cross the issue's budget (the message says which)."""
 
 
+Counter = Callable[[dict[str, Any]], int | None]
+
+
 def guard(
-    client: anthropic.Anthropic,
+    client: anthropic.Anthropic | None,
     request: dict[str, Any],
     record: LoopRecord | None,
     settings: Settings,
+    count: Counter | None = None,
 ) -> budget.Call:
     """Raise ``OverBudget`` unless ``request`` fits the budget the loop stored on
     ``record`` (read just before the call, so it counts every call made so far). Returns
-    the call's worst case, the figure it was judged by."""
+    the call's worst case, the figure it was judged by. ``count``: how the request's input
+    is counted near the edge (default: Anthropic's ``count_tokens`` with ``client``)."""
     model, max_tokens = str(request["model"]), int(request["max_tokens"])
     limits = Budget.stored(record, Ceilings.of(settings)) if record is not None else None
     if record is None or limits is None:
         return budget.worst_call(model, budget.input_bound(request), max_tokens)
-    out, worst = check_worst(client, request, limits, Spent.of(record))
+    out, worst = check_worst(client, request, limits, Spent.of(record), count=count)
     if out is not None:
         raise OverBudget(out.detail)
     return worst
@@ -138,11 +143,12 @@ def check(
 
 
 def check_worst(
-    client: anthropic.Anthropic,
+    client: anthropic.Anthropic | None,
     request: dict[str, Any],
     limits: Budget,
     spent: Spent,
     bound: int | None = None,
+    count: Counter | None = None,
 ) -> tuple[Exhausted | None, budget.Call]:
     """``check``, and the worst case it judged the call by: what a call that times out
     or is cut off is charged (it may have reached the API and been billed)."""
@@ -155,7 +161,10 @@ def check_worst(
         return None, worst
     if budget.before_call(limits, spent, budget.worst_call(model, 0, max_tokens)) is not None:
         return out, worst  # not even an empty request fits: counting cannot help
-    counted = count_input(client, request)
+    if count is not None:
+        counted = count(request)
+    else:
+        counted = count_input(client, request) if client is not None else None
     if counted is None or counted >= bound:
         return out, worst  # no better number: the bound stands, and the call is not made
     worst = budget.worst_call(model, counted, max_tokens)
@@ -166,7 +175,7 @@ def count_input(client: anthropic.Anthropic, request: dict[str, Any]) -> int | N
     """The request's input tokens as the API counts them; None when it cannot say."""
     try:
         counted = client.messages.count_tokens(
-            **{k: v for k, v in request.items() if k != "max_tokens"}
+            **{k: v for k, v in request.items() if k not in ("max_tokens", budget.MIN_INPUT)}
         )
     except anthropic.APIError as exc:
         log.warning("precall.count_failed", error=f"{type(exc).__name__}: {exc}"[:300])

@@ -382,3 +382,33 @@ class _U:
 
 
 USER = {"role": "user", "content": "hi"}
+
+
+def test_a_compressed_or_undecodable_body_gets_an_answer_not_a_dropped_connection(
+    tmp_path: Path,
+) -> None:
+    """A gzip body (Codex can compress its requests) is refused with 415, unforwarded; a
+    body that is not UTF-8 gets a 400, not a crashed handler (the red team's case)."""
+    import gzip
+
+    gw = start(tmp_path)
+    try:
+        packed = gzip.compress(b'{"model": "claude-x", "max_tokens": 5, "messages": []}')
+        for extra, body, status in (
+            (b"content-encoding: gzip\r\n", packed, b"415"),
+            (b"", packed, b"400"),
+            (b"", b"\xff\xfe{}", b"400"),
+        ):
+            s = connect(gw)
+            s.sendall(
+                b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: "
+                + gw.placeholder.encode()
+                + b"\r\n"
+                + extra
+                + f"content-length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            assert answer(s).startswith(b"HTTP/1.1 " + status)
+        assert gw.calls == 0
+    finally:
+        gw.stop()

@@ -314,3 +314,22 @@ def test_a_session_tree_too_deep_or_too_wide_is_refused_without_recursion(
     out = tmp_path / "out"
     cli_agent.unpack(data, out, out, None)
     assert (out / "opencode.db").read_bytes() == b"db" and not (out / "opencode.db-wal").exists()
+
+
+def test_an_image_or_document_makes_the_budget_assume_the_whole_window() -> None:
+    """A PDF or image is billed by its pages and pixels, not its bytes (the red team's
+    4.6 KB PDF held 242K tokens): a request holding one is judged at the model's window;
+    a request of text alone at its bytes."""
+    gw = make()
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf"}}
+    result = {"type": "tool_result", "tool_use_id": "t", "content": [pdf]}
+    for content in ([pdf], [result]):
+        request = {
+            "model": "claude-x",
+            "max_tokens": 10,
+            "messages": [{"role": "user", "content": content}],
+        }
+        seen = gw.budgeted(gw.shaped(request))
+        assert budget.input_bound(seen) == ADAPTIVE.window
+    text = {"model": "claude-x", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+    assert budget.input_bound(gw.budgeted(gw.shaped(text))) < 3_000

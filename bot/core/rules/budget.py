@@ -185,9 +185,16 @@ def size(payload: Any) -> int:
     return len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode())
 
 
+# A request field the model gateway adds for the budget alone (never sent): a floor on the
+# input bound, for content its bytes do not bound (an image or a PDF is billed by its
+# pixels and pages, not its size).
+MIN_INPUT = "min_input_tokens"
+
+
 def input_bound(request: dict[str, Any]) -> int:
     """An upper bound on a request's input tokens, with nothing known about it."""
-    return size({k: v for k, v in request.items() if k != "max_tokens"}) + HIDDEN_TOKENS
+    sized = size({k: v for k, v in request.items() if k not in ("max_tokens", MIN_INPUT)})
+    return max(sized + HIDDEN_TOKENS, int(request.get(MIN_INPUT) or 0))
 
 
 def grown_bound(counted: int, added: list[dict[str, Any]]) -> int:
