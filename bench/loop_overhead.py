@@ -1,7 +1,7 @@
 """Orchestration overhead per turn, with model and verify time excluded.
 
     .venv/bin/python bench/loop_overhead.py [--turns 20] [--smoke]
-        [--backend builtin|claude-code|opencode]
+        [--backend builtin|claude-code|opencode|codex]
 
 Runs one real loop job (real RQ worker, Redis, git, bubblewrap sandbox, the local GitHub
 and model servers) for ``--turns`` turns. Each turn the scripted model edits one file
@@ -37,6 +37,8 @@ from bot.core.ids import LoopId
 from bot.io.logs import configure
 from bot.io.queues import ALL_QUEUES, make_worker
 from bot.standins import anthropic as m
+from bot.standins import openai as o
+from bot.standins.openai import OpenAIServer
 from jobs import entry as _entry  # noqa: F401 - registers the job functions the worker runs
 from jobs.dispatch import start_loop
 
@@ -46,7 +48,9 @@ REPO = "bench/overhead"
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--turns", type=int, default=20)
-    ap.add_argument("--backend", choices=["builtin", "claude-code", "opencode"], default="builtin")
+    ap.add_argument(
+        "--backend", choices=["builtin", "claude-code", "opencode", "codex"], default="builtin"
+    )
     args = _smoke.parse(ap, turns=3)
     configure("json", level=logging.WARNING)
     claude = args.backend == "claude-code"
@@ -54,6 +58,9 @@ def main() -> None:
     extra = {"LOOPBOT_AGENT_BACKENDS": f"builtin,{args.backend}"} if cli else {}
     if cli:  # a model Claude Code knows (see tests/e2e/test_claude_code.py)
         extra["LOOPBOT_MODEL"] = "claude-sonnet-4-6"
+    openai = OpenAIServer().start() if args.backend == "codex" else None
+    if openai is not None:  # Codex talks to the local Responses API through the gateway
+        extra |= {"OPENAI_API_KEY": "sk-openai-bench", "OPENAI_BASE_URL": openai.base_url}
     b = _env.start(extra)
     try:
         iid = b.github.add_installation("bench")
@@ -82,7 +89,17 @@ def main() -> None:
                 return m.oc_write("app.py", f"x = {counter['turn']}\n")
             return m.write_file("app.py", f"x = {counter['turn']}\n")
 
+        def respond_openai(body: dict[str, Any]) -> o.Item:
+            last = body["input"][-1] if isinstance(body["input"], list) else {}
+            if last.get("type") == "custom_tool_call_output":
+                return o.text("edited")
+            first_asks.append(time.time())
+            counter["turn"] += 1
+            return o.cx_shell(f"printf 'x = {counter['turn']}\\n' > app.py")
+
         b.model.responder = respond
+        if openai is not None:
+            openai.responder = respond_openai
         start_loop(b.rt, REPO, n, iid, "bench", repo_config.parse(yml))
         # A forking worker: the job runs in its own process, apart from the local servers.
         make_worker(ALL_QUEUES, b.rt.redis, Worker).work(burst=True)
@@ -127,6 +144,8 @@ def main() -> None:
         )
     finally:
         b.close()
+        if openai is not None:
+            openai.stop()
 
 
 if __name__ == "__main__":

@@ -9,11 +9,13 @@ from bot.core.models import ModelSpec
 from jobs.claude_code import ClaudeCodeAgent
 from jobs.claude_code import trial as claude_code_trial
 from jobs.cli_agent import CliAgent, Trial, trial
+from jobs.codex import CodexAgent
 from jobs.opencode import OpenCodeAgent
 
 CLI_BACKENDS: dict[str, type[CliAgent]] = {
     "claude-code": ClaudeCodeAgent,
     "opencode": OpenCodeAgent,
+    "codex": CodexAgent,
 }
 
 
@@ -21,4 +23,6 @@ def run_trial(backend: str, client: Any, settings: Any, model: str, spec: ModelS
     """``loopbot doctor``'s trial turn of ``backend``."""
     if backend == "claude-code":
         return claude_code_trial(client, settings, model, spec)
+    if backend == "codex":  # the budget guard counts with OpenAI's token count
+        return trial(CodexAgent, client, settings, model, spec, count=client.count)
     return trial(CLI_BACKENDS[backend], client, settings, model, spec)

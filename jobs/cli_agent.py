@@ -48,6 +48,9 @@ from jobs.sandbox.bwrap import (
 )
 
 OUTPUT_SHOWN = 2000  # characters of a tool result kept in its event
+# Members of a packed session that the harness writes (the agent's files never have these
+# names at the top: a planted one is not saved).
+META = "loopbot-"
 CWD_MEMBER = "loopbot-cwd"  # in a packed session: the working directory it ran in
 MAX_SESSION = 64 << 20  # bytes of session files saved with the loop (Redis holds them)
 MAX_SESSION_ENTRIES = 10_000  # files and directories in a saved session
@@ -68,19 +71,27 @@ class SessionTooLarge(Exception):
     pass
 
 
-def pack(root: Path, paths: Iterable[Path], cwd: str, limit: int = MAX_SESSION) -> bytes:
+def pack(
+    root: Path,
+    paths: Iterable[Path],
+    cwd: str,
+    limit: int = MAX_SESSION,
+    meta: dict[str, bytes] | None = None,
+) -> bytes:
     """``paths`` (files or directories under ``root``, in the agent's HOME) as a tar.gz,
-    with the working directory the session ran in. Raises ``SessionTooLarge`` past
+    with the working directory the session ran in and the harness's own ``meta``
+    (``loopbot-<name>`` members, read back by ``unpack``). Raises ``SessionTooLarge`` past
     ``limit`` bytes of files, ``MAX_SESSION_ENTRIES`` entries or ``MAX_SESSION_DEPTH``
     levels: the agent writes HOME, and what is packed sits in the worker's memory and
     then in Redis. Only regular files and directories, never followed through a link."""
     buf = io.BytesIO()
     total = entries = 0
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        where = cwd.encode()
-        info = tarfile.TarInfo(CWD_MEMBER)  # where the session ran, for the next worker
-        info.size = len(where)
-        tar.addfile(info, io.BytesIO(where))
+        # Where the session ran, for the next worker; and what the harness keeps with it.
+        for member, data in {CWD_MEMBER: cwd.encode(), **(meta or {})}.items():
+            info = tarfile.TarInfo(member if member.startswith(META) else META + member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
         todo = [(path, 0) for path in reversed(list(paths))]
         while todo:  # a walk of our own: no recursion a deep tree could exhaust
             path, depth = todo.pop()
@@ -95,6 +106,8 @@ def pack(root: Path, paths: Iterable[Path], cwd: str, limit: int = MAX_SESSION) 
                     f"{MAX_SESSION_DEPTH} levels"
                 )
             name = str(path.relative_to(root))
+            if name.startswith(META) and "/" not in name:
+                continue  # the harness's name: a file the agent planted is not saved
             if stat.S_ISDIR(st.st_mode):
                 tar.addfile(_info(name, st, tarfile.DIRTYPE))
                 todo += [(p, depth + 1) for p in sorted(path.iterdir(), reverse=True)]
@@ -121,17 +134,27 @@ def _info(name: str, st: os.stat_result, kind: bytes) -> tarfile.TarInfo:
     return info
 
 
-def unpack(data: bytes, root: Path, home: Path, owner: tuple[int, int] | None) -> str | None:
+def unpack(
+    data: bytes,
+    root: Path,
+    home: Path,
+    owner: tuple[int, int] | None,
+    meta: dict[str, bytes] | None = None,
+) -> str | None:
     """``pack``'s archive back under ``root`` in a fresh ``home``. Returns the working
-    directory the session ran in before (None: not recorded)."""
+    directory the session ran in before (None: not recorded); the harness's other
+    members go into ``meta`` (by name, without the prefix), never into HOME."""
     root.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         tar.extractall(root, filter="data")  # no absolute paths, links or devices
     before = None
-    marker = root / CWD_MEMBER
-    if marker.is_file() and not marker.is_symlink():
-        before = marker.read_text(errors="replace")[:4096]
-        marker.unlink()
+    for marker in sorted(root.glob(META + "*")):
+        if marker.is_file() and not marker.is_symlink():
+            if marker.name == CWD_MEMBER:
+                before = marker.read_text(errors="replace")[:4096]
+            elif meta is not None:
+                meta[marker.name.removeprefix(META)] = marker.read_bytes()[: 1 << 20]
+            marker.unlink()
     give(home, owner)
     return before
 
@@ -174,14 +197,16 @@ def cli_extra(
     gw: gateway.ModelGateway,
     env: dict[str, str],
     worktree_at: str | None = None,
+    root: Path | None = None,
 ) -> Extra:
     """What a backend CLI's command gets beyond the sandbox's own: ``env``, its binary's
-    directory read-only at ``inside``, its private HOME, the gateway's socket and the
-    relay to it on the sandbox's loopback."""
+    directory (or ``root``, the package directory holding it) read-only at ``inside``,
+    its private HOME, the gateway's socket and the relay to it on the sandbox's
+    loopback."""
     return Extra(
         env=env,
         mounts=(
-            Mount(binary.parent, inside),
+            Mount(root or binary.parent, inside),
             Mount(home, INSIDE_HOME, writable=True),
             Mount(gw.socket_path, gateway.SANDBOX_SOCKET, writable=True),
         ),
@@ -274,6 +299,7 @@ class CliAgent:
         self.extra_env: dict[str, str] = {}  # more for the CLI's environment (the trial)
         self.mcp_servers: dict[str, McpServer] = {}  # loop.yml's, checked (jobs/mcp.py)
         self.on_exchange: Callable[[gateway.Exchange], None] | None = None
+        self.gateway_of_turn: gateway.ModelGateway | None = None  # the last turn's
 
     # -- what a backend gives -------------------------------------------------------------
 
@@ -296,6 +322,11 @@ class CliAgent:
     def save(self, home: Path, session: str) -> bytes:
         """The session's files out of HOME, packed (``pack``)."""
         raise NotImplementedError
+
+    def make_gateway(self, **kwargs: Any) -> gateway.ModelGateway:
+        """The turn's model gateway: the Anthropic Messages API (``client``, the worker's
+        Anthropic client); Codex's is the Responses API."""
+        return gateway.ModelGateway(self.client, **kwargs)
 
     def event(self, state: Turn, event: dict[str, Any]) -> None:
         """One JSON event of the CLI's stream: update ``state``, report what it did."""
@@ -396,9 +427,8 @@ class CliAgent:
             if self.on_exchange is not None:
                 self.on_exchange(x)
 
-        gw = gateway.ModelGateway(
-            self.client,
-            gateway.Policy(self.model, self.spec, self.max_tokens, self.effort),
+        gw = self.gateway_of_turn = self.make_gateway(
+            policy=gateway.Policy(self.model, self.spec, self.max_tokens, self.effort),
             run_dir=self.sandbox.private_dir("gateway"),
             guard=self.guard,
             charge=charge,
@@ -570,6 +600,7 @@ def trial(
     *,
     timeout: float = 180.0,
     extra_env: dict[str, str] | None = None,
+    count: Callable[[dict[str, Any]], int | None] | None = None,
 ) -> Trial:
     """One headless turn as a loop runs it (one step), in a fresh sandbox, through a
     fresh gateway to ``model`` with the worker's key: it shows the CLI runs under
@@ -592,7 +623,7 @@ def trial(
                 sandbox=box,
                 store=None,  # type: ignore[arg-type]  # nothing is saved
                 key=f"doctor-{os.getpid()}-{time.time_ns()}",
-                guard=lambda request: precall.guard(client, request, None, settings),
+                guard=lambda request: precall.guard(client, request, None, settings, count),
                 verify="(none)",
                 network=False,
                 cancelled=lambda: False,

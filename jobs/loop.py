@@ -14,7 +14,7 @@ from typing import Any, assert_never
 
 import anthropic
 
-from bot.core import repo_config
+from bot.core import openai_models, repo_config
 from bot.core.models import ModelSpec, thinking_params
 from bot.core.record import ACTIVE, LoopRecord, Reason, Status, intake_hash
 from bot.core.rules import budget, discussion, intake, nested_guidance
@@ -126,8 +126,8 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
             clamped = [
                 *clamped,
                 "`agent.mcp_servers`: the built-in agent does not start MCP servers (README, "
-                "MCP servers), so this loop runs without them; `agent.backend: claude-code` "
-                "or `opencode` starts them",
+                "MCP servers), so this loop runs without them; `agent.backend: claude-code`, "
+                "`opencode` or `codex` starts them",
             ]
         self.config = config
         # The repository's instructions, read once from the default branch: never from the
@@ -241,8 +241,13 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
         if not record.base_verify:
             self._base_verify(checkout)
         model = config.agent_model(self.rt.ceilings)
+        codex = config.agent.backend == "codex"  # OpenAI's model, not Anthropic's
         try:
-            spec = self.rt.models.spec(model)
+            spec = (
+                openai_models.spec(model, self.rt.settings.context_window)
+                if codex
+                else self.rt.models.spec(model)
+            )
         except UnknownModel:
             return self._finish(
                 Status.FAILED,
@@ -264,7 +269,7 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
         backend = CLI_BACKENDS.get(config.agent.backend)
         if backend is not None:  # a CLI inside the sandbox: jobs/cli_agent.py
             agent = backend(
-                client=self.rt.model,
+                client=self.rt.openai if codex else self.rt.model,
                 model=model,
                 spec=spec,
                 effort=effort,
@@ -272,7 +277,7 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
                 sandbox=sandbox,
                 store=self.store,
                 key=self.key,
-                guard=self._gateway_guard,
+                guard=self._openai_guard if codex else self._gateway_guard,
                 verify=config.verify,
                 network=bool(config.sandbox.network),
                 cancelled=self._cancelled,
@@ -295,6 +300,12 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
     def _gateway_guard(self, request: dict[str, Any]) -> budget.Call:
         """The budget check the model gateway makes before each of the backend's calls."""
         return precall.guard(self.rt.model, request, self._record(), self.rt.settings)
+
+    def _openai_guard(self, request: dict[str, Any]) -> budget.Call:
+        """The same for Codex's calls, counted near the edge by OpenAI's token count."""
+        return precall.guard(
+            None, request, self._record(), self.rt.settings, count=self.rt.openai.count
+        )
 
     def _builtin_agent(
         self, model: str, spec: ModelSpec, effort: str | None, sandbox: Sandbox, checkout: Checkout

@@ -26,6 +26,7 @@ from bot.io.github.client import GitHubApp, Installation
 from bot.io.metrics import observe_job
 from bot.io.store import Store
 from jobs.drain import sigterm_drains
+from jobs.gateway_openai import OpenAIUpstream
 from jobs.models import ModelCatalog
 
 
@@ -52,6 +53,11 @@ class Runtime:
             max_retries=self.settings.model_retries,  # the SDK retries 429, 529, 5xx
             timeout=600,
         )
+
+    @cached_property
+    def openai(self) -> OpenAIUpstream:
+        """The codex backend's model API, as the gateway's OpenAI side reaches it."""
+        return OpenAIUpstream(self.settings)
 
     @cached_property
     def models(self) -> ModelCatalog:

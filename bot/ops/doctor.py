@@ -509,6 +509,8 @@ def backend_checks(settings: Settings) -> list[Check]:
             checks.append(Check(name, True, detail))
         elif backend in ("claude-code", "opencode"):
             checks.append(_cli_backend(settings, name, backend))
+        elif backend == "codex":
+            checks.append(_codex_backend(settings, name))
         else:  # the settings refuse unknown names; kept so a new one is never silent
             checks.append(Check(name, False, "unknown backend", "see README, Agent backends"))
     return checks
@@ -539,6 +541,31 @@ def _cli_backend(settings: Settings, name: str, backend: str) -> Check:
     return Check(name, result.ok, f"{label} {version}: {result.detail}", fix)
 
 
+def _codex_backend(settings: Settings, name: str) -> Check:
+    """Codex: its version, the codex model known to OPENAI_BASE_URL with OPENAI_API_KEY,
+    then a trial turn in the sandbox through the gateway's OpenAI side."""
+    from bot.core import openai_models
+    from jobs import codex
+    from jobs.backends import run_trial
+    from jobs.gateway_openai import OpenAIUpstream
+
+    version = codex.cli_version()
+    if version is None:
+        return Check(name, False, "Codex is not installed on this worker", codex.CodexAgent.install)
+    if settings.openai_api_key is None:
+        return Check(name, False, f"Codex {version}; OPENAI_API_KEY is not set", "set it")
+    upstream = OpenAIUpstream(settings, timeout=60)
+    model = settings.codex_model
+    known, why = upstream.model_exists(model)
+    if not known:
+        fix = "check OPENAI_API_KEY, OPENAI_BASE_URL and LOOPBOT_CODEX_MODEL"
+        return Check(name, False, f"Codex {version}; {model}: {why}", fix)
+    spec = openai_models.spec(model, settings.context_window)
+    result = run_trial("codex", upstream, settings, model, spec)
+    fix = "see the line above for the sandbox; README, Agent backends"
+    return Check(name, result.ok, f"Codex {version}: {result.detail}", fix)
+
+
 def _thinking(spec: ModelSpec) -> str:
     if not spec.adaptive:
         return "no adaptive thinking (no thinking or effort is asked of it)"
@@ -548,9 +575,12 @@ def _thinking(spec: ModelSpec) -> str:
 
 def _allowed(settings: Settings, catalog: ModelCatalog, checked: set[str], now: datetime) -> Check:
     """Every other model a loop.yml may choose (LOOPBOT_ALLOWED_MODELS) must exist too."""
+    from bot.core.pricing import is_openai
     from jobs.models import UnknownModel
 
-    others = sorted(settings.allowed_models - checked)
+    # OpenAI's models (the codex backend's) are not Anthropic's to describe: doctor's
+    # codex check asks OpenAI about LOOPBOT_CODEX_MODEL.
+    others = sorted(m for m in settings.allowed_models - checked if not is_openai(m))
     bad = []
     for model in others:
         try:

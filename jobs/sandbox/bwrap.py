@@ -188,6 +188,10 @@ class Extra:
     # The worktree also at this fixed path, and the command started there (a backend
     # whose sessions remember their directory: every worker then shows it the same one).
     worktree_at: str | None = None
+    # Address space per process, when more than the sandbox's (Codex's JavaScript host
+    # reserves a V8 heap cage it never fills); the cgroup's memory.max, where there is
+    # one, still bounds what is used.
+    address_space: int = 0
 
 
 @dataclass(frozen=True)
@@ -648,7 +652,7 @@ class Sandbox:
             "--nofile=4096",
         ]
         if lim.memory_bytes:
-            limits.append(f"--as={lim.memory_bytes}")
+            limits.append(f"--as={max(lim.memory_bytes, self._extra.address_space)}")
         argv = [*limits, "--", *bwrap]
         owner = self.file_owner
         if owner is None:

@@ -26,6 +26,7 @@ SMOKE = {
     "loop_overhead.py": rf"median {NUM} ms\s+p90 {NUM} ms\s+max {NUM} ms",
     "loop_overhead.py --backend claude-code": rf"first model request \(claude-code\): median {NUM}",
     "loop_overhead.py --backend opencode": rf"first model request \(opencode\): median {NUM}",
+    "loop_overhead.py --backend codex": rf"first model request \(codex\): median {NUM}",
     "first_request.py": rf"median {NUM} ms\s+max {NUM} ms",
     "scale.py": rf"/metrics scrape\s+{NUM}",
     "worktree.py": rf"loopbot, recycled spare\s+{NUM} ms",
