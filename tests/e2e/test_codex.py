@@ -10,22 +10,27 @@ Anthropic server.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from redis import Redis
 
 from bot.core.pricing import usage_from_responses
-from bot.core.record import Status
+from bot.core.record import TERMINAL, Status
 from bot.io.store import Store
 from bot.standins import anthropic as m
 from bot.standins import openai as o
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from bot.standins.openai import OpenAIServer
-from jobs.codex import INSIDE_WORKTREE, cli_path
-from tests.conftest import Web
+from jobs.codex import INSIDE_CLI, INSIDE_WORKTREE, cli_path
+from tests import helpers
+from tests.conftest import Web, wait_for
+from tests.e2e.test_claude_code import alive
+from tests.e2e.test_mcp import MCP_YML, pushed_files
 from tests.helpers import CALC, REPO, label, open_issue, sample_repo
 
 MODEL = "gpt-6.1-sol"
@@ -334,3 +339,73 @@ def test_a_developer_message_planted_in_codex_s_saved_thread_never_reaches_the_a
     refused = [c for c in events(redis, "gateway_call") if c["status"] == 400]
     assert refused and "developer or system message" in refused[0]["error"]
     assert len(openai.requests) == 2  # turn 2 never reached the API
+
+
+def test_codex_calls_the_repository_s_mcp_server_and_its_config_is_never_pushed(
+    github: GitHubServer,
+    model: AnthropicServer,
+    openai: OpenAIServer,
+    web: Web,
+    redis: Redis,
+    drain: Any,
+) -> None:
+    """``agent.mcp_servers`` goes into Codex's config.toml in its private HOME: in code
+    mode the model calls the server's tool from JavaScript; its answer (with the word
+    loop.yml's env gave the server) reaches the model; only calc.py is pushed."""
+    server = (Path(__file__).parent.parent / "data" / "mcp_notes.py").read_text()
+    openai.play(
+        o.cx_exec('text(await tools.mcp__notes__lookup({topic: "calc"}));'),
+        o.cx_patch(patch("a - b", "a + b")),
+        o.text("Fixed add."),
+    )
+    model.play(APPROVE)
+    start(github, drain, YML + MCP_YML, **{"tools/mcp_notes.py": server})
+    r = Store(redis).get(KEY)
+    assert r is not None and (r.status, r.reason) == (Status.COMPLETED, "merged"), events(redis)
+    # Offered to the model: code mode lists MCP servers as deferred tool namespaces.
+    assert "Deferred tool namespaces:\\n- mcp__notes" in json.dumps(openai.requests[0])
+    assert "the word for calc is KIWI-7" in json.dumps(openai.requests[1]["input"])
+    assert events(redis, "mcp_checked") == [{"servers": {"notes": ["lookup"]}}]
+    assert pushed_files(github) == {"calc.py"}
+
+
+def test_a_killed_worker_s_codex_thread_resumes_on_another_worker(
+    github: GitHubServer,
+    model: AnthropicServer,
+    openai: OpenAIServer,
+    web: Web,
+    redis: Redis,
+    workers: Any,
+    env_extra: dict[str, str],
+) -> None:
+    """Worker a runs turn 1 and dies by SIGKILL in turn 2's long command; worker b, with
+    its own data directory (another worktree path on the host), restores Codex's thread
+    and continues it at the same path inside the sandbox."""
+    fast = {"LOOPBOT_LEASE_TTL": "3", "LOOPBOT_RECONCILE_INTERVAL": "1"}
+    openai.play(
+        o.cx_shell("echo 'turn one' > NOTES.md"),
+        o.text("Started on the notes."),
+        o.cx_shell("sleep 120 # KILLED-ONE"),
+    )
+    sample_repo(github, loop_yml=YML)
+    a = workers("a", **env_extra, **fast)
+    label(github, "writer", open_issue(github))
+    wait_for(lambda: len(openai.requests) >= 3, 90, "turn 2's long command")
+    saved = Store(redis).agent_session(KEY, "codex")
+    assert saved is not None
+    time.sleep(1.0)
+    seen = helpers.cli_pids(a.proc.pid, INSIDE_CLI)  # type: ignore[union-attr]
+    assert seen
+    a.kill()
+    wait_for(lambda: not alive(seen), 5, "a's Codex to be gone")
+    before = len(openai.requests)
+    openai.play(o.cx_patch(patch("a - b", "a + b")), o.text("Fixed add."))
+    model.play(APPROVE)
+    workers("b", **env_extra, **fast)
+    wait_for(lambda: Store(redis).get(KEY).status in TERMINAL, 120, "the loop on b")
+    r = Store(redis).get(KEY)
+    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), events(redis)
+    resumed = json.dumps(openai.requests[before]["input"])
+    assert "turn one" in resumed and "Started on the notes." in resumed
+    assert Store(redis).agent_session(KEY, "codex")[0] == saved[0]  # the same thread
+    assert github.file_at(REPO, "main", "calc.py") == CALC.replace("a - b", "a + b")
