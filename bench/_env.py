@@ -45,6 +45,9 @@ def start(extra: dict[str, str] | None = None) -> Bench:
         "ANTHROPIC_BASE_URL": model.url,
         "LOOPBOT_DATA_DIR": str(root / "data"),
         "LOOPBOT_LOG_FORMAT": "json",
+        # The local GitHub has no secondary limit here: a pause between writes would be
+        # counted as orchestration overhead (the pace is measured on its own).
+        "LOOPBOT_GITHUB_WRITE_GAP": "0",
         **(extra or {}),
     }
     settings = load_settings(env, role="worker")

@@ -37,7 +37,7 @@ class Runtime:
     github: GitHubApp = field(init=False)
 
     def __post_init__(self) -> None:
-        self.github = GitHubApp(self.settings)
+        self.github = GitHubApp(self.settings, redis=self.redis)
 
     @property
     def store(self) -> Store:

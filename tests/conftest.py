@@ -80,6 +80,8 @@ def make_env(redis_url: str, gh: GitHubServer, model_url: str, data_dir: Path) -
         "LOOPBOT_MODEL": "claude-test",
         "LOOPBOT_CRITIC_MODEL": "claude-test",
         "LOOPBOT_GITHUB_MAX_RETRY_WAIT": "5",
+        # No gap between writes (the pace is tested on its own: tests/e2e/test_github_limits.py).
+        "LOOPBOT_GITHUB_WRITE_GAP": "0",
         "LOOPBOT_LOG_FORMAT": "console",
     }
 

@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     github_timeout: float = Field(10.0, alias="LOOPBOT_GITHUB_TIMEOUT", gt=0)
     # Longest single wait loopbot accepts from a Retry-After before giving up on a call.
     github_max_retry_wait: float = Field(120.0, alias="LOOPBOT_GITHUB_MAX_RETRY_WAIT", ge=0)
+    # Seconds between two writes of one installation, across every worker (GitHub asks
+    # for at least one between content-creating requests; bot/io/github/pace.py).
+    github_write_gap: float = Field(1.0, alias="LOOPBOT_GITHUB_WRITE_GAP", ge=0, le=60)
     anthropic_api_key: SecretStr | None = Field(None, alias="ANTHROPIC_API_KEY")
     anthropic_base_url: AnyHttpUrl | None = Field(None, alias="ANTHROPIC_BASE_URL")
     # The codex backend's model API (OpenAI's Responses API), used only by the worker's

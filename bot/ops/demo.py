@@ -274,6 +274,8 @@ def run_demo(keep: bool = False, story: str = "fix") -> int:
             "LOOPBOT_MODEL": "claude-sonnet-4-6",
             "LOOPBOT_DASHBOARD_TOKEN": token,
             "LOOPBOT_LOG_FORMAT": "json",
+            # The local GitHub has no secondary limit to keep writes under.
+            "LOOPBOT_GITHUB_WRITE_GAP": "0",
         }
         settings = load_settings(env, role="worker")
         redis = connect(redis_srv.url)

@@ -32,6 +32,7 @@ from githubkit.cache import MemCacheStrategy
 from githubkit.exception import GitHubException, RequestFailed
 from httpx import TransportError
 from pydantic import BaseModel, ConfigDict
+from redis import Redis
 
 from bot.core.settings import Settings
 from bot.core.text.defuse import one_line, safe_text
@@ -47,6 +48,7 @@ from bot.io.github.failures import (
     classify,
     message_of,
 )
+from bot.io.github.pace import SharedPace
 from bot.io.logs import get_logger
 
 T = TypeVar("T")
@@ -288,9 +290,16 @@ def _split(repo: str) -> tuple[str, str]:
 class GitHubApp:
     """The App identity: a JWT-authenticated client and the installation token cache."""
 
-    def __init__(self, settings: Settings, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        sleep: Callable[[float], None] = time.sleep,
+        redis: Redis | None = None,
+    ) -> None:
         self.settings = settings
         self._sleep = sleep
+        # With Redis: one pace per installation, shared by every worker (pace.py).
+        self.redis = redis
         self._lock = threading.Lock()
         self._tokens: dict[int, tuple[str, float]] = {}
         self._redactor: Redactor | None = None
@@ -427,6 +436,18 @@ class Installation:
     def __init__(self, app: GitHubApp, installation_id: int) -> None:
         self.app = app
         self.installation_id = installation_id
+        s = app.settings
+        self.pace = (
+            SharedPace(
+                app.redis,
+                installation_id,
+                gap=s.github_write_gap,
+                max_wait=s.github_max_retry_wait,
+                sleep=app._sleep,
+            )
+            if app.redis is not None
+            else None
+        )
         self._clients: dict[int, tuple[str, GitHub[Any]]] = {}
         self._redactor: tuple[str, Redactor] | None = None  # (token, redactor knowing it)
 
@@ -458,6 +479,8 @@ class Installation:
             auto_retry=False,
             http_cache=False,
             user_agent="loopbot",
+            # Every request of the installation, retries included, keeps its shared pace.
+            event_hooks=self.pace.hooks() if self.pace is not None else None,
         )
         client.__enter__()  # type: ignore[no-untyped-call]
         self._clients[key] = (token, client)

@@ -5,6 +5,7 @@ user, a fault...)."""
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 import time
@@ -111,7 +112,39 @@ class GitHubServer(State):
             g.auth = auth.authenticate(self)
         with self.lock:
             self.requests.append((request.method, request.path, g.auth[0]))
+        if (limited := self._secondary_limit()) is not None:
+            return limited
         return None
+
+    def _secondary_limit(self) -> Response | None:
+        """GitHub's secondary limit on content-creating requests, per installation, when
+        ``write_limit`` is set: more than ``write_limit`` writes (POST, PATCH, PUT, DELETE)
+        in ``write_window`` seconds is a 403 with GitHub's message and a ``Retry-After``
+        (until the oldest write leaves the window), and the write is not applied.
+        https://docs.github.com/en/rest/using-the-rest-api/rate-limits-for-the-rest-api"""
+        kind, who = g.auth
+        if self.write_limit is None or kind != "installation" or request.method == "GET":
+            return None
+        now = time.monotonic()
+        with self.lock:
+            self.write_log.append((time.time(), request.method, request.path, who))
+            window = self.writes.setdefault(who, [])
+            window[:] = [t for t in window if now - t < self.write_window]
+            if len(window) < self.write_limit:
+                window.append(now)
+                return None
+            wait = max(1, math.ceil(self.write_window - (now - window[0])))
+            self.limited.append((request.method, request.path, who, time.time(), wait))
+        resp = jsonify(
+            {
+                "message": "You have exceeded a secondary rate limit. Please wait a few "
+                "minutes before you try again.",
+                "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits",
+            }
+        )
+        resp.status_code = 403
+        resp.headers["Retry-After"] = str(wait)
+        return resp
 
     # -- setup helpers (the test's hands) -------------------------------------------------
 

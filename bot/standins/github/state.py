@@ -152,6 +152,13 @@ class State:
         self.repos: dict[str, Repo] = {}
         self.tokens: dict[str, tuple[str, Any, float]] = {}  # token -> (kind, who, expires)
         self.faults: list[Fault] = []
+        # GitHub's secondary limit on writes per installation (server.py, off when None),
+        # the writes in the window by installation, and every request it refused.
+        self.write_limit: int | None = None
+        self.write_window = 60.0
+        self.writes: dict[int, list[float]] = {}
+        self.limited: list[tuple[str, str, int, float, int]] = []  # ..., time, Retry-After
+        self.write_log: list[tuple[float, str, str, int]] = []  # (time, method, path, iid)
         self.requests: list[tuple[str, str, str]] = []  # (method, path, auth kind)
         self.webhook_url: str | None = None
         self.webhook_secret = "local-webhook-secret"
