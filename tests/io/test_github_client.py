@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from redis import Redis
 
 from bot.core.settings import Settings
 from bot.io.github.client import GitHubApp, Installation
@@ -198,3 +199,40 @@ def test_standin_pull_edit_answers_as_github(gh, github: GitHubServer) -> None: 
         assert r.json()["state"] == "closed"
         r = u.patch(f"/repos/{REPO}/pulls/{pr.number}", json={"state": "open"})
         assert r.json()["state"] == "open"
+
+
+def test_a_secondary_limit_without_retry_after_waits_a_minute_not_fails(  # type: ignore[no-untyped-def]
+    gh, github: GitHubServer, settings: Settings
+) -> None:
+    """githubkit raises RateLimitExceeded only with a Retry-After: GitHub's secondary-limit
+    message alone is waited out as its docs ask (a minute), not taken for a real 403; a
+    minute past the longest wait allowed is a clear Unavailable."""
+    message = {"message": "You have exceeded a secondary rate limit. Please wait."}
+    github.inject("POST", r"/issues/1/comments$", 403, body=message)
+    with pytest.raises(Unavailable, match="secondary rate limit"):  # tests allow 5 s
+        gh.upsert_comment(REPO, 1, "status", "hello")
+    patient = settings.model_copy(update={"github_max_retry_wait": 120.0})
+    sleeps: list[float] = []
+    inst = GitHubApp(patient, sleep=sleeps.append).installation(gh.installation_id)
+    github.inject("POST", r"/issues/1/comments$", 403, body=message)
+    inst.upsert_comment(REPO, 1, "status", "hello")
+    assert sleeps == [60.0]
+    assert len(github.repo(REPO).comments) == 1
+
+
+def test_a_paced_installation_s_errors_come_out_as_themselves(
+    github: GitHubServer, settings: Settings, redis: Redis
+) -> None:
+    """With the shared pace (Redis), a pause longer than the longest wait surfaces as
+    ``Unavailable`` (not a wrapped githubkit error), and a write waits its slot."""
+    iid = github.add_installation("acme")
+    github.add_repo(REPO, {"README.md": "hi\n"}, installation_id=iid)
+    with github.as_user("acme") as alice:
+        alice.post(f"/repos/{REPO}/issues", json={"title": "Bug", "body": "It breaks"})
+    sleeps: list[float] = []
+    inst = GitHubApp(settings, sleep=sleeps.append, redis=redis).installation(iid)
+    assert inst.pace is not None
+    inst.pace.pause(600, "a test's pause", slower=False)
+    with pytest.raises(Unavailable, match="GitHub paused it"):
+        inst.issue(REPO, 1)
+    assert sleeps == []

@@ -15,28 +15,32 @@ import pytest
 from redis import Redis
 
 from bot.io.github.failures import Unavailable
-from bot.io.github.pace import RESERVE, SECONDARY_WAIT, SharedPace, pause_for
+from bot.io.github.pace import RESERVE, SECONDARY_WAIT, SharedPace, pause_for, spread_for
 
 NOW = 1_800_000_000.0
 
 
-def test_an_answer_says_how_long_to_pause() -> None:
-    assert pause_for(403, {"retry-after": "7"}, "", NOW) == (7.0, "403 with Retry-After")
-    assert pause_for(429, {"retry-after": "0"}, "", NOW) == (1.0, "429 with Retry-After")
+def test_a_refusal_says_how_long_to_pause() -> None:
+    assert pause_for(403, {"retry-after": "7"}, "") == (7.0, "403 with Retry-After")
+    assert pause_for(429, {"retry-after": "0"}, "") == (1.0, "429 with Retry-After")
     secondary = "You have exceeded a secondary rate limit. Please wait a few minutes."
-    assert pause_for(403, {}, secondary, NOW) == (SECONDARY_WAIT, "403: secondary rate limit")
-    spent = {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(NOW + 300)}
-    assert pause_for(403, spent, "API rate limit exceeded", NOW) == (
-        300.0,
-        "403: primary rate limit",
-    )
-    low = {"x-ratelimit-remaining": str(RESERVE - 1), "x-ratelimit-reset": str(NOW + 90)}
-    assert pause_for(200, low, "", NOW) == (90.0, f"primary rate limit: {RESERVE - 1} left")
-    plenty = {"x-ratelimit-remaining": "4000", "x-ratelimit-reset": str(NOW + 90)}
-    assert pause_for(200, plenty, "", NOW) is None
-    assert pause_for(403, {}, "Resource not accessible by integration", NOW) is None  # a real 403
-    assert pause_for(403, {"retry-after": "soon"}, "", NOW) is None
-    assert pause_for(500, {"retry-after": "5"}, "", NOW) is None
+    assert pause_for(403, {}, secondary) == (SECONDARY_WAIT, "403: secondary rate limit")
+    assert pause_for(403, {}, "Resource not accessible by integration") is None  # a real 403
+    assert pause_for(403, {"retry-after": "soon"}, "") is None
+    assert pause_for(500, {"retry-after": "5"}, "") is None
+    assert pause_for(200, {"retry-after": "5"}, "") is None
+
+
+def test_a_primary_limit_near_its_end_spreads_the_writes_until_the_reset() -> None:
+    low = {"x-ratelimit-remaining": "10", "x-ratelimit-reset": str(NOW + 50)}
+    assert spread_for(low, NOW) == (5.0, 50.0)
+    assert spread_for({**low, "x-ratelimit-remaining": "0"}, NOW) == (10.0, 50.0)  # capped
+    plenty = {"x-ratelimit-remaining": str(RESERVE), "x-ratelimit-reset": str(NOW + 50)}
+    assert spread_for(plenty, NOW) is None
+    # GraphQL's and search's budgets are their own: they do not slow REST writes.
+    assert spread_for({**low, "x-ratelimit-resource": "graphql"}, NOW) is None
+    assert spread_for({**low, "x-ratelimit-reset": str(NOW - 1)}, NOW) is None
+    assert spread_for({}, NOW) is None
 
 
 def request(method: str) -> httpx.Request:
@@ -44,24 +48,31 @@ def request(method: str) -> httpx.Request:
 
 
 def pace(redis: Redis, iid: int = 1, **kw: Any) -> tuple[SharedPace, list[float]]:
+    """A pace that sleeps for real (a pause is over only when Redis's clock says so) and
+    records each wait."""
     slept: list[float] = []
-    return SharedPace(redis, iid, sleep=slept.append, **kw), slept
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        time.sleep(seconds)
+
+    return SharedPace(redis, iid, sleep=sleep, **kw), slept
 
 
 def test_writes_of_one_installation_take_slots_a_gap_apart_across_processes(redis: Redis) -> None:
-    """Two paces (two workers) of one installation: each write waits for the slot after
-    the last one given out; reads are not spaced; another installation is not held."""
-    a, slept_a = pace(redis, gap=0.5)
-    b, slept_b = pace(redis, gap=0.5)
-    a.before(request("POST"))
-    b.before(request("PATCH"))
-    a.before(request("DELETE"))
-    b.before(request("GET"))
-    assert slept_a[0] == pytest.approx(1.0, abs=0.05)  # third write: two slots out
-    assert slept_b == [pytest.approx(0.5, abs=0.05)]  # its read did not wait
-    other, slept_other = pace(redis, iid=2, gap=0.5)
-    other.before(request("POST"))
-    assert slept_other == []
+    """Two paces (two workers) of one installation: each write gets the slot after the
+    last one given out, whoever asked; reads are not spaced; another installation is not
+    held."""
+    a = SharedPace(redis, 1, gap=0.5, sleep=lambda s: None)
+    b = SharedPace(redis, 1, gap=0.5, sleep=lambda s: None)
+    first = a.before(request("POST"))
+    second = b.before(request("PATCH"))
+    third = a.before(request("DELETE"))
+    read = b.before(request("GET"))
+    assert (second - first, third - second) == (500, 500)
+    assert read < second  # a read takes no slot: it went at once
+    other = SharedPace(redis, 2, gap=0.5, sleep=lambda s: None)
+    assert other.before(request("POST")) < second
 
 
 def test_a_secondary_limit_pauses_every_request_of_the_installation_everywhere(
@@ -71,44 +82,82 @@ def test_a_secondary_limit_pauses_every_request_of_the_installation_everywhere(
     b, slept_b = pace(redis)
     answer = httpx.Response(
         403,
-        headers={"retry-after": "3"},
+        headers={"retry-after": "2"},
         json={"message": "You have exceeded a secondary rate limit"},
         request=request("POST"),
     )
     a.after(answer)
     b.before(request("GET"))  # another worker's read waits too
-    assert slept_b and slept_b[0] == pytest.approx(3.0, abs=0.1)
+    assert slept_b and slept_b[0] == pytest.approx(2.0, abs=0.1)
     # A shorter pause never shortens a longer one.
-    a.pause(1.0, "shorter")
+    a.after(answer)
+    a.pause(0.5, "shorter")
     c, slept_c = pace(redis)
     c.before(request("GET"))
-    assert slept_c[0] > 2.5
+    assert slept_c[0] > 1.5
 
 
-def test_a_secondary_limit_doubles_the_installation_s_write_gap_for_every_worker(
+def test_a_secondary_limit_doubles_the_installation_s_write_gap_once_per_episode(
     redis: Redis,
 ) -> None:
     """The pace that hit the limit would hit it again after the pause: the installation's
     writes are spaced twice as far apart (at least 1 s, GitHub's documented minimum), for
-    every worker; a primary limit does not change the gap."""
+    every worker. The other refusals of the same burst (writes already on their way) do
+    not double it again; the next episode, after the pause, does."""
     a, _ = pace(redis, gap=0.3)
     b, _ = pace(redis, gap=0.3)
     assert b.gap_now() == pytest.approx(0.3)
-    a.after(httpx.Response(429, headers={"retry-after": "1"}, request=request("POST")))
+    refused = httpx.Response(429, headers={"retry-after": "1"}, request=request("POST"))
+    for _ in range(4):  # one burst
+        a.after(refused)
     assert b.gap_now() == pytest.approx(1.0)
-    a.after(httpx.Response(403, headers={"retry-after": "1"}, request=request("POST")))
-    assert b.gap_now() == pytest.approx(2.0)
-    spent = {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(time.time() + 5)}
-    a.after(httpx.Response(403, headers=spent, json={"message": "x"}, request=request("GET")))
+    redis.delete(a.keys[0])  # the pause is over
+    a.after(refused)
     assert b.gap_now() == pytest.approx(2.0)
     c, _ = pace(redis, iid=3, gap=0.3)
     assert c.gap_now() == pytest.approx(0.3)  # another installation keeps its own
 
 
+def test_a_write_whose_slot_falls_in_a_pause_set_after_it_waits_for_the_pause(
+    redis: Redis,
+) -> None:
+    """A write took its slot, then another worker was refused and paused the
+    installation: when the slot comes, the write sees the pause and waits it out."""
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 1:  # while the write waits for its slot, a pause begins
+            SharedPace(redis, 1).pause(2.0, "another worker's 403")
+        else:
+            redis.delete("loopbot:gh-pause:1")  # the pause ran out
+        now[0] += seconds
+
+    SharedPace(redis, 1, gap=0.5, sleep=lambda s: None).before(request("POST"))
+    writer = SharedPace(redis, 1, gap=0.5, sleep=sleep)
+    writer.before(request("POST"))
+    assert len(slept) == 2 and slept[0] == pytest.approx(0.5, abs=0.05)
+    assert slept[1] == pytest.approx(2.0, abs=0.1)  # the pause, waited after the slot
+
+
+def test_a_write_that_will_not_wait_takes_no_slot(redis: Redis) -> None:
+    """Writes refused for a queue longer than the longest wait leave the queue as it was:
+    the next write is not pushed further off by them."""
+    a = SharedPace(redis, 1, gap=1.0, max_wait=2.5, sleep=lambda s: None)
+    for _ in range(3):
+        a.before(request("POST"))  # slots at 0, 1, 2 s
+    for _ in range(5):
+        with pytest.raises(Unavailable, match="its writes are queued"):
+            a.before(request("POST"))
+    ms, _ = a._slot(keys=list(a.keys), args=[1, 1000, 10_000])
+    assert int(ms) <= 3_100  # the fourth slot, not the ninth
+
+
 def test_a_pause_past_the_longest_wait_is_not_waited(redis: Redis) -> None:
     a, slept = pace(redis, max_wait=10.0)
     a.pause(600, "primary rate limit")
-    with pytest.raises(Unavailable, match="paused installation 1 for 600 s"):
+    with pytest.raises(Unavailable, match="GitHub paused it"):
         a.before(request("POST"))
     assert slept == []
 

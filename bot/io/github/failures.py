@@ -17,6 +17,7 @@ from githubkit.exception import (
     RequestFailed,
     RequestTimeout,
 )
+from redis.exceptions import RedisError
 
 MAX_ATTEMPTS = 6
 
@@ -83,9 +84,16 @@ def message_of(exc: RequestFailed) -> str:
     return exc.response.text[:200]
 
 
+SECONDARY_WAIT = 60.0  # GitHub's docs: wait at least a minute when no Retry-After is given
+
+
 def classify(exc: Exception, attempt: int, *, max_wait: float) -> Decision:
     """Decide what to do about ``exc`` on the ``attempt``-th try (0-based)."""
     last = attempt + 1 >= MAX_ATTEMPTS
+    if isinstance(exc, RequestError) and isinstance(exc.exc, GitHubError):
+        return Fatal(exc.exc)  # raised in the request's own hooks (the pace): as it is
+    if isinstance(exc, RequestError) and isinstance(exc.exc, RedisError):
+        raise exc.exc  # the pace's store is down: a Redis failure, not GitHub's
     if isinstance(exc, RateLimitExceeded):
         wait = max(exc.retry_after.total_seconds(), 1.0)
         if wait > max_wait or last:
@@ -102,6 +110,12 @@ def classify(exc: Exception, attempt: int, *, max_wait: float) -> Decision:
             return Fatal(GitHubError(msg, status)) if attempt > 0 else Reauthenticate()
         if status == 404:
             return Fatal(NotFound(msg, status))
+        if status in (403, 429) and "secondary rate limit" in message_of(exc).lower():
+            # A secondary limit without Retry-After (githubkit raises RateLimitExceeded
+            # only with one): wait as GitHub's docs ask; the pace pauses the others.
+            if max_wait < SECONDARY_WAIT or last:
+                return Fatal(Unavailable(msg, status))
+            return RetryAfter(SECONDARY_WAIT, "secondary rate limit")
         if status == 403:
             return Fatal(Forbidden(msg, status))
         if status == 422:
