@@ -216,8 +216,11 @@ def test_a_cancel_during_a_claude_code_turn_stops_it_within_seconds_and_pushes_n
         seen.update(cli_pids(os.getpid()))  # the CLI, asking now
         if not asked:
             asked.append(time.monotonic())
-            Store(redis).request_cancel(KEY, "cancelled")  # as /loop-cancel flags it
             return m.cc_write("calc.py", CALC.replace("a - b", "a + b") + "# half done\n")
+        # The write is done (its result is in this request): the cancel lands now, while
+        # the CLI starts a command that would take a minute. (Flagged with the first
+        # answer, the harness could kill the CLI before it wrote anything.)
+        Store(redis).request_cancel(KEY, "cancelled")  # as /loop-cancel flags it
         return m.cc_bash("sleep 60")
 
     model.responder = respond
