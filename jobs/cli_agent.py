@@ -352,6 +352,10 @@ class CliAgent:
         saved = None if first else self.store.agent_session(self.key, self.name)
         done = self.drive(binary, home, prompt, saved, limits, self._charge, started)
         state, result, ended, exchanges = done.state, done.result, done.ended, done.exchanges
+        if done.exhausted and not ended:
+            # The CLI stopped by itself at the gateway's refusal, before the watch saw it:
+            # the budget is why the turn ended, whatever saving the session says after.
+            ended.append(("budget_exhausted", done.exhausted))
         if state.session and (saved is not None or state.steps or state.text or exchanges):
             try:
                 files = self.save(home, state.session)
@@ -359,6 +363,7 @@ class CliAgent:
                 # The agent wrote HOME: whatever it planted there ends the turn, never the
                 # job (the last saved session stays).
                 ended.append(("resource_limit", f"{exc}; the turn's session was not saved"))
+                self.on_event("agent_error", {"backend": self.name, "detail": str(exc)[:500]})
             else:
                 self.store.save_agent_session(self.key, state.session, files, self.name)
         self.last_model = self.model

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -382,10 +383,13 @@ def test_a_drain_stops_claude_code_within_seconds_and_the_next_worker_resumes_it
         ).stdout.split()
     }
     assert seen and long_one
-    stopping = time.monotonic()
-    assert a.terminate(timeout=30) == 0, a.output()
-    assert time.monotonic() - stopping < 5
-    assert alive(seen | long_one) == set()
+    assert a.proc is not None
+    a.proc.send_signal(signal.SIGTERM)  # as a deploy does; the worker hands over
+    # What the README promises: the CLI and its command are gone within 5 s. (The
+    # worker's own exit, after its commit, push and handover, may take longer on a
+    # loaded machine.)
+    wait_for(lambda: not alive(seen | long_one), 5, "the CLI and its command to be gone")
+    assert a.proc.wait(30) == 0, a.output()
     r = Store(redis).get(KEY)
     assert r.status == Status.QUEUED and r.phase in ("handoff", "queued"), r
     assert events(redis, "agent_turn")[-1]["end"] == "shutdown"
