@@ -592,18 +592,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._send(status, {"x-should-retry": "false"}, data)
 
 
-class _Usage:
-    """An answer's usage and content, read as it streams by (or whole, without a stream)."""
+class SseReader:
+    """An answer read as it streams by: each server-sent event's JSON ``data`` to
+    ``_event``; without a stream, the whole body kept in ``whole``. (Both APIs' usage
+    readers: Anthropic's ``_Usage`` here, OpenAI's in ``jobs.gateway_openai``.)"""
 
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self.buffer = b""
-        self.fields: dict[str, int] = {}
-        self.stop_reason = ""
-        self.done = False
-        self.blocks: dict[int, dict[str, Any]] = {}
-        self.partial: dict[int, str] = {}
-        self.whole = b""
+    buffer = b""
+    whole = b""
 
     def feed(self, chunk: bytes, *, stream: bool) -> None:
         if not stream:
@@ -616,6 +611,23 @@ class _Usage:
                 if line.startswith(b"data:"):
                     with contextlib.suppress(ValueError):
                         self._event(json.loads(line[5:]))
+
+    def _event(self, data: Any) -> None:
+        raise NotImplementedError
+
+
+class _Usage(SseReader):
+    """An answer's usage and content, read as it streams by (or whole, without a stream)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.buffer = b""
+        self.fields: dict[str, int] = {}
+        self.stop_reason = ""
+        self.done = False
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.partial: dict[int, str] = {}
+        self.whole = b""
 
     def _event(self, data: dict[str, Any]) -> None:
         kind = data.get("type")

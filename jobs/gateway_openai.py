@@ -35,7 +35,7 @@ from bot.core.record import Usage
 from bot.core.rules import budget
 from bot.core.settings import Settings
 from bot.io.logs import get_logger
-from jobs.gateway import ModelGateway, Refused, has_media
+from jobs.gateway import ModelGateway, Refused, SseReader, has_media
 
 log = get_logger("loopbot.gateway")
 
@@ -307,7 +307,7 @@ class ResponsesGateway(ModelGateway):
         return out
 
 
-class _ResponsesUsage:
+class _ResponsesUsage(SseReader):
     """One answer's usage and content, read from the Responses stream (or whole)."""
 
     def __init__(self, model: str) -> None:
@@ -318,18 +318,6 @@ class _ResponsesUsage:
         self.items: dict[int, dict[str, Any]] = {}
         self.stop_reason = ""
         self.done = False
-
-    def feed(self, chunk: bytes, *, stream: bool) -> None:
-        if not stream:
-            self.whole += chunk
-            return
-        self.buffer += chunk
-        while b"\n\n" in self.buffer:
-            event, self.buffer = self.buffer.split(b"\n\n", 1)
-            for line in event.split(b"\n"):
-                if line.startswith(b"data:"):
-                    with contextlib.suppress(ValueError):
-                        self._event(json.loads(line[5:]))
 
     def _event(self, data: Any) -> None:
         if not isinstance(data, dict):
