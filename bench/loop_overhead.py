@@ -106,7 +106,13 @@ def main() -> None:
         events = b.rt.store.events(LoopId(REPO, n), count=100_000)
         starts = [e["at"] for e in events if e["kind"] == "turn_started"]
         if len(starts) != args.turns:  # the loop stopped early: the figures would be wrong
-            raise SystemExit(f"the loop ran {len(starts)} of {args.turns} turns; see {b.root}")
+            r = b.rt.store.get(LoopId(REPO, n))
+            why = f"{r.status.value}: {r.reason} ({r.detail})" if r else "no record"
+            tail = [(e["kind"], str(e["data"])[:200]) for e in events[-8:]]
+            raise SystemExit(
+                f"the loop ran {len(starts)} of {args.turns} turns, and ended {why}; its "
+                f"last events: {tail}; see {b.root}"
+            )
         done = [e["data"] for e in events if e["kind"] == "turn_completed"]
         verify = [e["data"]["seconds"] for e in events if e["kind"] == "verify"]
         in_order = []

@@ -367,7 +367,7 @@ def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
         # restart would race that job. Said what is at work, or its lost job revived,
         # under the lock the reconciler revives with (never mid-merge), on the record as
         # it is then: a job that just finished has moved the loop on.
-        with rt.store.lock(f"gate:{key}", timeout=120):
+        with rt.store.lock(f"gate:{key}", timeout=120, renew=True):
             now = rt.store.get(key)
             stage = now is not None and now.status is record.status
             alive = not stage or lifecycle.stage_job_pending(rt.redis, record)

@@ -304,6 +304,13 @@ def defuse_tree(root: Path) -> list[str]:
 MAX_READ_BYTES = 1 << 20  # files_at: larger files are not read
 
 
+def has_file_named(mirror: Path, commit: str, name: str) -> bool:
+    """Whether ``commit`` has a file called ``name`` anywhere below its root (the root's
+    own left out), read from the bare ``mirror``."""
+    listed = git(mirror, "ls-tree", "-r", "-z", "--name-only", commit)
+    return any(p.endswith("/" + name) for p in listed.split("\0"))
+
+
 def files_at(
     mirror: Path, commit: str, paths: Sequence[str], max_bytes: int = MAX_READ_BYTES
 ) -> dict[str, str]:

@@ -11,6 +11,7 @@ import uuid
 
 from bot.io.logs import get_logger
 from bot.io.store import LeaseLost, Store
+from jobs import status_comment
 
 log = get_logger("loopbot.loop")
 
@@ -89,6 +90,7 @@ class Lease:
             raise LeaseLost(f"{self.key}: {self._why}")
 
     def release(self) -> None:
+        status_comment.flush()  # its status edits go out while it still holds the lease
         self._stop.set()
         try:
             self.store.release_lease(self.key, self.owner)

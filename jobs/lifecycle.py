@@ -61,6 +61,7 @@ from bot.io.queues import (
     loop_queue,
 )
 from bot.io.store import LeaseLost, LoopKey, Store
+from jobs import merge_slot
 from jobs.status_comment import _fence, post_status
 
 log = get_logger("loopbot.lifecycle")
@@ -334,7 +335,9 @@ def finish(
     if gh is None:
         return record
     try:
-        return post_status(store, gh, record, tail)
+        # At once, not through the job's publisher: the loop's last state must reach the
+        # comment or fail this job as before (a publisher's failure is only logged).
+        return post_status(store, gh, record, tail, now=True)
     except LeaseLost:
         raise
     except Exception as exc:
@@ -438,6 +441,10 @@ def release(store: Store, key: LoopKey, app: GitHubApp | None = None) -> None:
         _settle(store, Pace(store.redis).release(str(key)), app)
     except Exception:  # see above: the reconciler repairs it
         log.exception("lifecycle.pace_failed", loop=str(key))
+    try:  # the repository's merge slot too, if it held it: the gates waiting for it run
+        merge_slot.release(store.redis, LoopId.parse(str(key)))
+    except Exception:  # the slot lapses on its own (merge_slot.SLOT_SECONDS)
+        log.exception("lifecycle.merge_slot_failed", loop=str(key))
 
 
 def keep_pace(
@@ -505,7 +512,10 @@ class _Comments:
         if self.app is None:
             return None
         try:
-            return post_status(self.store, self.app.installation(record.installation_id), record)
+            # At once: ``post_waiting`` marks the place posted when this returns.
+            return post_status(
+                self.store, self.app.installation(record.installation_id), record, now=True
+            )
         except Exception as exc:  # noqa: BLE001 - see above
             log.warning("lifecycle.comment_failed", loop=record.key, error=str(exc)[:300])
             self.app = None

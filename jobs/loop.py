@@ -22,6 +22,7 @@ from bot.core.rules import turns as transitions
 from bot.core.text import messages, prompts
 from bot.io.github.client import IssueInfo
 from bot.io.github.failures import GitHubError, new_error_id, public_error
+from bot.io.github.pace import waited_here
 from bot.io.logs import get_logger
 from bot.io.store import FencedStore, LeaseLost
 from jobs import evidence, lifecycle, mcp, metric_loop, precall, setup_phase, triage
@@ -41,7 +42,7 @@ from jobs.sandbox.bwrap import Sandbox, SandboxUnavailable
 from jobs.section_audits import SectionAudits, _AllAudited, _SectionNext, resumed_outcome
 from jobs.setup_phase import SetupPhase
 from jobs.tools import ToolBox
-from jobs.worktree import Checkout, GitError, files_at
+from jobs.worktree import Checkout, GitError, files_at, has_file_named
 
 log = get_logger("loopbot.loop")
 
@@ -73,12 +74,17 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
             try:
                 return self._run(record)
             except (GitHubError, GitError, SandboxUnavailable, anthropic.APIError, OSError) as exc:
+                # The last turn's push first: reported if it landed, and its own failure
+                # (logged) not raised again by the error's end (``_finish`` waits for it).
+                self._settle_push()
                 return self._error(exc)
         except LeaseLost as exc:
             # Another worker may own the loop now: write nothing more, not even the error.
             self.log.warning("lease.lost", owner=lease.owner, error=str(exc))
             return LEASE_LOST
         finally:
+            self._settle_push()
+            self._checks_written()
             self.store = self.rt.store
             lease.release()
 
@@ -375,6 +381,7 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
                 return LEASE_LOST
             if DRAIN.is_set():
                 return self._handoff(failure)
+            self._pushed(wait=False)  # the last turn's push, if it has ended since verify
             record = self._record()
             issue = self.gh.issue(self.repo, self.issue_number)
             step = self._before_turn(record, issue, self.config.max_turns)
@@ -394,6 +401,9 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
                 turn=turn,
                 total=record.total_turns,  # ``turn`` starts over after a review round
                 messages=len(conversation),
+                # Seconds this job has waited for GitHub's pace so far (bench/fleet.py
+                # takes them out of loopbot's own overhead per turn).
+                github_wait=round(waited_here(), 3),
             )
             self.store.count("turns")
             self._status_comment()
@@ -467,11 +477,11 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
             if hidden:
                 self.store.event(self.key, "ignored_removed", turn=turn, paths=hidden[:50])
             self._restore_setup(ignored_before, turn)
-            self._commit_and_push(turn, outcome)
-            head = self.worktrees.head(self.checkout.path, self.checkout.mirror)
+            committed = self._commit_and_push(turn, outcome)
+            head = committed or self.worktrees.head(self.checkout.path, self.checkout.mirror)
             self._set(phase="verifying")
             verify = self._harness(self.config.verify)  # while the push runs
-            self._pushed()
+            self._pushed(wait=False)  # or at the next turn's start, or its commit
             if (problem := self.sandbox.worktree_problem()) is not None:
                 return self._over_limit(f"verify: {problem}")
             self._verify_tail = verify.output[-prompts.TAIL_CHARS :]
@@ -485,9 +495,9 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
                 "timed_out": verify.timed_out,
                 "sha": head,
             }
-            changed = self.worktrees.tree_changed(self.checkout)
+            changed = self.worktrees.tree_changed(self.checkout, head)
             tests = (
-                evidence.tests_changed(self.worktrees.files_with_added_lines(self.checkout))
+                evidence.tests_changed(self.worktrees.files_with_added_lines(self.checkout, head))
                 if changed
                 else []
             )
@@ -634,15 +644,27 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
         delivered yet, read from the default branch in the mirror (``checkout.base_sha``):
         never from the worktree, where the agent may have written its own."""
         checkout = self.checkout
-        if not self.worktrees.changed_since_base(checkout):
+        if not self._any_nested_guidance(checkout):
+            return []  # most repositories: no git for it, turn after turn
+        head = self.worktrees.head(checkout.path, checkout.mirror)
+        if not self.worktrees.changed_since_base(checkout, head):
             return []
-        changed = self.worktrees.changed_files(checkout)
+        changed = self.worktrees.changed_files(checkout, head)
         wanted = nested_guidance.candidates(changed)
         if not wanted:
             return []
         present = files_at(checkout.mirror, checkout.base_sha, wanted)
         new = [p for p in nested_guidance.nearest(changed, present) if p not in delivered]
         return nested_guidance.fit({p: present[p] for p in new})
+
+    def _any_nested_guidance(self, checkout: Checkout) -> bool:
+        """Whether the default branch (as this job checked it out) has an AGENTS.md below
+        its root at all: read once per base, from the mirror."""
+        known = self._nested_at.get(checkout.base_sha)
+        if known is None:
+            known = has_file_named(checkout.mirror, checkout.base_sha, nested_guidance.NAME)
+            self._nested_at = {checkout.base_sha: known}
+        return known
 
     def _delivered(self, news: _News, turn: int) -> None:
         """Record what the turn's prompt gave the agent, so no later prompt repeats it;

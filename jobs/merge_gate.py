@@ -11,11 +11,12 @@ while reading one goes to the retry path (``jobs.retries``) and ends in ``gate_e
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, assert_never
 
 from bot.core import repo_config
 from bot.core.ids import LoopId
-from bot.core.record import LoopRecord, Reason, Status
+from bot.core.record import TERMINAL, LoopRecord, Reason, Status
 from bot.core.rules.lifecycle import Guard, Requeue
 from bot.core.rules.merge import (
     AlreadyMerged,
@@ -28,9 +29,11 @@ from bot.core.rules.merge import (
     Refuse,
     Review,
     Wait,
+    WaitTurn,
     classify_checks,
     decide,
     fold_checks,
+    needs_slot,
     post_action_head,
     protected_changes,
 )
@@ -39,7 +42,7 @@ from bot.io.github.client import Installation, IssueInfo, PullInfo
 from bot.io.github.failures import Conflict
 from bot.io.logs import get_logger
 from bot.io.queues import enqueue_gate
-from jobs import lifecycle
+from jobs import lifecycle, merge_slot
 from jobs.retries import with_retries
 from jobs.runtime import Runtime, current, instrumented
 
@@ -64,7 +67,7 @@ def refuse_closed(rt: Runtime, gh: Installation, key: str, actor: str) -> str:
     record = rt.store.get(key)
     assert record is not None
     gate = Gate(rt, record.repo, record.issue)
-    with rt.store.lock(f"gate:{key}", timeout=120):
+    with rt.store.lock(f"gate:{key}", timeout=120, renew=True):
         fresh = rt.store.get(key)
         if fresh is None or fresh.status is Status.COMPLETED or fresh.pr_number is None:
             return "already completed"
@@ -103,7 +106,7 @@ class Gate:
 
     def _give_up(self, error: str, attempts: int) -> str:
         detail = messages.gave_up("merge gate", error, attempts)
-        with self.store.lock(f"gate:{self.key}", timeout=120):
+        with self.store.lock(f"gate:{self.key}", timeout=120, renew=True):
             updated = lifecycle.finish(
                 self.store,
                 self.key,
@@ -132,7 +135,7 @@ class Gate:
 
     def _run_once(self) -> str:
         store = self.store
-        with store.lock(f"gate:{self.key}", timeout=120):
+        with store.lock(f"gate:{self.key}", timeout=120, renew=True):
             record = store.get(self.key)
             if record is None or record.status != Status.MERGING or record.pr_number is None:
                 return "not waiting to merge"
@@ -147,8 +150,17 @@ class Gate:
                 if config.merge.require_checks
                 else None
             )
+            loop = LoopId(self.repo, self.issue)
+            # A holder of the repository's merge slot keeps it while its gate runs, whatever
+            # it decides (its new head's checks can take longer than the slot's time).
+            merge_slot.keep(self.rt.redis, loop)
             facts = self._facts(gh, record, config, issue, pull, required, now - since)
             decision = decide(facts)
+            if needs_slot(decision):
+                taken = self._take_slot(gh, loop, pull, facts, decision)
+                if taken is None:
+                    return MOVED_ON
+                decision, facts = taken
             table = receipt.rows(facts, ready_label=config.labels.of_kind(record.kind))
             store.event(
                 self.key,
@@ -158,8 +170,36 @@ class Gate:
                 required=sorted(required) if required is not None else "all",
                 head=pull.head_sha,
                 reviewed=record.reviewed_sha,
+                **({"holder": decision.holder} if isinstance(decision, WaitTurn) else {}),
             )
-            return self._act(gh, record, config, decision, table, issue, pull, since)
+            try:
+                return self._act(gh, record, config, decision, table, issue, pull, since)
+            finally:
+                after = store.get(self.key)
+                if after is None or after.status in TERMINAL:  # ended, however: let go
+                    merge_slot.release(self.rt.redis, loop)
+
+    def _take_slot(
+        self, gh: Installation, loop: LoopId, pull: PullInfo, facts: Facts, decision: Decision
+    ) -> tuple[Decision, Facts] | None:
+        """The repository's merge slot for ``decision`` (a merge, or catching up): while
+        another loop merges or catches up to merge, this one waits rather than race it
+        (jobs/merge_slot.py). None when the loop ended while its facts were read."""
+        other = merge_slot.take(self.rt.redis, loop)
+        if other is not None:
+            return WaitTurn(other), facts
+        # A cancel does not wait for the gate's lock: it may have ended the loop (and let
+        # go of nothing yet held) while the facts were read. An ended loop holds no slot.
+        current = self.store.get(self.key)
+        if current is None or current.status != Status.MERGING:
+            merge_slot.release(self.rt.redis, loop)
+            return None
+        if isinstance(decision, Merge):
+            # The slot's last holder may have merged after the facts were read: the head
+            # must contain the default branch as it is now, read again under the slot.
+            facts = replace(facts, **self._base(gh, pull.base_ref, pull.head_sha))
+            decision = decide(facts)
+        return decision, facts
 
     def _act(
         self,
@@ -217,18 +257,30 @@ class Gate:
                 lifecycle.requeue(self.store, self.key, Requeue.CONFLICTS, note=note)
                 self.store.event(self.key, "conflicts", base=pull.base_ref, why=why)
                 return "resolving conflicts"
+            case WaitTurn(holder=other):
+                # Woken when the slot's holder ends; the timer is only the fallback. The
+                # checks' clock does not run meanwhile. The status comment says it once:
+                # a wake-up that finds the slot taken again changes nothing people see
+                # (fifty loops' edits, every time one merges, would clog GitHub's line).
+                why = "another loop of this repository merges first"
+                if (record.phase, record.detail) != ("waiting_to_merge", why):
+                    waiting = self._set(phase="waiting_to_merge", detail=why)
+                    lifecycle.post_status(self.store, gh, waiting)
+                self._recheck_later(merge_slot.RECHECK_SECONDS)
+                return f"waiting: {why} ({other})"
             case Wait(why=why):
                 waiting = self._set(gate_since=since, phase="waiting_for_checks", detail=why)
-                # Webhooks wake the gate sooner; this timer is the fallback if one is lost.
-                # One timer per loop at a time, however often webhooks wake the gate.
-                if self.rt.redis.set(
-                    f"loopbot:gate-timer:{self.key}", "1", nx=True, ex=RECHECK_SECONDS - 5
-                ):
-                    enqueue_gate(self.rt.redis, self.repo, self.issue, after=RECHECK_SECONDS)
+                self._recheck_later()
                 lifecycle.post_status(self.store, gh, waiting)
                 return "waiting: " + why
             case _:
                 assert_never(decision)
+
+    def _recheck_later(self, after: int = RECHECK_SECONDS) -> None:
+        # Webhooks (or the merge slot let go) wake the gate sooner; this timer is the
+        # fallback if one is lost. One timer per loop at a time, however often it wakes.
+        if self.rt.redis.set(f"loopbot:gate-timer:{self.key}", "1", nx=True, ex=after - 5):
+            enqueue_gate(self.rt.redis, self.repo, self.issue, after=after)
 
     def _facts(
         self,

@@ -579,7 +579,7 @@ class _MetricLoop:
         r.worktrees.push(r.checkout, r.gh.token())
         r._set(head_sha=head)
         r.store.event(r.key, "pushed", turn=r._record().turn, sha=head)
-        r._check_run("in_progress", title=title, new_head=True)
+        r._check_run("in_progress", title=title, new_head=True, wait=False)
 
 
 def _append(row: rules.Row, head: str) -> Callable[[LoopRecord], None]:

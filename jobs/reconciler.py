@@ -46,7 +46,7 @@ from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
 from bot.io.pace import Pace
 from bot.io.queues import JobKind, fetch_job
-from jobs import lifecycle
+from jobs import lifecycle, merge_slot
 from jobs.dispatch import start_loop
 from jobs.runtime import Runtime
 from jobs.worktree import Worktrees
@@ -308,6 +308,21 @@ def _priority_label(text: str) -> str:
         return repo_config.DEFAULT_LABELS.priority
 
 
+def free_merge_slots(rt: Runtime) -> list[str]:
+    """Let go of the repositories' merge slots whose holders ended without letting go (a
+    record deleted, an end that could not reach Redis): their waiting gates run. A slot
+    lapses on its own too (jobs/merge_slot.py), but twenty minutes later."""
+    freed = []
+    for repo, key in merge_slot.held(rt.redis).items():
+        record = rt.store.get(key)
+        if record is None or record.status not in ACTIVE:
+            merge_slot.release(rt.redis, LoopId.parse(key))
+            freed.append(f"{repo}: {key}")
+    if freed:
+        log.info("reconciler.merge_slots_freed", slots=freed)
+    return freed
+
+
 def reap(rt: Runtime) -> list[str]:
     """Recycle (or remove) worktrees on this machine that no unfinished loop needs."""
     wt = Worktrees(rt.settings.data_dir)
@@ -354,6 +369,7 @@ class Reconciler(threading.Thread):
         self._step("pace", keep_pace)  # first: a queued loop without a slot joins the line
         self._step("resume", resume_lapsed)
         self._step("revive", revive_stranded)
+        self._step("merge slots", free_merge_slots)
         if time.time() - self._last_sweep >= self.rt.settings.sweep_interval:
             self._last_sweep = time.time()
             self._step("sweep", sweep)

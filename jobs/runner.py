@@ -26,6 +26,7 @@ from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
 from jobs import lifecycle
 from jobs.agent import Outcome, TurnAgent
+from jobs.check_runs import CheckRuns, Update
 from jobs.lease import Lease
 from jobs.runtime import Runtime
 from jobs.sandbox.bwrap import Result, Sandbox
@@ -52,6 +53,9 @@ class _Background:
             fn()
         except BaseException as exc:  # noqa: BLE001 - handed to join()
             self._error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
 
     def join(self) -> None:
         self._thread.join()
@@ -101,12 +105,13 @@ class RunnerBase(ABC):
         self.worktrees = Worktrees(rt.settings.data_dir)
         self._verify_tail = ""
         self.guidance = ""  # the repository's instructions (prompts.guidance), set at start
-        self._check_runs: dict[str, int] = {}  # head sha -> our check run there
+        self._checks: CheckRuns | None = None  # the loop's check runs, once it has a head
         self._push: tuple[_Background, int, str] | None = None
         # Milestones: the next prompt gives the current section's whole text (a new
         # section, or a new job on the conversation), else a one-line reminder.
         self._section_full = True
         self._review_guidance: str | None = None  # the reviewer's, read once per job
+        self._nested_at: dict[str, bool] = {}  # base sha -> has AGENTS.md below the root
 
     def _cancelled(self) -> bool:
         return self.lease.lost.is_set() or self.store.cancel_requested(self.key) is not None
@@ -114,6 +119,7 @@ class RunnerBase(ABC):
     def _over_limit(self, detail: str) -> str:
         """Stop for a resource limit, dropping what was not committed: committing it would
         make git read all of it, and a restart would meet it again."""
+        self._pushed()  # "every commit is pushed", below: the last turn's push has ended
         try:
             self.worktrees.discard_uncommitted(self.checkout)
         except GitError:
@@ -172,8 +178,22 @@ class RunnerBase(ABC):
         self.lease.check()  # a push is a write: not after the lease is gone
         token = self.gh.token()
         # Only git on the thread: GitHub calls stay on the job's thread and its client.
-        self._push = (_Background(lambda: self.worktrees.push(self.checkout, token)), turn, sha)
+        push = _Background(lambda: self.worktrees.push(self.checkout, token, sha))
+        self._push = (push, turn, sha)
         return sha
+
+    def _settle_push(self) -> None:
+        """When the job ends on an error (or any way but through ``_pushed()``): wait for
+        a push still running (the work horse exits after the job, which would cut it
+        off) and report it if it landed, so the record, the events and the check run
+        know the head GitHub has. Best effort: its own failure is logged, not raised,
+        since the job is already ending on something else."""
+        if self._push is None:
+            return
+        try:
+            self._pushed()
+        except Exception as exc:  # noqa: BLE001 - LeaseLost included: nothing more to write
+            log.warning("loop.push_unreported", loop=self.key, error=str(exc)[:200])
 
     def _keep_results_table(self) -> str | None:
         """A metric loop's ``loop-results.tsv`` is the harness's, written from the record:
@@ -194,16 +214,24 @@ class RunnerBase(ABC):
             self.store.event(self.key, "results_table_restored", sha=restored)
         return restored
 
-    def _pushed(self) -> None:
-        """Wait for the background push, then report it; its failure fails the turn."""
-        if self._push is None:
+    def _pushed(self, *, wait: bool = True) -> None:
+        """Wait for the background push, then report it; its failure fails the turn.
+
+        ``wait=False``: report it only if it has ended, else leave it running. After
+        verify the loop does not wait: a push to GitHub can take longer than a quick
+        verify, and the next turn does not need the remote branch. Its start reports a
+        push that ended meanwhile; its commit (and the pull request, a hand-over, the
+        loop's end) waits for one that has not.
+        """
+        if self._push is None or not (wait or self._push[0].done()):
             return
         (push, turn, sha), self._push = self._push, None
         push.join()
         self.lease.check()
         self._set(head_sha=sha)
         self.store.event(self.key, "pushed", turn=turn, sha=sha)
-        self._check_run("in_progress", title=f"turn {turn}: verified", new_head=True)
+        # Not waited for: with many loops, GitHub's line for writes is long (a minute).
+        self._check_run("in_progress", title=f"turn {turn}: verified", new_head=True, wait=False)
 
     def _blocking_findings(self, record: LoopRecord) -> list[dict[str, Any]]:
         return [f for f in record.findings if f.get("severity") == "sev1" and not f.get("resolved")]
@@ -292,23 +320,32 @@ class RunnerBase(ABC):
         conclusion: str | None = None,
         title: str = "",
         new_head: bool = False,
+        wait: bool = True,
     ) -> None:
+        """The loop's check run on the record's head. ``wait=False``: handed to the job's
+        check-run thread (jobs/check_runs.py), for a turn's new head ``in_progress``."""
         record = self._record()
         if not record.head_sha:
             return
-        summary = messages.status_line(record)
-        run = self.gh.upsert_check_run(
-            self.repo,
-            CHECK_NAME,
-            record.head_sha,
+        update = Update(
+            head_sha=record.head_sha,
             status=status,
             conclusion=conclusion,
             title=title or record.phase,
-            summary=summary,
-            known_id=self._check_runs.get(record.head_sha),
+            summary=messages.status_line(record),
             new_head=new_head,
         )
-        self._check_runs[record.head_sha] = run.id
+        if self._checks is None:
+            self._checks = CheckRuns(self.gh, self.repo, CHECK_NAME, self.lease.check, self.key)
+        if wait:
+            self._checks.send(update)
+        else:
+            self._checks.submit(update)
+
+    def _checks_written(self) -> None:
+        """Before the lease is given back: the check-run update handed over is written."""
+        if self._checks is not None:
+            self._checks.flush()
 
     # -- what the parts implement (jobs/loop.py and the modules beside it) ---------------
 

@@ -20,14 +20,17 @@ from redis import Redis
 from rq import get_current_job
 
 from bot.core import repo_config
+from bot.core.ids import LoopId
 from bot.core.repo_config import Ceilings, RepoConfig
 from bot.core.settings import Settings
 from bot.io.github.client import GitHubApp, Installation
-from bot.io.metrics import observe_job
+from bot.io.github.pace import waited_here
+from bot.io.metrics import observe_job, observe_pace
 from bot.io.store import Store
 from jobs.drain import sigterm_drains
 from jobs.gateway_openai import OpenAIUpstream
 from jobs.models import ModelCatalog
+from jobs.status_comment import publishing
 
 
 @dataclass
@@ -107,15 +110,25 @@ def instrumented(kind: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
         def run(*args: P.args, **kwargs: P.kwargs) -> R:
             job = get_current_job()
             context: dict[str, object] = {"job": job.id if job else None, "job_kind": kind}
+            loop = None
             if len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], int):
                 context |= {"repo": args[0], "issue": args[1]}
+                with contextlib.suppress(ValueError):  # never fails the job it measures
+                    loop = LoopId(args[0], args[1]).key
             started = time.monotonic()
-            with structlog.contextvars.bound_contextvars(**context), sigterm_drains():
+            paced = waited_here()
+            with (
+                structlog.contextvars.bound_contextvars(**context),
+                sigterm_drains(),
+                publishing(),
+            ):
                 try:
                     return fn(*args, **kwargs)
                 finally:
                     with contextlib.suppress(Exception):  # metrics never fail a job
-                        observe_job(current().redis, kind, time.monotonic() - started)
+                        redis = current().redis
+                        observe_job(redis, kind, time.monotonic() - started)
+                        observe_pace(redis, kind, loop, waited_here() - paced)
 
         return run
 

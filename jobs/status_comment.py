@@ -4,34 +4,199 @@ and redacts only what happened since the last one."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from bot.core.record import LoopRecord
 from bot.core.text import messages, sessionlog
 from bot.io.github.client import Installation
-from bot.io.store import FencedStore, LoopKey, Store
+from bot.io.logs import get_logger
+from bot.io.store import FencedStore, LeaseLost, LoopKey, Store
+
+log = get_logger("loopbot.status")
 
 
-def post_status(store: Store, gh: Installation, record: LoopRecord, tail: str = "") -> LoopRecord:
+def post_status(
+    store: Store, gh: Installation, record: LoopRecord, tail: str = "", *, now: bool = False
+) -> LoopRecord:
     """Edit the issue's one status comment to show ``record`` and the timeline of its
     events. The only writer of that comment: every status change and turn comes here.
 
     ``tail``: the last verify output, shown while the last verify failed.
+
+    Inside a job (``publishing``), an edit of a comment that exists is handed to this
+    process's publisher and the loop goes on: the edit waits for its slot in the
+    installation's pace there, and a newer one for the same comment replaces it while it
+    waits (the latest state wins). The job's end waits until its edits are sent.
+    ``now``: sent before this returns (raising as it fails), superseding any edit of the
+    comment still waiting: a loop's last state, another loop's place in line.
     """
     _fence(store)
+    publisher = _PUBLISHER if _ACTIVE else None
+    if publisher is not None and record.status_comment_id is not None and not now:
+        publisher.submit(_Edit(store, gh, record, tail))
+        return record
+    if publisher is not None:
+        publisher.discard(record.key)
+    return _send(store, gh, record, tail)
+
+
+def _send(store: Store, gh: Installation, record: LoopRecord, tail: str) -> LoopRecord:
     timeline = _timeline(store, record.key, gh.redact).render(messages.TIMELINE_LIMIT)
     body = messages.status_comment(
         record, "" if record.last_verify.get("passed") else tail, timeline_lines=timeline
     )
-    comment = gh.upsert_comment(
-        record.repo, record.issue, "status", body, known_id=record.status_comment_id
-    )
+    # The lease again, right before each request is sent (after the pace's waits): an
+    # edit may go long after it was asked for.
+    guard = gh.pace.guarded(lambda: _fence(store)) if gh.pace else contextlib.nullcontext()
+    with guard:
+        comment = gh.upsert_comment(
+            record.repo, record.issue, "status", body, known_id=record.status_comment_id
+        )
     if comment.id != record.status_comment_id:
         return store.set_fields(record.key, status_comment_id=comment.id)
     return record
+
+
+@dataclass
+class _Edit:
+    store: Store
+    gh: Installation
+    record: LoopRecord
+    tail: str
+
+    @property
+    def key(self) -> LoopKey:
+        return self.record.key
+
+
+class Publisher:
+    """This process's status-comment edits, sent one at a time by a thread.
+
+    An edit waits for its slot in the installation's pace as a yielding write: the loops'
+    own writes go first (``SharedPace.before``). While it waits, newer edits of the same
+    comment are merged into it; when its slot comes, it is built from the newest of them
+    and from what the loop's store says then, so one write carries the latest state.
+    """
+
+    def __init__(self) -> None:
+        self._pending: OrderedDict[LoopKey, _Edit] = OrderedDict()
+        self._failed: dict[LoopKey, _Edit] = {}  # the last edit of a loop, if it failed
+        self._busy = False
+        self._urgent = threading.Event()  # a flush is waiting: edits stop giving way
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def discard(self, key: LoopKey) -> None:
+        """Drop the edits of ``key`` still waiting (one sent at once supersedes them)."""
+        with self._cond:
+            self._pending.pop(key, None)
+            self._failed.pop(key, None)
+
+    def submit(self, edit: _Edit) -> None:
+        with self._cond:
+            self._failed.pop(edit.key, None)
+            self._pending.pop(edit.key, None)
+            self._pending[edit.key] = edit
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, daemon=True, name="loopbot-status-publisher"
+                )
+                self._thread.start()
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._busy = False
+                    self._cond.notify_all()
+                    self._cond.wait()
+                key, edit = self._pending.popitem(last=False)
+                self._busy = True
+            try:
+                self._send(edit)
+            except LeaseLost:
+                log.info("status.edit_dropped", loop=key, why="lease lost")
+            except Exception as exc:  # noqa: BLE001 - kept: a newer edit, or the flush, retries
+                log.warning("status.edit_failed", loop=key, error=str(exc)[:300])
+                with self._cond:
+                    if key not in self._pending:
+                        self._failed[key] = edit
+
+    def _send(self, edit: _Edit) -> None:
+        pace = edit.gh.pace
+        # Giving way until someone waits for the edits (a job's end, a lease given back).
+        with (
+            pace.ahead(yielding=lambda: not self._urgent.is_set())
+            if pace is not None
+            else contextlib.nullcontext()
+        ):
+            with self._cond:  # edits submitted while this one waited: the newest wins
+                newer = self._pending.pop(edit.key, None)
+                if newer is not None:
+                    if newer.record.status_comment_id == edit.record.status_comment_id:
+                        edit = newer
+                    else:  # another comment (made again meanwhile): its own turn
+                        self._pending[newer.key] = newer
+            _fence(edit.store)
+            record = edit.store.get(edit.key)
+            if record is None or record.status_comment_id != edit.record.status_comment_id:
+                record = edit.record
+            _send(edit.store, edit.gh, record, edit.tail)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every edit submitted is sent (or failed); False on a timeout."""
+        deadline = time.monotonic() + timeout
+        self._urgent.set()
+        try:
+            with self._cond:
+                while self._pending or self._busy:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._cond.wait(left)
+                failed, self._failed = self._failed, {}
+            for key, edit in failed.items():  # once more, in line: the state it lost
+                try:
+                    self._send(edit)
+                except Exception as exc:  # noqa: BLE001 - logged; the next job posts again
+                    log.warning("status.edit_lost", loop=key, error=str(exc)[:300])
+            return True
+        finally:
+            self._urgent.clear()
+
+
+_PUBLISHER: Publisher | None = None
+_ACTIVE = 0  # jobs running in this process inside ``publishing``
+
+
+def flush(timeout: float = 300.0) -> None:
+    """Wait (up to ``timeout``) until this process's status edits are sent: a loop does
+    so before it gives its lease back, since an edit sent after that is fenced off."""
+    if _PUBLISHER is not None and not _PUBLISHER.flush(timeout):
+        log.warning("status.flush_timed_out", timeout=timeout)
+
+
+@contextlib.contextmanager
+def publishing(timeout: float = 300.0) -> Iterator[None]:
+    """For the body (a job), status edits go through this process's publisher; at its
+    end, wait (up to ``timeout``) until they are sent."""
+    global _PUBLISHER, _ACTIVE
+    if _PUBLISHER is None:
+        _PUBLISHER = Publisher()
+    _ACTIVE += 1
+    try:
+        yield
+    finally:
+        _ACTIVE -= 1
+        if not _PUBLISHER.flush(timeout):
+            log.warning("status.flush_timed_out", timeout=timeout)
 
 
 EVENTS_PAGE = 1000

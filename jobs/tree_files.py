@@ -100,9 +100,10 @@ class TreeFiles:
         what verify sees but a commit never carries (dependencies, build output,
         caches). The change time and inode, not the modification time: the agent can set
         a file's mtime (``touch -r``) but not its ctime, which any write or ``utime``
-        moves to now."""
+        moves to now. Without the mirror's lock, as ``untracked``: it reads only this
+        worktree and its index (at a turn's start the last turn's push may be running)."""
         path = checkout.path
-        with self._tree(checkout):
+        with self._tree(checkout, lock=False):
             listed = self._others(checkout, "--ignored")
         found: dict[str, FileState] = {}
         for rel in listed:

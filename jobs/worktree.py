@@ -49,6 +49,7 @@ from jobs.git import (
     defuse_tree,
     files_at,
     git,
+    has_file_named,
     mirror_lock,
 )
 from jobs.tree_files import LEFTOVERS, TreeFiles
@@ -74,6 +75,11 @@ def _neutral_attributes(mirror: Path) -> None:
 class Worktrees(TreeFiles):
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
+        # merge-base of two commits, by their shas: a fact that never changes, asked
+        # for several times a turn (the diff's start for the tests check, the nested
+        # guidance, "did the tree change"). One git process saved is a fork saved.
+        self._merge_bases: dict[tuple[str, str, str], str] = {}
+        self._urls: dict[Path, str] = {}  # each mirror's remote, as sync_mirror set it
 
     def mirror_path(self, repo: str) -> Path:
         owner, name = repo.split("/")
@@ -95,6 +101,7 @@ class Worktrees(TreeFiles):
                 git(mirror, "config", "gc.auto", "0")  # gc would stall a loop; run it apart
             else:
                 git(mirror, "remote", "set-url", "origin", clone_url)
+            self._urls[mirror] = clone_url
             _neutral_attributes(mirror)
             git(mirror, "fetch", "--prune", "--no-tags", "-q", "origin", token=token)
         return mirror
@@ -303,28 +310,37 @@ class Worktrees(TreeFiles):
             self._git(path, mirror, "reset", "-q", "--hard")
             self._git(path, mirror, "clean", "-q", "-ffdx")
 
-    def changed_since_base(self, checkout: Checkout) -> bool:
-        return self.head(checkout.path, checkout.mirror) != checkout.base_sha
+    def changed_since_base(self, checkout: Checkout, head: str | None = None) -> bool:
+        return (head or self.head(checkout.path, checkout.mirror)) != checkout.base_sha
 
-    def fork_point(self, checkout: Checkout) -> str:
+    def fork_point(self, checkout: Checkout, head: str | None = None) -> str:
         """Where the branch's diff starts, as the pull request shows it: the merge base of
-        its head and the default branch (the default branch after a merge of it)."""
-        head = self.head(checkout.path, checkout.mirror)
+        its head and the default branch (the default branch after a merge of it).
+        ``head``: the branch's head when the caller has just read it."""
+        head = head or self.head(checkout.path, checkout.mirror)
+        key = (str(checkout.mirror), checkout.base_sha, head)
+        if (known := self._merge_bases.get(key)) is not None:
+            return known
         out = git(checkout.mirror, "merge-base", checkout.base_sha, head, check=False).strip()
+        if out:  # no merge base (unrelated histories) is not a fact worth keeping
+            if len(self._merge_bases) >= 256:
+                self._merge_bases.clear()
+            self._merge_bases[key] = out
         return out or checkout.base_sha
 
-    def tree_changed(self, checkout: Checkout) -> bool:
+    def tree_changed(self, checkout: Checkout, head: str | None = None) -> bool:
         """Whether the committed tree differs from the base's: commits that add up to no
         change (an edit and its revert) are no change. Called after ``commit_all``, so
         the commit holds everything the agent left."""
-        head = self.head(checkout.path, checkout.mirror)
-        base = self.fork_point(checkout)
+        head = head or self.head(checkout.path, checkout.mirror)
+        base = self.fork_point(checkout, head)
         trees = git(checkout.mirror, "rev-parse", f"{head}^{{tree}}", f"{base}^{{tree}}")
         ours, theirs = trees.split()
         return ours != theirs
 
-    def changed_files(self, checkout: Checkout) -> list[str]:
+    def changed_files(self, checkout: Checkout, head: str | None = None) -> list[str]:
         """Files the branch adds or changes against its fork point (deletions left out)."""
+        head = head or self.head(checkout.path, checkout.mirror)
         out = git(
             checkout.mirror,
             "diff",
@@ -334,14 +350,15 @@ class Worktrees(TreeFiles):
             "--name-only",
             "--diff-filter=d",
             "-z",
-            self.fork_point(checkout),
-            self.head(checkout.path, checkout.mirror),
+            self.fork_point(checkout, head),
+            head,
         )
         return [p for p in out.split("\0") if p]
 
-    def files_with_added_lines(self, checkout: Checkout) -> list[str]:
+    def files_with_added_lines(self, checkout: Checkout, head: str | None = None) -> list[str]:
         """Files where the branch adds at least one non-blank line against its fork point:
         an empty or whitespace-only test file captures nothing."""
+        head = head or self.head(checkout.path, checkout.mirror)
         out = git(
             checkout.mirror,
             "diff",
@@ -352,8 +369,8 @@ class Worktrees(TreeFiles):
             "--ignore-blank-lines",
             "--ignore-all-space",
             "-z",
-            self.fork_point(checkout),
-            self.head(checkout.path, checkout.mirror),
+            self.fork_point(checkout, head),
+            head,
         )
         found = []
         for item in (p for p in out.split("\0") if p):
@@ -507,19 +524,22 @@ class Worktrees(TreeFiles):
             self._git(path, mirror, "commit", "-q", "--no-verify", "-m", message, "--", name)
             return self.head(path, mirror)
 
-    def push(self, checkout: Checkout, token: str) -> str:
-        """Push the loop branch from the mirror (fast-forward only: never clobber others)."""
+    def push(self, checkout: Checkout, token: str, sha: str | None = None) -> str:
+        """Push the loop branch's head (``sha`` when the caller knows it) from the mirror,
+        fast-forward only: never clobber others.
+
+        The transfer (seconds, against GitHub) runs without the mirror's lock, which every
+        other loop of the repository needs for its commits: it names the commit and the
+        URL, not a ref and the remote, so git only reads objects here and writes no ref
+        (a push to a named remote would update its remote-tracking ref). That ref is
+        written after, under the lock.
+        """
         mirror, branch = checkout.mirror, checkout.branch
-        with mirror_lock(mirror):
+        if sha is None:
             sha = git(mirror, "rev-parse", f"refs/heads/{branch}").strip()
-            git(
-                mirror,
-                "push",
-                "-q",
-                "origin",
-                f"refs/heads/{branch}:refs/heads/{branch}",
-                token=token,
-            )
+        url = self._urls.get(mirror) or git(mirror, "config", "--get", "remote.origin.url")
+        git(mirror, "push", "-q", url.strip(), f"{sha}:refs/heads/{branch}", token=token)
+        with mirror_lock(mirror):
             git(mirror, "update-ref", f"refs/remotes/origin/{branch}", sha)
         return sha
 
@@ -582,5 +602,6 @@ __all__ = [
     "defuse_tree",
     "files_at",
     "git",
+    "has_file_named",
     "mirror_lock",
 ]

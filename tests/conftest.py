@@ -126,16 +126,25 @@ class Web:
         return self.url + "/webhook"
 
 
-@pytest.fixture
-def web(settings: Settings, redis: Redis, github: GitHubServer) -> Iterator[Web]:
-    """The real Flask app on a real port; the local GitHub sends its webhooks here."""
-    server = make_server("127.0.0.1", 0, create_app(settings, redis), threaded=True)
+@contextlib.contextmanager
+def serve_web(app: Any, github: GitHubServer) -> Iterator[Web]:
+    """``app`` on a real port, the local GitHub sending its webhooks there."""
+    server = make_server("127.0.0.1", 0, app, threaded=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     w = Web(f"http://127.0.0.1:{server.server_port}")
     github.webhook_url = w.webhook_url
-    yield w
-    server.shutdown()
-    server.server_close()
+    try:
+        yield w
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def web(settings: Settings, redis: Redis, github: GitHubServer) -> Iterator[Web]:
+    """The real Flask app on a real port; the local GitHub sends its webhooks here."""
+    with serve_web(create_app(settings, redis), github) as w:
+        yield w
 
 
 def run_worker(redis: Redis, *, fork: bool = False) -> None:

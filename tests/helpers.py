@@ -10,6 +10,7 @@ from redis import Redis
 from bot.core.rules.merge import Facts, classify_checks
 from bot.core.settings import Settings, load_settings
 from bot.io.queues import CONTROL_QUEUE, LOOP_QUEUE
+from bot.standins import anthropic as m
 from bot.standins.github import GitHubServer
 
 REPO = "acme/widgets"
@@ -209,3 +210,36 @@ def billed(model: str, calls: int, input_tokens: int, output_tokens: int) -> flo
     used = Used()
     used.input_tokens, used.output_tokens = input_tokens, output_tokens  # type: ignore[attr-defined]
     return calls * usage_from(model, used).cost_usd
+
+
+def reply_between_turns(body: dict[str, Any]) -> m.Item | None:
+    """The model's answer a scripted loop gives the same way every time: the critic
+    approves (a structured request), and after a tool's result the agent says it is done.
+    None: a turn's first call, which the test scripts."""
+    if (body.get("output_config") or {}).get("format"):
+        return m.structured({"verdict": "approve", "summary": "Fine.", "findings": []})
+    last = body["messages"][-1]["content"]
+    if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
+        return m.text("Fixed add.")
+    return None
+
+
+def started_loop(
+    github: GitHubServer, redis: Redis, env: dict[str, str], yml: str, **extra: str
+) -> int:
+    """The sample repository with ``yml``, an issue a writer labelled, and its loop
+    enqueued directly (webhooks off, so the test runs the job itself); ``extra``: more
+    worker settings. Installs the worker's runtime; returns the issue's number."""
+    from bot.core import repo_config
+    from jobs import runtime as runtime_mod
+    from jobs.dispatch import start_loop
+    from jobs.runtime import Runtime
+
+    settings = load_settings({**env, **extra}, role="worker")
+    rt = runtime_mod.install(Runtime(settings, redis))
+    iid = sample_repo(github, loop_yml=yml)
+    github.webhooks_enabled = False
+    n = open_issue(github)
+    label(github, "writer", n)
+    start_loop(rt, REPO, n, iid, "writer", repo_config.parse(yml))
+    return n

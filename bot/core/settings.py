@@ -21,11 +21,19 @@ from pathlib import Path
 from typing import Literal
 
 from dotenv import dotenv_values
-from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    AnyHttpUrl,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bot.core.models import DEFAULT_MODEL, Effort, rank
-from bot.core.redis_url import check_url
+from bot.core.redis_url import DEFAULT_URL, effective_url, parse_hosts
 
 Role = Literal["web", "worker", "cli"]
 _MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}$")
@@ -42,8 +50,14 @@ class SettingsError(Exception):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 
+    # Redis Sentinel (bot/core/redis_url.py): the sentinels' HOST:PORT list and the master's
+    # name. Declared before redis_url, whose validator folds them into it.
+    redis_sentinels: str = Field("", alias="REDIS_SENTINELS")
+    redis_sentinel_master: str | None = Field(None, alias="REDIS_SENTINEL_MASTER")
     # May carry a password: kept out of repr(), shown only through bot.core.redis_url.mask_url.
-    redis_url: str = Field("redis://localhost:6379/0", alias="REDIS_URL", repr=False)
+    # The URL every process connects to: REDIS_URL as given or, with REDIS_SENTINELS, the
+    # redis+sentinel:// URL made of them (REDIS_URL then gives only the password and db).
+    redis_url: str = Field(DEFAULT_URL, alias="REDIS_URL", repr=False, validate_default=True)
     github_app_id: int = Field(alias="GITHUB_APP_ID", gt=0)
     github_private_key: SecretStr | None = Field(None, alias="GITHUB_PRIVATE_KEY")
     github_private_key_path: Path | None = Field(None, alias="GITHUB_PRIVATE_KEY_PATH")
@@ -56,6 +70,11 @@ class Settings(BaseSettings):
     # Seconds between two writes of one installation, across every worker (GitHub asks
     # for at least one between content-creating requests; bot/io/github/pace.py).
     github_write_gap: float = Field(1.0, alias="LOOPBOT_GITHUB_WRITE_GAP", ge=0, le=60)
+    # Requests of one installation in flight at once, across every worker (GitHub
+    # refuses more than 100 concurrent requests, REST and GraphQL together).
+    github_max_concurrent: int = Field(20, alias="LOOPBOT_GITHUB_MAX_CONCURRENT", ge=1, le=100)
+    # Longest wait for a write's turn in its installation's line before its job fails.
+    github_max_queue_wait: float = Field(1800.0, alias="LOOPBOT_GITHUB_MAX_QUEUE_WAIT", ge=0)
     anthropic_api_key: SecretStr | None = Field(None, alias="ANTHROPIC_API_KEY")
     anthropic_base_url: AnyHttpUrl | None = Field(None, alias="ANTHROPIC_BASE_URL")
     # The codex backend's model API (OpenAI's Responses API), used only by the worker's
@@ -138,11 +157,24 @@ class Settings(BaseSettings):
     # ceiling of each loop.yml's max_parallel; more wait in line.
     max_parallel: int = Field(20, alias="LOOPBOT_MAX_PARALLEL", ge=1)
 
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinel_hosts(cls, v: str) -> str:
+        if v.strip():
+            parse_hosts(v)
+        return v
+
     @field_validator("redis_url")
     @classmethod
-    def _redis_url_usable(cls, v: str) -> str:
-        check_url(v)  # its message never contains the password
-        return v
+    def _redis_url_usable(cls, v: str, info: ValidationInfo) -> str:
+        if "redis_sentinels" not in info.data:
+            return v  # REDIS_SENTINELS is malformed: that is the error to show
+        env = {
+            "REDIS_URL": v,
+            "REDIS_SENTINELS": info.data["redis_sentinels"],
+            "REDIS_SENTINEL_MASTER": info.data.get("redis_sentinel_master") or "",
+        }
+        return effective_url(env)  # its messages never contain the password
 
     @field_validator("effort", mode="before")
     @classmethod

@@ -44,6 +44,28 @@ def observe_job(redis: Any, kind: str, seconds: float) -> None:
     pipe.execute()
 
 
+_PACE_KEY = "loopbot:metrics:github-pace"  # job kind -> seconds waited for GitHub's pace
+_PACE_LOOP = "loopbot:github-paced:"  # + loop key: seconds its jobs waited (kept a week)
+
+
+def observe_pace(redis: Any, kind: str, loop: str | None, seconds: float) -> None:
+    """Record how long one job waited for GitHub's pace (bot/io/github/pace.py), in all
+    and for its loop."""
+    if seconds <= 0:
+        return
+    pipe = redis.pipeline()
+    pipe.hincrbyfloat(_PACE_KEY, kind, seconds)
+    if loop is not None:
+        pipe.incrbyfloat(_PACE_LOOP + loop, seconds)
+        pipe.expire(_PACE_LOOP + loop, 7 * 86400)
+    pipe.execute()
+
+
+def paced_seconds(redis: Any, loop: str) -> float:
+    """How long the jobs of ``loop`` have waited for GitHub's pace."""
+    return float(redis.get(_PACE_LOOP + loop) or 0.0)
+
+
 # The order of the token counts in a summary (see bot.core.record.summarize).
 TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
 
@@ -104,6 +126,14 @@ class RedisCollector(Collector):
             ]
             hist.add_metric([kind], buckets, data.get("sum", 0.0))
         yield hist
+        paced = CounterMetricFamily(
+            "loopbot_github_pace_wait_seconds",
+            "Time jobs waited for GitHub's pace (write slots, pauses, places in flight)",
+            labels=["job"],
+        )
+        for kind, seconds in sorted(self.redis.hgetall(_PACE_KEY).items()):
+            paced.add_metric([kind.decode()], float(seconds))
+        yield paced
 
 
 def render(redis: Any) -> bytes:

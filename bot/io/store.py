@@ -15,19 +15,22 @@ Keys (all under ``loopbot:``):
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from redis import Redis
-from redis.exceptions import WatchError
+from redis.exceptions import LockError, LockNotOwnedError, WatchError
 
 from bot.core.formats import RECORD_FORMAT, check_record_format
 from bot.core.ids import LoopId
 from bot.core.record import ACTIVE, LoopRecord, Status, summarize
 from bot.core.rules.budget import alive_until
+from bot.io.logs import get_logger
 
+log = get_logger("loopbot.store")
 P = "loopbot:"
 GLOBAL_EVENTS_MAXLEN = 50_000
 LOOP_EVENTS_MAXLEN = 5_000
@@ -366,10 +369,38 @@ class Store:
         return [json.loads(x) for x in raw]
 
     @contextmanager
-    def lock(self, name: str, timeout: float = 30) -> Iterator[None]:
-        """A short Redis lock for a start/restart decision across processes."""
-        with self.redis.lock(P + "lock:" + name, timeout=timeout, blocking_timeout=timeout):
+    def lock(self, name: str, timeout: float = 30, *, renew: bool = False) -> Iterator[None]:
+        """A Redis lock for a decision across processes, lapsing ``timeout`` after its
+        holder died. ``renew``: kept for as long as the body runs, however long (the
+        gate's, whose GitHub calls can wait minutes for the installation's pace)."""
+        # thread_local=False: the renewing thread must see the token the holder took.
+        lock = self.redis.lock(
+            P + "lock:" + name, timeout=timeout, blocking_timeout=timeout, thread_local=False
+        )
+        if not lock.acquire():
+            raise LockError(f"could not take the lock {name} within {timeout:.0f} s")
+        stop = threading.Event()
+        if renew:
+
+            def keep() -> None:
+                while not stop.wait(timeout / 3):
+                    try:
+                        lock.reacquire()
+                    except Exception as exc:  # noqa: BLE001 - lost (a failover): logged
+                        log.warning("store.lock_renew_failed", lock=name, error=str(exc)[:200])
+                        return
+
+            threading.Thread(target=keep, daemon=True, name=f"lock-{name}").start()
+        try:
             yield
+        finally:
+            stop.set()
+            try:
+                lock.release()
+            except LockNotOwnedError:
+                # It lapsed while held (a Redis restart or failover lost it): what the body
+                # did stands; the next holder finds the state it left.
+                log.warning("store.lock_lapsed", lock=name)
 
 
 class FencedStore(Store):

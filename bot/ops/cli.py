@@ -103,7 +103,16 @@ def _run_worker(
     # On SIGTERM a running loop hands itself over instead of waiting to be killed. The
     # worker decodes only JSON and runs only loopbot's own job functions (bot.io.queues).
     worker = make_worker(queues, redis, DrainingWorker)
+    _preload()  # once here, not again in every job's fork (bot/io/preload.py)
     worker.work(burst=burst, with_scheduler=scheduler, logging_level="WARNING")
+
+
+def _preload() -> None:
+    from bot.io.preload import preload
+
+    missing = preload()
+    if missing:  # a githubkit that renamed an endpoint: jobs import what they need
+        log.warning("worker.preload_missing", endpoints=missing)
 
 
 def _control_lane(env: dict[str, str]) -> None:
@@ -122,8 +131,18 @@ def _control_lane(env: dict[str, str]) -> None:
     help="also run a worker only for control commands, so /loop-cancel is "
     "handled while this worker runs a long loop",
 )
-def worker(burst: bool, control_lane: bool) -> None:
-    """Run an RQ worker on loopbot's queues, with its scheduler."""
+@click.option(
+    "--loops",
+    type=click.IntRange(min=1, max=500),
+    default=1,
+    show_default=True,
+    envvar="LOOPBOT_WORKER_LOOPS",
+    show_envvar=True,
+    help="loops this machine runs at once: one worker process per loop slot, "
+    "under one supervisor, with one control lane",
+)
+def worker(burst: bool, control_lane: bool, loops: int) -> None:
+    """Run RQ workers on loopbot's queues, with the scheduler and the reconciler."""
     settings = _settings("worker")
     check_at_startup(settings.redis_url, "loopbot worker", wait=30)
     from jobs.sandbox.bwrap import availability_problem
@@ -132,6 +151,8 @@ def worker(burst: bool, control_lane: bool) -> None:
     if problem:
         click.echo(f"loopbot worker: {problem}", err=True)
         raise SystemExit(2)
+    if loops > 1:
+        raise SystemExit(_supervise(settings, loops, burst=burst, control_lane=control_lane))
     lane = None
     if control_lane and not burst:
         ctx = multiprocessing.get_context("spawn")
@@ -148,12 +169,44 @@ def worker(burst: bool, control_lane: bool) -> None:
             lane.join(10)
 
 
+def _supervise(settings: Settings, loops: int, *, burst: bool, control_lane: bool) -> int:
+    """``--loops N``: N loop slots (slot 0 with the scheduler and the reconciler) and the
+    control lane, forked from this process once the job code is imported."""
+    import functools
+
+    import jobs.entry  # noqa: F401 - imported once here, shared by every forked slot
+    from bot.ops.supervisor import Child, Supervisor
+
+    _preload()  # before the slots fork: each starts with it done, and shares its pages
+
+    def slot(index: int) -> None:
+        _run_worker(
+            settings, list(ALL_QUEUES), burst=burst, scheduler=index == 0, reconcile=index == 0
+        )
+
+    children = [Child(f"loopbot-slot-{i}", functools.partial(slot, i)) for i in range(loops)]
+    if control_lane and not burst:
+        lane = functools.partial(
+            _run_worker, settings, list(CONTROL_QUEUES), burst=False, scheduler=False
+        )
+        children.append(Child("loopbot-control-lane", lane))
+    log.info("worker.start", queues=list(ALL_QUEUES), burst=burst, loops=loops)
+    return Supervisor(children, restart=not burst).run()
+
+
 # -- operator tools ---------------------------------------------------------------------
 
 
 def _redis_only() -> Any:
-    """Status, events and cancel need only Redis, not the App's credentials."""
-    url = environment().get("REDIS_URL", "redis://localhost:6379/0")
+    """Status, events and cancel need only Redis, not the App's credentials: REDIS_URL,
+    or REDIS_SENTINELS and REDIS_SENTINEL_MASTER (read as settings read them)."""
+    from bot.core.redis_url import effective_url
+
+    try:
+        url = effective_url(environment())
+    except ValueError as exc:  # its message names the variable, never a password
+        click.echo(f"loopbot: cannot read Redis: {exc}", err=True)
+        raise SystemExit(2) from None
     try:
         check(url, timeout=5)
     except RedisProblem as exc:

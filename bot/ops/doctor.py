@@ -16,7 +16,7 @@ import anthropic
 
 from bot.core import repo_config
 from bot.core.models import EFFORTS, ModelSpec, standing, thinking_params
-from bot.core.redis_url import mask_url, scrub
+from bot.core.redis_url import effective_url, is_sentinel, mask_url, scrub
 from bot.core.repo_config import Ceilings
 from bot.core.settings import (
     Settings,
@@ -25,7 +25,7 @@ from bot.core.settings import (
     environment,
     load_settings,
 )
-from bot.io.redis import connect
+from bot.io.redis import connect, sentinel_view
 
 if TYPE_CHECKING:
     from jobs.models import ModelCatalog
@@ -84,8 +84,14 @@ def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
         bwrap = Check("bubblewrap", True, "missing; LOOPBOT_ALLOW_UNSANDBOXED=true (no sandbox!)")
     checks.append(bwrap)
     if settings is None:
-        # Redis needs only REDIS_URL: still worth knowing while other settings are missing.
-        checks.append(_redis_url(source.get("REDIS_URL", "redis://localhost:6379/0")))
+        # Redis needs only REDIS_URL (or REDIS_SENTINELS): still worth knowing while other
+        # settings are missing.
+        try:
+            url = effective_url(source)
+        except ValueError as exc:  # names the variables; never a password
+            checks.append(Check("redis", False, str(exc), "see README, Configure"))
+            return checks
+        checks.append(_redis_url(url))
         return checks
     checks.append(_redis_url(settings.redis_url))
     checks.append(_github(settings))
@@ -358,23 +364,39 @@ def _tool(name: str, argv: list[str], fix: str) -> Check:
 
 def _redis_url(url: str) -> Check:
     shown = mask_url(url)  # never the password
+    sentinel = is_sentinel(url)
     try:
         conn = connect(url, retries=0, timeout=2)
         info = conn.info("server")
+        view = sentinel_view(conn) if sentinel else None
     except Exception as exc:  # noqa: BLE001 - any failure is reported as the check's answer
         return Check(
             "redis",
             False,
             f"{shown}: {scrub(str(exc), url)}",
-            "start redis-server, or set REDIS_URL",
+            "check REDIS_SENTINELS, REDIS_SENTINEL_MASTER and the sentinels"
+            if sentinel
+            else "start redis-server, or set REDIS_URL",
         )
     answers = f"{shown} answers (Redis {info['redis_version']})"
+    if view is not None:
+        master, replicas, sentinels = view
+        answers += f"; master {master}, {replicas} replica(s), {sentinels} sentinel(s)"
     try:
         aof = int(conn.info("persistence").get("aof_enabled", 0))
         save = conn.config_get("save").get("save", "")
     except Exception:  # noqa: BLE001 - managed Redis often forbids CONFIG: cannot tell
         return Check("redis", True, answers + "; persistence unknown (CONFIG not allowed)")
-    return redis_persistence(answers, bool(aof), str(save))
+    check = redis_persistence(answers, bool(aof), str(save))
+    if view is not None and view[1] == 0 and check.ok:
+        return Check(
+            "redis",
+            True,
+            check.detail + "; no replica in sync: a failover would have nothing to promote",
+            "start a replica (replicaof the master); see README, Redis Sentinel",
+            warn=True,
+        )
+    return check
 
 
 def redis_persistence(answers: str, aof: bool, save: str) -> Check:

@@ -530,9 +530,13 @@ def test_a_deep_tree_sparse_files_and_inode_floods_are_charged(
         assert deep.passed or deep.over_limit is not None, deep.output
         box.adopt()  # walks without a RecursionError
         assert "deeper than" in (box.worktree_problem() or "")
-        removed = box.run("rm -rf d")
-        assert removed.passed, removed.output  # says why, if a loaded machine ever fails it
-        assert box.worktree_problem() is None
+        # On a loaded machine the watchdog's first look can come before rm is done, see
+        # the tree still too deep and stop it: each try removes part of it.
+        for _ in range(5):
+            removed = box.run("rm -rf d")
+            if removed.passed or box.worktree_problem() is None:
+                break
+        assert box.worktree_problem() is None, removed.output
         sparse = box.run("for i in 1 2 3; do truncate -s 30M sparse$i; done")
         assert sparse.passed
         assert box.worktree_problem() is not None  # 90 MiB apparent, a few KiB on disk

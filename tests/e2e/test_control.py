@@ -10,7 +10,6 @@ import pytest
 from redis import Redis
 from rq.job import JobStatus
 
-from bot.core import repo_config
 from bot.core.ids import LoopId
 from bot.core.record import Status
 from bot.core.settings import load_settings
@@ -26,7 +25,7 @@ from jobs import runtime as runtime_mod
 from jobs.reconciler import resume_lapsed, sweep
 from jobs.runtime import Runtime
 from tests.conftest import Web, run_control_jobs, wait_for
-from tests.helpers import REPO, comment, label, open_issue, sample_repo
+from tests.helpers import REPO, comment, label, open_issue, sample_repo, started_loop
 
 KEY = f"{REPO}#1"
 YML = (
@@ -342,16 +341,9 @@ def test_lapsed_lease_is_resumed_then_stalled_after_the_limit(
 def test_a_worker_that_lost_its_lease_leaves_the_loop_alone(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, env: dict[str, str]
 ) -> None:
-    from jobs.dispatch import start_loop
     from jobs.loop import LEASE_LOST, run_loop
 
-    settings = load_settings({**env, "LOOPBOT_LEASE_TTL": "3"}, role="worker")
-    rt = runtime_mod.install(Runtime(settings, redis))
-    iid = sample_repo(github, loop_yml=YML)
-    github.webhooks_enabled = False
-    n = open_issue(github)
-    label(github, "writer", n)
-    start_loop(rt, REPO, n, iid, "writer", repo_config.parse(YML))
+    n = started_loop(github, redis, env, YML, LOOPBOT_LEASE_TTL="3")
 
     def presumed_dead(body: dict[str, Any]) -> m.Item:
         # The reconciler gave the loop to another worker while this one was slow.

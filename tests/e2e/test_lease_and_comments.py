@@ -19,18 +19,15 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
-from bot.core import repo_config
 from bot.core.record import Status
-from bot.core.settings import load_settings
 from bot.io.github import failures
 from bot.io.store import LeaseLost, Store
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
-from jobs import runtime as runtime_mod
-from jobs.runtime import Runtime
+from jobs import status_comment
 from tests.conftest import Web
-from tests.helpers import REPO, label, open_issue, sample_repo
+from tests.helpers import REPO, started_loop
 
 KEY = f"{REPO}#1"
 YML = """\
@@ -110,16 +107,7 @@ def test_a_fenced_record_write_needs_the_lease_in_redis(redis: Redis) -> None:
 
 
 def _start(github: GitHubServer, redis: Redis, env: dict[str, str], **extra: str) -> int:
-    from jobs.dispatch import start_loop
-
-    settings = load_settings({**env, "LOOPBOT_LEASE_TTL": "2", **extra}, role="worker")
-    rt = runtime_mod.install(Runtime(settings, redis))
-    iid = sample_repo(github, loop_yml=YML)
-    github.webhooks_enabled = False
-    n = open_issue(github)
-    label(github, "writer", n)
-    start_loop(rt, REPO, n, iid, "writer", repo_config.parse(YML))
-    return n
+    return started_loop(github, redis, env, YML, **{"LOOPBOT_LEASE_TTL": "2", **extra})
 
 
 def _snapshot(redis: Redis, github: GitHubServer) -> dict[str, Any]:
@@ -175,7 +163,10 @@ def test_a_loop_that_lost_its_lease_mid_turn_writes_nothing_more(
         reply = next(replies, None)
         if reply is not None:
             return reply
-        # The fix is made in the worktree; the turn's last answer comes late.
+        # The fix is made in the worktree; the turn's last answer comes late. The status
+        # edits the loop asked for while it held the lease have gone out first (they are
+        # sent by this process's publisher thread, jobs/status_comment.py).
+        assert status_comment._PUBLISHER is not None and status_comment._PUBLISHER.flush(10)
         if how == "renewals_fail":
             partitioned.set()  # this worker can no longer reach Redis for its lease...
             time.sleep(2.6)  # ...for longer than the TTL (2s): Redis lets the lease lapse

@@ -300,6 +300,50 @@ def test_two_loops_on_one_file_the_second_resolves_the_conflict_then_merges(
     assert any("`README.md`" in p and "conflict markers" in p for p in prompts)
 
 
+def test_loops_of_one_repository_take_turns_to_catch_up_and_all_merge(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """Three loops of one repository reach the gate together; each merge moves main. With
+    one catch-up allowed (``max_fix_turns: 1``), a loop sent back to merge main in while
+    another was doing the same would lose the race and be refused. The repository's
+    merge slot makes them take turns: a loop catches up only when no other loop is
+    merging or catching up, so every loop merges, catching up at most once."""
+
+    def agent(body: dict[str, Any]) -> m.Item:
+        if is_critic(body):
+            return report()
+        which = body["messages"][0]["content"][0]["text"].split("issue #")[1].split()[0]
+        last = body["messages"][-1]["content"]
+        if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in last):
+            return m.text(f"Done {which}.")
+        return m.write_file(f"notes/{which.strip('.:')}.md", "noted\n")
+
+    sample_repo(github, loop_yml="verify: test -d notes\nmerge:\n  max_fix_turns: 1\n")
+    issues = [open_issue(github, f"note {i}", "Add a note.") for i in range(3)]
+    model.responder = agent
+    for n in issues:
+        label(github, "writer", n)
+    drain(rounds=40)
+    store = Store(redis)
+    records = [store.get(f"{REPO}#{n}") for n in issues]
+    assert all(r is not None and r.status == Status.COMPLETED for r in records), records
+    assert all(r is not None and r.check_fixes <= 1 for r in records), records
+    assert len(main_log(github)) == 4  # the seed, then one squash per loop
+    waited = [
+        e["data"]
+        for n in issues
+        for e in store.events(f"{REPO}#{n}")
+        if e["kind"] == "gate" and e["data"].get("decision") == "WaitTurn"
+    ]
+    assert waited, [
+        (n, e["kind"], e["data"].get("decision"))
+        for n in issues
+        for e in store.events(f"{REPO}#{n}")
+        if e["kind"] in ("gate", "base_merged", "loop_finished", "conflicts")
+    ]
+    assert redis.get(f"loopbot:merge-slot:{REPO}") is None  # the last one let go
+
+
 def test_head_pushed_by_someone_else_is_reviewed_before_merge(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:

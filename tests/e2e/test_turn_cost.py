@@ -1,7 +1,8 @@
 """A turn's orchestration work does not grow with the loop's history: the Redis commands,
-the bytes Redis sends back and the redactions of one turn are the same at turn 30 as at
-turn 3. Counted, not timed: a slow machine cannot make it fail, and a per-turn cost that
-grows (re-reading and re-redacting every event on each status update) cannot pass."""
+the bytes Redis sends back and the redactions of five turns near turn 30 are those of
+five from turn 3, within the margin that timing gives them. Counted, not timed: a slow
+machine cannot make it fail, and a per-turn cost that grows (re-reading and re-redacting
+every event on each status update) cannot pass."""
 
 from __future__ import annotations
 
@@ -84,17 +85,21 @@ def test_turn_30_costs_what_turn_3_costs(
     run_worker(redis)
     assert len(snapshots) == TURNS, f"the loop ran {len(snapshots)} turns"
 
-    def cost(k: int) -> dict[str, int]:
-        """Turn ``k``'s work: from its start to the next turn's."""
-        return {name: snapshots[k][name] - snapshots[k - 1][name] for name in snapshots[k]}
+    def cost(first: int, last: int) -> dict[str, int]:
+        """Turns ``first``..``last``'s work: from the first's start to the turn after the last's."""
+        return {name: snapshots[last][name] - snapshots[first - 1][name] for name in snapshots[0]}
 
-    early, late = cost(3), cost(TURNS - 1)
-    assert late["commands"] == early["commands"], (early, late)
+    # Five turns early against five late, with a margin, not one against one: the check
+    # runs, the status comment and the push's report are written by threads of their
+    # own, and how many status edits coalesce (the latest state wins) depends on timing:
+    # under load a window held 1,167 commands and 173 redactions, the other 1,220 and 175.
+    # What this test is for grows with the history: re-reading and re-redacting every
+    # event on each update took a turn from 45 to 101 KB and from 586 redactions to 4,018.
+    early, late = cost(3, 7), cost(TURNS - 5, TURNS - 1)
     assert late["built"] == early["built"] == 0, (early, late)  # one redactor per token
-    assert late["strings"] == early["strings"], (early, late)
-    # Bytes vary by a few digits (ids, counters, the record's totals); re-reading the
-    # history (or a saved timeline that grows) would add kilobytes with every turn.
-    assert late["bytes"] <= early["bytes"] * 1.02 + 256, (early, late)
+    assert late["strings"] <= early["strings"] * 1.1 + 5, (early, late)
+    assert late["commands"] <= early["commands"] * 1.1, (early, late)
+    assert late["bytes"] <= early["bytes"] * 1.1 + 1024, (early, late)
 
 
 def test_a_timeline_held_in_the_process_is_dropped_when_redis_lost_it(

@@ -32,6 +32,7 @@ SMOKE = {
     "worktree.py": rf"loopbot, recycled spare\s+{NUM} ms",
     "webhook.py": rf"loopbot\s+{NUM}\s+{NUM}\s+{NUM}\n",
     "tokens.py": rf"cache share\s+{NUM}% on steps 2\+",
+    "fleet.py": rf"merged {NUM}/{NUM}\n  time per loop .* p90 {NUM} s",
     "setup_cache.py": rf"second loop \(the first's cache\)\s+{NUM} s\s+\(0 downloads\)",
 }
 
@@ -39,7 +40,8 @@ SMOKE = {
 HELPERS = {
     "__init__.py": [],
     "_smoke.py": list(SMOKE),  # the --smoke option itself
-    "_env.py": ["loop_overhead.py", "first_request.py", "tokens.py"],  # servers, a runtime
+    # servers, a runtime
+    "_env.py": ["loop_overhead.py", "first_request.py", "tokens.py", "fleet.py"],
     "bare_app.py": ["webhook.py"],  # the comparison apps, under gunicorn and in-process
 }
 

@@ -236,3 +236,44 @@ def test_a_paced_installation_s_errors_come_out_as_themselves(
     with pytest.raises(Unavailable, match="GitHub paused it"):
         inst.issue(REPO, 1)
     assert sleeps == []
+
+
+def test_requests_in_flight_stay_within_github_s_concurrency_limit(
+    github: GitHubServer, settings: Settings, redis: Redis
+) -> None:
+    """Six workers (each its own client) read at once from a GitHub that allows two
+    concurrent requests per installation: with LOOPBOT_GITHUB_MAX_CONCURRENT=2 none is
+    refused; with six allowed in flight the same reads are (the local server's limit)."""
+    import threading
+
+    iid = github.add_installation("acme")
+    github.add_repo(REPO, {"README.md": "hi\n"}, installation_id=iid)
+    with github.as_user("acme") as alice:
+        alice.post(f"/repos/{REPO}/issues", json={"title": "Bug", "body": "It breaks"})
+    github.concurrent_limit, github.request_delay = 2, 0.3
+
+    def read_at_once(bound: int) -> list[BaseException]:
+        s = settings.model_copy(update={"github_max_concurrent": bound})
+        insts = [GitHubApp(s, redis=redis).installation(iid) for _ in range(6)]
+        for inst in insts:
+            inst.token()  # minted first: the token call is the App's, not the installation's
+        errors: list[BaseException] = []
+
+        def read(inst: Installation) -> None:
+            try:
+                assert inst.issue(REPO, 1).title == "Bug"
+            except Exception as exc:  # noqa: BLE001 - collected for the assertion
+                errors.append(exc)
+
+        threads = [threading.Thread(target=read, args=(i,)) for i in insts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return errors
+
+    assert read_at_once(2) == []
+    assert github.limited == [] and github.peak_inflight == 2
+    redis.delete(f"loopbot:gh-pause:{iid}")
+    assert read_at_once(6), "the local GitHub let six requests in flight"
+    assert github.limited

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,54 @@ def test_commit_push_and_resume_from_the_pushed_branch(
     again = wt.checkout(REPO, 1, "loop/issue-1", "main", wt.sync_mirror(REPO, url, token))
     assert again.resumed and wt.head(again.path) == sha
     assert (again.path / "a.py").read_text() == "x = 2\n"
+
+
+def test_a_push_in_flight_leaves_the_mirror_to_other_loops(
+    setup: tuple[Worktrees, str, str, Path], github: GitHubServer
+) -> None:
+    """GitHub takes seconds to take a push; meanwhile another loop of the same repository
+    commits (which needs the mirror's lock). The push holds no lock while it transfers,
+    lands whole, and the remote-tracking ref follows it."""
+    wt, _url, token, mirror = setup
+    one = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    two = wt.checkout(REPO, 2, "loop/issue-2", "main", mirror)
+    (one.path / "a.py").write_text("x = 2\n")
+    sha = wt.commit_all(one, "loop(turn-1): one")
+    assert sha is not None
+    github.push_delay = 3.0
+    pushing = threading.Thread(target=wt.push, args=(one, token, sha))
+    pushing.start()
+    time.sleep(0.5)  # the push is on the wire (or waiting for the lock, were it held)
+    (two.path / "a.py").write_text("x = 3\n")
+    other = wt.commit_all(two, "loop(turn-1): two")
+    assert other is not None
+    assert pushing.is_alive(), "the commit waited for the other loop's push"
+    pushing.join(30)
+    assert github.ref(REPO, "loop/issue-1") == sha
+    assert wt.remote_sha(mirror, "loop/issue-1") == sha
+    assert github.ref(REPO, "loop/issue-2") is None  # a commit is not a push
+
+
+def test_a_push_that_is_not_a_fast_forward_fails_and_moves_nothing(
+    setup: tuple[Worktrees, str, str, Path], github: GitHubServer
+) -> None:
+    """Someone else's commit on the loop's branch is never clobbered: the push (to the
+    URL, with the commit named) is still fast-forward only, and a refused push leaves
+    the remote-tracking ref where it was."""
+    wt, _url, token, mirror = setup
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    (co.path / "a.py").write_text("x = 2\n")
+    first = wt.commit_all(co, "loop(turn-1): one")
+    assert first is not None
+    wt.push(co, token, first)
+    git(mirror, "update-ref", "refs/heads/loop/issue-1", wt.fork_point(co))  # a rewrite
+    (co.path / "b.py").write_text("y = 1\n")
+    rewritten = wt.commit_all(co, "loop(turn-2): elsewhere")
+    assert rewritten is not None and rewritten != first
+    with pytest.raises(GitError):
+        wt.push(co, token, rewritten)
+    assert github.ref(REPO, "loop/issue-1") == first
+    assert wt.remote_sha(mirror, "loop/issue-1") == first
 
 
 def test_agent_cannot_redirect_git_to_its_own_hooks(
@@ -121,3 +171,37 @@ def test_merging_the_base_in_cleanly_or_with_conflicts(
     assert sha is not None
     parents = git(co.path, "rev-list", "--parents", "-n", "1", sha).split()
     assert len(parents) == 3  # a merge commit: main is now an ancestor of the branch
+
+
+def test_the_branch_diff_follows_its_head_across_a_merge_and_a_revert(
+    setup: tuple[Worktrees, str, str, Path], github: GitHubServer
+) -> None:
+    """The diff's start (the merge base, remembered by the two shas) moves with the head:
+    after main is merged in, main's own change is not the branch's; an edit and its
+    revert add up to no change. The head passed in and the head read give one answer."""
+    from bot.standins import gitrepo
+
+    wt, url, token, mirror = setup
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    first_base = co.base_sha
+    (co.path / "a.py").write_text("x = 2\n")
+    head = wt.commit_all(co, "loop(turn-1): x is 2")
+    assert head is not None
+    assert wt.fork_point(co, head) == first_base
+    assert wt.changed_files(co, head) == wt.changed_files(co) == ["a.py"]
+    assert wt.tree_changed(co, head) and wt.files_with_added_lines(co, head) == ["a.py"]
+
+    gitrepo.seed(github.repo(REPO).path, "main", {"b.py": "y = 1\n"}, "add b")
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", wt.sync_mirror(REPO, url, token))
+    assert wt.merge_base_in(co, "main") == []
+    merged = wt.head(co.path)
+    assert merged != head and wt.fork_point(co, merged) == co.base_sha != first_base
+    assert wt.changed_files(co, merged) == ["a.py"]  # b.py is main's, not the branch's
+    assert wt.files_with_added_lines(co) == ["a.py"]
+
+    (co.path / "a.py").write_text("x = 1\n")  # the edit undone
+    reverted = wt.commit_all(co, "loop(turn-2): x is 1 again")
+    assert reverted is not None
+    assert not wt.tree_changed(co, reverted) and not wt.tree_changed(co)
+    assert wt.changed_files(co, reverted) == [] and wt.files_with_added_lines(co, reverted) == []
+    assert wt.changed_since_base(co, reverted)  # commits there are; a change there is not

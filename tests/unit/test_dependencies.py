@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOT_IMPORTED = {
     "gevent": "gunicorn's worker class (bot/web/serving.py names it)",
     "hishel": "pinned below 2: githubkit 0.16 does not import with hishel 2",
+    "anyio": "pinned below 4.16: its import is not thread-safe on CPython 3.11 (httpx's)",
     "hiredis": "redis-py parses replies with it when it is installed",
 }
 

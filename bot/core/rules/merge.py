@@ -119,7 +119,22 @@ class Refuse:
     why: str
 
 
-Decision = Merge | AlreadyMerged | Wait | Review | FixChecks | FixConflicts | Refuse
+@dataclass(frozen=True)
+class WaitTurn:
+    """Another loop of the repository (``holder``) holds its merge slot: it merges, or
+    catches up to merge, first (jobs/merge_slot.py). Not ``decide``'s: the gate's, when
+    the slot it needed was taken."""
+
+    holder: str
+
+
+Decision = Merge | AlreadyMerged | Wait | Review | FixChecks | FixConflicts | Refuse | WaitTurn
+
+
+def needs_slot(d: Decision) -> bool:
+    """Whether carrying out ``d`` moves the default branch or catches up with it: a
+    merge, or merging the base in. Those take the repository's merge slot first."""
+    return isinstance(d, Merge | FixConflicts)
 
 
 def decide(f: Facts) -> Decision:

@@ -50,6 +50,7 @@ from bot.io.github.failures import (
 )
 from bot.io.github.pace import SharedPace
 from bot.io.logs import get_logger
+from bot.io.preload import tls
 
 T = TypeVar("T")
 log = get_logger("loopbot.github")
@@ -311,6 +312,7 @@ class GitHubApp:
             auto_retry=False,  # retries are decided in bot.io.github.failures, once for all calls
             http_cache=False,
             user_agent="loopbot",
+            ssl_verify=tls(),  # one TLS context per process, not one per client
             # githubkit's default cache is one per process, keyed by App id only: a JWT
             # signed with a rotated (or another test's) key would be reused. Own cache.
             cache_strategy=MemCacheStrategy(),
@@ -443,6 +445,11 @@ class Installation:
                 installation_id,
                 gap=s.github_write_gap,
                 max_wait=s.github_max_retry_wait,
+                queue_wait=s.github_max_queue_wait,
+                concurrent=s.github_max_concurrent,
+                # Longer than a request may take (its timeout, for the headers and again
+                # for the body), so only a request that never ended lapses.
+                token_ttl=2 * s.github_timeout + 5,
                 sleep=app._sleep,
             )
             if app.redis is not None
@@ -479,6 +486,7 @@ class Installation:
             auto_retry=False,
             http_cache=False,
             user_agent="loopbot",
+            ssl_verify=tls(),
             # Every request of the installation, retries included, keeps its shared pace.
             event_hooks=self.pace.hooks() if self.pace is not None else None,
         )
@@ -510,11 +518,20 @@ class Installation:
     def _call(self, fn: Callable[[GitHub[Any]], Any]) -> Any:
         """Run a read or an idempotent write (GET, PUT, PATCH, DELETE) with retries."""
         return _with_retries(
-            lambda: fn(self._gh()),
+            lambda: self._attempt(fn),
             self.app.settings.github_max_retry_wait,
             self.app._sleep,
             self._reauth,
         )
+
+    def _attempt(self, fn: Callable[[GitHub[Any]], Any]) -> Any:
+        """One try of ``fn``; its place among the requests in flight is given back
+        however it ends (a timeout or a reset never reaches the response hook)."""
+        try:
+            return fn(self._gh())
+        finally:
+            if self.pace is not None:
+                self.pace.give_back()
 
     def _create(self, create: Callable[[GitHub[Any]], T], find: Callable[[], T | None]) -> T:
         """A POST that must happen once: after a failed attempt, look before trying again.
@@ -534,7 +551,8 @@ class Installation:
         return cast(T, self._call(attempt))
 
     def _list(self, fetch: Callable[[GitHub[Any], int], Any]) -> Iterator[dict[str, Any]]:
-        return _pages(lambda n: fetch(self._gh(), n), self.app.settings.github_max_retry_wait)
+        wait = self.app.settings.github_max_retry_wait
+        return _pages(lambda n: self._attempt(lambda gh: fetch(gh, n)), wait)
 
     # -- repositories and permissions ----------------------------------------------
 

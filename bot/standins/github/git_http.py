@@ -30,6 +30,8 @@ def git_http(state: State, owner: str, rest: str) -> Response:
             "auth required", status=401, headers={"WWW-Authenticate": 'Basic realm="GitHub"'}
         )
     data = request.get_data()
+    if tail == "git-receive-pack" and state.push_delay:
+        time.sleep(state.push_delay)
     env = _cgi_env(state, f"/{owner}/{name}.git/{tail}", len(data))
     proc = subprocess.run(
         ["git", "http-backend"], input=data, capture_output=True, env=env, timeout=300

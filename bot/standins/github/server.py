@@ -86,6 +86,7 @@ class GitHubServer(State):
         app.config["MAX_CONTENT_LENGTH"] = 200 * 1024 * 1024
         app.before_request(self._before_request)
         app.after_request(_after_request)
+        app.teardown_request(self._request_done)
         for resource in RESOURCES:
             resource.register(app, self)
         app.register_error_handler(404, _not_found)
@@ -112,9 +113,37 @@ class GitHubServer(State):
             g.auth = auth.authenticate(self)
         with self.lock:
             self.requests.append((request.method, request.path, g.auth[0]))
+        if (limited := self._concurrency_limit()) is not None:
+            return limited
         if (limited := self._secondary_limit()) is not None:
             return limited
         return None
+
+    def _concurrency_limit(self) -> Response | None:
+        """GitHub's limit on concurrent requests (REST and GraphQL together), per
+        installation, when ``concurrent_limit`` is set: one past it is a 403 with the
+        secondary-limit message and, as GitHub may, no ``Retry-After``."""
+        kind, who = g.auth
+        if kind != "installation":
+            return None
+        with self.lock:
+            n = self.inflight[who] = self.inflight.get(who, 0) + 1
+            g.inflight = who
+            self.peak_inflight = max(self.peak_inflight, n)
+            refused = self.concurrent_limit is not None and n > self.concurrent_limit
+            if refused:
+                self.limited.append((request.method, request.path, who, time.time(), 0))
+        if refused:
+            return _secondary_refusal(None)
+        if self.request_delay:
+            time.sleep(self.request_delay)
+        return None
+
+    def _request_done(self, exc: BaseException | None) -> None:
+        who = g.pop("inflight", None)
+        if who is not None:
+            with self.lock:
+                self.inflight[who] -= 1
 
     def _secondary_limit(self) -> Response | None:
         """GitHub's secondary limit on content-creating requests, per installation, when
@@ -123,7 +152,7 @@ class GitHubServer(State):
         (until the oldest write leaves the window), and the write is not applied.
         https://docs.github.com/en/rest/using-the-rest-api/rate-limits-for-the-rest-api"""
         kind, who = g.auth
-        if self.write_limit is None or kind != "installation" or request.method == "GET":
+        if self.write_limit is None or kind != "installation" or not _content_creating():
             return None
         now = time.monotonic()
         with self.lock:
@@ -135,16 +164,7 @@ class GitHubServer(State):
                 return None
             wait = max(1, math.ceil(self.write_window - (now - window[0])))
             self.limited.append((request.method, request.path, who, time.time(), wait))
-        resp = jsonify(
-            {
-                "message": "You have exceeded a secondary rate limit. Please wait a few "
-                "minutes before you try again.",
-                "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits",
-            }
-        )
-        resp.status_code = 403
-        resp.headers["Retry-After"] = str(wait)
-        return resp
+        return _secondary_refusal(wait)
 
     # -- setup helpers (the test's hands) -------------------------------------------------
 
@@ -265,6 +285,38 @@ class GitHubServer(State):
     def _closing_references(self, repo: Repo, text: str) -> list[tuple[Repo, int]]:
         """The issues a merge of ``text`` into ``repo`` closes (tests check the rule)."""
         return pulls.closing_references(self, repo, text)
+
+
+def _content_creating() -> bool:
+    """Whether the request counts against the content-creating limit: every REST write
+    (harsher than GitHub, which names creating ones), and a GraphQL mutation; a GraphQL
+    query is a read to GitHub."""
+    if request.method in ("GET", "HEAD", "OPTIONS"):
+        return False
+    if request.path.rstrip("/").endswith("/graphql"):
+        body = request.get_json(silent=True)
+        text = body.get("query") if isinstance(body, dict) else None
+        if not isinstance(text, str):
+            return True
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        first = next((ln for ln in lines if not ln.startswith("#")), "")
+        return not (first.startswith("{") or first.split("(")[0].split()[:1] == ["query"])
+    return True
+
+
+def _secondary_refusal(retry_after: int | None) -> Response:
+    """GitHub's answer to a request past a secondary limit."""
+    resp = jsonify(
+        {
+            "message": "You have exceeded a secondary rate limit. Please wait a few "
+            "minutes before you try again.",
+            "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits",
+        }
+    )
+    resp.status_code = 403
+    if retry_after is not None:
+        resp.headers["Retry-After"] = str(retry_after)
+    return resp
 
 
 def _after_request(resp: Response) -> Response:

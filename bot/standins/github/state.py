@@ -159,6 +159,15 @@ class State:
         self.writes: dict[int, list[float]] = {}
         self.limited: list[tuple[str, str, int, float, int]] = []  # ..., time, Retry-After
         self.write_log: list[tuple[float, str, str, int]] = []  # (time, method, path, iid)
+        # GitHub's limit on concurrent requests per installation (off when None): past
+        # it, a 403 with the secondary-limit message and no Retry-After. The most seen.
+        self.concurrent_limit: int | None = None
+        self.inflight: dict[int, int] = {}
+        self.peak_inflight = 0
+        # How long each installation request takes (a loaded GitHub), while it counts.
+        self.request_delay = 0.0
+        # How long a push takes once received (github.com: often seconds).
+        self.push_delay = 0.0
         self.requests: list[tuple[str, str, str]] = []  # (method, path, auth kind)
         self.webhook_url: str | None = None
         self.webhook_secret = "local-webhook-secret"

@@ -1,0 +1,99 @@
+"""A repository's merge slot: one loop at a time merges, or brings its branch up to date
+to merge.
+
+Every merge moves the default branch, and the gate merges only a head that contains it
+(verify ran on that combination), so when several loops of one repository reach the gate
+together, each merge sends the others back to merge the base in, verify again and be
+reviewed again; a loop that loses that race ``merge.max_fix_turns`` times is refused
+(the fleet benchmark saw one of fifty). With the slot, the gate that would merge or
+send its loop back to catch up takes the repository's slot first; while another loop
+holds it, the gate waits instead, and is woken when that loop ends (merged, refused,
+cancelled, failed). So a loop catches up once, when its turn comes, and no loop's
+catching up is wasted by another loop's merge. The slot lapses on its own
+(``SLOT_SECONDS``) if its holder stalls; it orders loopbot's own merges and decides
+nothing: the gate still merges only on the facts it reads.
+"""
+
+from __future__ import annotations
+
+from redis import Redis
+
+from bot.core.ids import LoopId
+from bot.io.queues import enqueue_gate
+
+SLOT_SECONDS = 1200  # a catch-up is a turn, verify and a review: minutes, not hours
+RECHECK_SECONDS = 300  # a waiting gate's own look again, if its wake-up was lost
+
+_TAKE = """
+local held = redis.call('GET', KEYS[1])
+if (not held) or held == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return false
+end
+redis.call('SADD', KEYS[2], ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return held
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  local waiting = redis.call('SMEMBERS', KEYS[2])
+  redis.call('DEL', KEYS[2])
+  return waiting
+end
+return false
+"""
+
+
+def _keys(repo: str) -> list[str]:
+    return [f"loopbot:merge-slot:{repo}", f"loopbot:merge-slot-waiting:{repo}"]
+
+
+def take(redis: Redis, loop: LoopId, seconds: float = SLOT_SECONDS) -> str | None:
+    """Take (or keep) ``loop``'s repository's slot: None when ``loop`` holds it now,
+    else the key of the loop that does (``loop`` is then woken when it lets go)."""
+    held = redis.eval(_TAKE, 2, *_keys(loop.repo), loop.key, int(seconds * 1000))
+    if not held:
+        return None
+    return held.decode() if isinstance(held, bytes) else str(held)
+
+
+_KEEP = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+
+def keep(redis: Redis, loop: LoopId, seconds: float = SLOT_SECONDS) -> bool:
+    """``loop`` still holds its repository's slot: its time starts over (each run of its
+    gate, whatever it decides: waiting for its new head's checks, a review). Whether it
+    held it."""
+    return bool(redis.eval(_KEEP, 1, _keys(loop.repo)[0], loop.key, int(seconds * 1000)))
+
+
+def release(redis: Redis, loop: LoopId) -> None:
+    """``loop`` ended: its slot (if it holds it) is free, and the gates of the loops that
+    waited for it run now; the first to run takes it."""
+    waiting = redis.eval(_RELEASE, 2, *_keys(loop.repo), loop.key)
+    for member in waiting or []:
+        other = LoopId.parse(member.decode() if isinstance(member, bytes) else str(member))
+        enqueue_gate(redis, other.repo, other.issue)
+
+
+def held(redis: Redis) -> dict[str, str]:
+    """Every repository's slot that is held now: repository -> the holder's key."""
+    prefix = _keys("")[0]
+    out = {}
+    for name in redis.scan_iter(match=prefix + "*", count=500):
+        repo = (name.decode() if isinstance(name, bytes) else name)[len(prefix) :]
+        if (key := holder(redis, repo)) is not None:
+            out[repo] = key
+    return out
+
+
+def holder(redis: Redis, repo: str) -> str | None:
+    held = redis.get(_keys(repo)[0])
+    return held.decode() if isinstance(held, bytes) else held

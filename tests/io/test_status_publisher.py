@@ -1,0 +1,129 @@
+"""Coalesced status-comment edits (``jobs.status_comment``): inside a job, an edit of the
+loop's status comment waits for its slot in the installation's pace on a thread of its
+own, the loop goes on, and newer edits merge into one still waiting: a burst of five
+states costs one edit, which shows the last state."""
+
+from __future__ import annotations
+
+import time
+
+from redis import Redis
+
+from bot.core.record import LoopRecord, Status
+from bot.core.settings import Settings
+from bot.io.github.client import GitHubApp
+from bot.io.store import Store
+from bot.standins.github import GitHubServer
+from jobs import status_comment
+from jobs.status_comment import post_status, publishing
+
+REPO = "acme/widgets"
+
+
+def setup(
+    github: GitHubServer, settings: Settings, redis: Redis, gap: float, **app: object
+) -> tuple:  # type: ignore[type-arg]
+    iid = github.add_installation("acme")
+    github.add_repo(REPO, {"README.md": "hi\n"}, installation_id=iid)
+    with github.as_user("acme") as alice:
+        alice.post(f"/repos/{REPO}/issues", json={"title": "Bug", "body": "It breaks"})
+    paced = settings.model_copy(update={"github_write_gap": gap})
+    gh = GitHubApp(paced, redis=redis, **app).installation(iid)  # type: ignore[arg-type]
+    store = Store(redis)
+    record = store.put(LoopRecord(repo=REPO, issue=1, installation_id=iid))
+    record = post_status(store, gh, record)  # created at once: the loop needs its id
+    assert record.status_comment_id is not None
+    return gh, store, record
+
+
+def patches(github: GitHubServer) -> int:
+    return sum(1 for m, p, _ in github.requests if m == "PATCH" and "/issues/comments/" in p)
+
+
+def test_a_burst_of_states_costs_one_edit_and_the_last_state_wins(
+    github: GitHubServer, settings: Settings, redis: Redis
+) -> None:
+    gh, store, record = setup(github, settings, redis, gap=0.6)
+    before = patches(github)
+    started = time.monotonic()
+    with publishing():
+        for turn in range(1, 6):
+            record = store.set_fields(record.key, turn=turn, status=Status.RUNNING)
+            post_status(store, gh, record)
+        handed = time.monotonic() - started
+    # The loop was not held: five edits handed over faster than one write slot.
+    assert handed < 0.5, handed
+    sent = patches(github) - before
+    assert sent == 1, sent  # the four that came while the first waited merged into it
+    body = next(iter(github.repo(REPO).comments.values()))["body"]
+    assert "turn 5" in body.lower(), body
+
+
+def test_an_edit_built_after_its_wait_shows_the_state_at_that_moment(
+    github: GitHubServer, settings: Settings, redis: Redis
+) -> None:
+    """The one edit in line is built when its slot comes: a state written by the loop
+    while it waited (without another post) is what GitHub gets."""
+    gh, store, record = setup(github, settings, redis, gap=0.8)
+    with publishing():
+        record = store.set_fields(record.key, turn=1, status=Status.RUNNING)
+        post_status(store, gh, record)
+        store.set_fields(record.key, turn=2)  # before the slot (0.8 s after the create)
+    body = next(iter(github.repo(REPO).comments.values()))["body"]
+    assert "turn 2" in body.lower(), body
+
+
+def test_outside_a_job_an_edit_is_sent_before_post_status_returns(
+    github: GitHubServer, settings: Settings, redis: Redis
+) -> None:
+    gh, store, record = setup(github, settings, redis, gap=0.0)
+    record = store.set_fields(record.key, turn=3, status=Status.RUNNING)
+    before = patches(github)
+    post_status(store, gh, record)
+    assert patches(github) == before + 1
+    assert status_comment._ACTIVE == 0
+
+
+def test_a_loop_s_last_state_is_sent_at_once_or_fails_the_job(
+    github: GitHubServer, settings: Settings, redis: Redis
+) -> None:
+    """``now=True`` (a loop's last state, another loop's place) does not go through the
+    publisher: it raises as before when GitHub cannot take it (the job fails and is
+    retried), and the edits of that comment still waiting are dropped, not sent after."""
+    import pytest
+
+    from bot.io.github.failures import Unavailable
+
+    gh, store, record = setup(github, settings, redis, gap=0.0)
+    assert gh.pace is not None
+    with publishing():
+        record = store.set_fields(record.key, turn=4, status=Status.RUNNING)
+        gh.pace.pause(600, "a test's 403", slower=False)
+        post_status(store, gh, record)  # waits in the publisher (paused)
+        with pytest.raises(Unavailable):
+            post_status(store, gh, record, now=True)
+        redis.delete(gh.pace.keys[0])
+    assert status_comment._PUBLISHER is not None
+    assert not status_comment._PUBLISHER._pending
+
+
+def test_an_edit_that_failed_is_sent_again_when_the_job_ends(
+    github: GitHubServer, settings: Settings, redis: Redis
+) -> None:
+    """GitHub fails the publisher's edit past its retries; no newer edit comes: the job's
+    end sends it once more, so the comment shows the last state asked for."""
+    # GitHub's retries without their real waits (the write gap is 0: nothing else sleeps).
+    gh, store, record = setup(github, settings, redis, gap=0.0, sleep=lambda s: None)
+    github.inject("PATCH", r"/issues/comments/\d+$", 500, times=1000)
+    with publishing():
+        record = store.set_fields(record.key, turn=6, status=Status.RUNNING)
+        post_status(store, gh, record)
+        publisher = status_comment._PUBLISHER
+        assert publisher is not None
+        deadline = time.monotonic() + 60
+        while not publisher._failed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert publisher._failed, "the edit never failed"
+        github.faults.clear()  # GitHub is back before the job ends
+    body = next(iter(github.repo(REPO).comments.values()))["body"]
+    assert "turn 6" in body.lower(), body
