@@ -143,6 +143,11 @@ def test_sigterm_to_the_supervisor_hands_every_running_loop_over(
     stopping = time.monotonic()
     assert w.proc is not None
     w.proc.send_signal(signal.SIGTERM)
+    # The stop travels supervisor -> slot -> horse; on a loaded machine that can take longer
+    # than the rest of the turn (CI saw a loop verify, open its pull request and go on to
+    # review before its drain arrived). Each slot says when it has passed SIGTERM to its
+    # horse; the horse, waiting on the model's socket, sets DRAIN as the signal lands.
+    wait_for(lambda: w.output().count("worker.draining") >= 2, 20, "both horses told to drain")
     release.set()  # the calls return; each loop stops at its next step instead of going on
     assert w.proc.wait(30) == 0, w.output()[-3000:]
     assert time.monotonic() - stopping < 20
