@@ -38,6 +38,12 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._renewed_at = time.monotonic()  # when the last successful renewal was *sent*
+        # A lost lease says what held the renewals up, Redis or this process: when the
+        # renewal now waiting on Redis was sent (None: none is), when the last one ended,
+        # and how much later than due the thread has woken since the last success.
+        self._in_flight: float | None = None
+        self._done_at = self._renewed_at
+        self._late = 0.0
         self._why = ""
 
     def acquire(self) -> bool:
@@ -52,15 +58,19 @@ class Lease:
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl / 3):
             sent = time.monotonic()  # measured before the call: Redis' TTL starts later
+            self._late = max(self._late, sent - self._done_at - self.ttl / 3)
+            self._in_flight = sent
             try:
                 if not self.store.renew_lease(self.key, self.owner, self.ttl):
                     self._mark_lost("another worker holds the lease")
                     return
-                self._renewed_at = sent
+                self._renewed_at, self._late = sent, 0.0
             except Exception:  # noqa: BLE001 - Redis blips: keep trying until the TTL says lost
                 log.warning("lease.renew_failed", loop=self.key)
                 if self.is_lost():
                     return
+            finally:
+                self._in_flight, self._done_at = None, time.monotonic()
 
     def _mark_lost(self, why: str) -> None:
         if not self.lost.is_set():
@@ -69,9 +79,24 @@ class Lease:
             log.warning("lease.lost", loop=self.key, owner=self.owner, why=why)
 
     def is_lost(self) -> bool:
-        if not self.lost.is_set() and time.monotonic() - self._renewed_at >= self.ttl:
-            self._mark_lost(f"no successful renewal for {self.ttl:g}s")
+        now = time.monotonic()
+        if not self.lost.is_set() and now - self._renewed_at >= self.ttl:
+            self._mark_lost(f"no successful renewal for {self.ttl:g}s{self._stalled(now)}")
         return self.lost.is_set()
+
+    def _stalled(self, now: float) -> str:
+        """What held the renewals up, for the operator: this process (its renewal thread
+        woke far later than due: a paused VM, a starved machine), or Redis (a renewal sent
+        and not answered)."""
+        sent = self._in_flight
+        late = (
+            self._late if sent is not None else max(self._late, now - self._done_at - self.ttl / 3)
+        )
+        if self._thread is not None and late > max(1.0, self.ttl / 3):
+            return f" (this process stalled: its renewals ran {late:.0f}s late)"
+        if sent is not None:
+            return f" (a renewal has waited {now - sent:.0f}s for Redis)"
+        return ""
 
     def check(self) -> None:
         """Raise ``LeaseLost`` if this worker may no longer hold the lease: call before a write.

@@ -25,6 +25,7 @@ from bot.io.store import LeaseLost, Store
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
+from bot.standins.redis_server import RedisServer
 from jobs import status_comment
 from tests.conftest import Web
 from tests.helpers import REPO, started_loop
@@ -71,6 +72,85 @@ def test_a_lease_whose_renewals_fail_is_lost_after_the_ttl(redis: Redis) -> None
     # The renewal thread notices too (within a renewal period), not only the callers.
     assert lease.lost.wait(1.0)
     lease.release()
+
+
+def test_a_lease_whose_redis_stops_answering_says_a_renewal_waits_for_redis() -> None:
+    """A redis-server that stops answering (SIGSTOP: a stalled disk, a paused VM) holds the
+    renewal in its call; the lease is lost by the clock and says Redis held it up."""
+    import os
+    import signal
+
+    from jobs.loop import Lease
+
+    server = RedisServer().start()
+    try:
+        lease = Lease(Store(Redis.from_url(server.url, socket_timeout=30)), KEY, ttl=1.5)
+        assert lease.acquire()
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            assert lease.lost.wait(0.1) is False
+            time.sleep(1.8)
+            assert lease.is_lost()
+            assert re.search(
+                r"no successful renewal for 1\.5s \(a renewal has waited \d+s "
+                r"for Redis\)",
+                lease._why,
+            ), lease._why
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        lease.release()
+    finally:
+        server.stop()
+
+
+STALLED = """
+import os, signal, sys, time
+from redis import Redis
+from bot.io.store import Store
+from jobs.loop import Lease
+
+lease = Lease(Store(Redis.from_url(sys.argv[1])), "acme/widgets#1", ttl=1.5)
+assert lease.acquire()
+seen = []
+signal.signal(signal.SIGCONT, lambda *_: seen.append(lease.is_lost() and lease._why))
+print("held", flush=True)
+while not seen:
+    pass  # busy: the main thread holds the interpreter when the process is stopped
+print(seen[0], flush=True)
+"""
+
+
+def test_a_lease_of_a_stalled_process_says_the_process_stalled(redis_server: Any) -> None:
+    """The worker itself stops running (SIGSTOP, as a paused VM or a starved machine):
+    no renewal is even tried; the lease, lost by the clock, says so."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", STALLED, redis_server.url],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parents[2],
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "held"
+        child.send_signal(signal.SIGSTOP)
+        time.sleep(3)  # past the TTL
+        child.send_signal(signal.SIGCONT)
+        out, _ = child.communicate(timeout=10)  # the lease's log line, then what it said
+        said = out.strip().splitlines()[-1]
+        assert child.returncode == 0
+    finally:
+        child.kill()
+    assert re.fullmatch(
+        r"no successful renewal for 1\.5s \(this process stalled: its renewals ran \d+s late\)",
+        said,
+    ), said
+    del os
 
 
 def test_a_lease_taken_over_is_lost_at_the_next_check(redis: Redis) -> None:
