@@ -57,6 +57,8 @@ class Lease:
 
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl / 3):
+            if self.is_lost():  # woken past the TTL (the process stalled): Redis may
+                return  # have given the lease away; the clock already says so
             sent = time.monotonic()  # measured before the call: Redis' TTL starts later
             self._late = max(self._late, sent - self._done_at - self.ttl / 3)
             self._in_flight = sent
