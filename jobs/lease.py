@@ -44,35 +44,49 @@ class Lease:
         self._in_flight: float | None = None
         self._done_at = self._renewed_at
         self._late = 0.0
+        self._failed = 0  # renewals that raised since the last success
+        self._took = 0.0  # how long the last renewal took to answer
         self._why = ""
 
     def acquire(self) -> bool:
         sent = time.monotonic()
         if not self.store.take_lease(self.key, self.owner, self.ttl):
             return False
-        self._renewed_at = sent
+        # The thread's first wake-up is due ttl/3 from now, not from before a slow take.
+        self._renewed_at, self._done_at = sent, time.monotonic()
         self._thread = threading.Thread(target=self._renew, daemon=True, name="lease")
         self._thread.start()
         return True
 
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl / 3):
-            if self.is_lost():  # woken past the TTL (the process stalled): Redis may
-                return  # have given the lease away; the clock already says so
             sent = time.monotonic()  # measured before the call: Redis' TTL starts later
             self._late = max(self._late, sent - self._done_at - self.ttl / 3)
             self._in_flight = sent
             try:
                 if not self.store.renew_lease(self.key, self.owner, self.ttl):
-                    self._mark_lost("another worker holds the lease")
+                    # Released meanwhile (the key is gone by our own hand), or past the TTL
+                    # (the key expired while Redis or this process stalled): the clock says
+                    # why then. Only else did another worker take it.
+                    self._answered(sent)
+                    if not self._stop.is_set() and not self.is_lost():
+                        self._mark_lost("another worker holds the lease")
                     return
-                self._renewed_at, self._late = sent, 0.0
+                self._renewed_at, self._late, self._failed = sent, 0.0, 0
             except Exception:  # noqa: BLE001 - Redis blips: keep trying until the TTL says lost
                 log.warning("lease.renew_failed", loop=self.key)
+                self._failed += 1
                 if self.is_lost():
                     return
             finally:
-                self._in_flight, self._done_at = None, time.monotonic()
+                self._answered(sent)
+
+    def _answered(self, sent: float) -> None:
+        """The renewal sent at ``sent`` is over. ``_done_at`` first: a reader on another
+        thread never sees "none in flight" beside the end of the renewal before."""
+        self._done_at = time.monotonic()
+        self._took = self._done_at - sent
+        self._in_flight = None
 
     def _mark_lost(self, why: str) -> None:
         if not self.lost.is_set():
@@ -88,8 +102,9 @@ class Lease:
 
     def _stalled(self, now: float) -> str:
         """What held the renewals up, for the operator: this process (its renewal thread
-        woke far later than due: a paused VM, a starved machine), or Redis (a renewal sent
-        and not answered)."""
+        woke far later than due: a paused VM, a starved machine), a renewal not answered
+        (most often Redis; a process paused while it waited looks the same), or renewals
+        that failed (each logged as ``lease.renew_failed``)."""
         sent = self._in_flight
         late = (
             self._late if sent is not None else max(self._late, now - self._done_at - self.ttl / 3)
@@ -97,7 +112,12 @@ class Lease:
         if self._thread is not None and late > max(1.0, self.ttl / 3):
             return f" (this process stalled: its renewals ran {late:.0f}s late)"
         if sent is not None:
-            return f" (a renewal has waited {now - sent:.0f}s for Redis)"
+            waited = max(0.0, now - sent)
+            return f" (a renewal sent {waited:.0f}s ago is still unanswered: most likely Redis)"
+        if self._took > self.ttl / 3:
+            return f" (the last renewal took {self._took:.0f}s: most likely Redis)"
+        if self._failed:
+            return f" ({self._failed} renewals failed: Redis unreachable)"
         return ""
 
     def check(self) -> None:
