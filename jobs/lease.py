@@ -63,23 +63,25 @@ class Lease:
             sent = time.monotonic()  # measured before the call: Redis' TTL starts later
             self._late = max(self._late, sent - self._done_at - self.ttl / 3)
             self._in_flight = sent
+            renewed: bool | None = None  # None: the call failed
             try:
-                if not self.store.renew_lease(self.key, self.owner, self.ttl):
-                    # Released meanwhile (the key is gone by our own hand), or past the TTL
-                    # (the key expired while Redis or this process stalled): the clock says
-                    # why then. Only else did another worker take it.
-                    self._answered(sent)
-                    if not self._stop.is_set() and not self.is_lost():
-                        self._mark_lost("another worker holds the lease")
-                    return
-                self._renewed_at, self._late, self._failed = sent, 0.0, 0
+                renewed = bool(self.store.renew_lease(self.key, self.owner, self.ttl))
             except Exception:  # noqa: BLE001 - Redis blips: keep trying until the TTL says lost
                 log.warning("lease.renew_failed", loop=self.key)
                 self._failed += 1
-                if self.is_lost():
-                    return
             finally:
                 self._answered(sent)
+            if renewed:
+                self._renewed_at, self._late, self._failed = sent, 0.0, 0
+            elif renewed is False:
+                # Released meanwhile (the key is gone by our own hand), or past the TTL
+                # (the key expired while Redis or this process stalled): the clock says
+                # why then. Only else did another worker take it.
+                if not self._stop.is_set() and not self.is_lost():
+                    self._mark_lost("another worker holds the lease")
+                return
+            elif self.is_lost():
+                return
 
     def _answered(self, sent: float) -> None:
         """The renewal sent at ``sent`` is over. ``_done_at`` first: a reader on another

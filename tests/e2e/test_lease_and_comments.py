@@ -6,10 +6,16 @@ model servers.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,86 +80,87 @@ def test_a_lease_whose_renewals_fail_is_lost_after_the_ttl(redis: Redis) -> None
     lease.release()
 
 
-def test_a_lease_whose_redis_stops_answering_says_a_renewal_waits_for_redis() -> None:
-    """A redis-server that stops answering (SIGSTOP: a stalled disk, a paused VM) holds the
-    renewal in its call; the lease is lost by the clock and says Redis held it up."""
-    import os
-    import signal
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A redis-server of the test's own, to stop with SIGSTOP (a stalled disk, a paused VM)
+    without stopping anything another test uses."""
+    server = RedisServer().start()
+    yield server
+    server.stop()
 
+
+@contextlib.contextmanager
+def stopped(server: RedisServer) -> Iterator[None]:
+    """Redis takes commands but answers none until the block ends."""
+    assert server.proc is not None
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+
+
+def _lease_on(server: RedisServer, ttl: float) -> Any:
     from jobs.loop import Lease
 
-    server = RedisServer().start()
-    try:
-        lease = Lease(Store(Redis.from_url(server.url, socket_timeout=30)), KEY, ttl=1.5)
-        assert lease.acquire()
-        assert server.proc is not None
-        os.kill(server.proc.pid, signal.SIGSTOP)
-        try:
-            assert lease.lost.wait(0.1) is False
-            time.sleep(1.8)
-            assert lease.is_lost()
-            assert re.fullmatch(
-                r"no successful renewal for 1\.5s \(a renewal sent \d+s ago is still "
-                r"unanswered: most likely Redis\)",
-                lease._why,
-            ), lease._why
-        finally:
-            os.kill(server.proc.pid, signal.SIGCONT)
-        lease.release()
-    finally:
-        server.stop()
+    redis = Redis.from_url(server.url, socket_timeout=30)  # a stopped Redis is waited for
+    redis.ping()
+    return Lease(Store(redis), KEY, ttl=ttl)
 
 
-def test_a_redis_stalled_past_the_ttl_is_not_taken_for_another_worker() -> None:
+def test_a_lease_whose_redis_stops_answering_says_a_renewal_waits_for_redis(
+    own_redis: RedisServer,
+) -> None:
+    """Redis stops answering: the renewal waits in its call; the lease is lost by the
+    clock and says a renewal is unanswered."""
+    lease = _lease_on(own_redis, ttl=1.5)
+    assert lease.acquire()
+    with stopped(own_redis):
+        assert lease.lost.wait(0.1) is False
+        time.sleep(1.8)
+        assert lease.is_lost()
+        assert re.fullmatch(
+            r"no successful renewal for 1\.5s \(a renewal sent \d+s ago is still "
+            r"unanswered: most likely Redis\)",
+            lease._why,
+        ), lease._why
+    lease.release()
+
+
+def test_a_redis_stalled_past_the_ttl_is_not_taken_for_another_worker(
+    own_redis: RedisServer,
+) -> None:
     """Redis stops answering for longer than the TTL while a renewal waits on it, and no
     one else asks: when it answers, the key has expired. The lease is lost by the clock,
     saying the renewal took long, not that another worker holds it (none does)."""
-    import os
-    import signal
-
-    from jobs.loop import Lease
-
-    server = RedisServer().start()
-    try:
-        lease = Lease(Store(Redis.from_url(server.url, socket_timeout=30)), KEY, ttl=1.5)
-        assert lease.acquire()
-        assert server.proc is not None
-        os.kill(server.proc.pid, signal.SIGSTOP)
+    lease = _lease_on(own_redis, ttl=1.5)
+    assert lease.acquire()
+    with stopped(own_redis):
         time.sleep(2.5)
-        os.kill(server.proc.pid, signal.SIGCONT)
-        assert lease.lost.wait(2)
-        assert re.fullmatch(
-            r"no successful renewal for 1\.5s \(the last renewal took \d+s: most likely Redis\)",
-            lease._why,
-        ), lease._why
-        assert Store(Redis.from_url(server.url)).lease_holder(KEY) is None
-        lease.release()
-    finally:
-        server.stop()
+    assert lease.lost.wait(2)
+    assert re.fullmatch(
+        r"no successful renewal for 1\.5s \(the last renewal took \d+s: most likely Redis\)",
+        lease._why,
+    ), lease._why
+    assert Store(Redis.from_url(own_redis.url)).lease_holder(KEY) is None
+    lease.release()
 
 
-def test_a_slow_take_does_not_lose_the_lease_or_blame_the_process() -> None:
+def test_a_slow_take_does_not_lose_the_lease_or_blame_the_process(
+    own_redis: RedisServer,
+) -> None:
     """Redis takes 2 s to answer the take (ttl 3): its TTL began when it answered, so the
     lease is renewed and held, not lost at the first renewal for a late thread."""
-    import os
-    import signal
-
-    from jobs.loop import Lease
-
-    server = RedisServer().start()
-    try:
-        redis = Redis.from_url(server.url, socket_timeout=30)
-        redis.ping()
-        lease = Lease(Store(redis), KEY, ttl=3)
-        assert server.proc is not None
-        os.kill(server.proc.pid, signal.SIGSTOP)
-        threading.Timer(2.0, os.kill, (server.proc.pid, signal.SIGCONT)).start()
-        assert lease.acquire()
-        assert not lease.lost.wait(3.5), lease._why  # three renewals' worth
-        lease.check()
-        lease.release()
-    finally:
-        server.stop()
+    lease = _lease_on(own_redis, ttl=3)
+    with stopped(own_redis):
+        taking = threading.Thread(target=lease.acquire)
+        taking.start()
+        time.sleep(2.0)
+    taking.join(10)
+    assert lease._thread is not None  # taken
+    assert not lease.lost.wait(3.5), lease._why  # three renewals' worth
+    lease.check()
+    lease.release()
 
 
 class _SlowRenewals(Store):
@@ -200,11 +207,6 @@ def test_a_lease_of_a_stalled_process_says_the_process_stalled(
 ) -> None:
     """The worker itself stops running (SIGSTOP, as a paused VM or a starved machine):
     no renewal is even tried; the lease, lost by the clock, says so."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
     child = subprocess.Popen(
         [sys.executable, "-c", STALLED, redis_server.url, str(tmp_path / "said")],
         stdout=subprocess.PIPE,
@@ -226,7 +228,6 @@ def test_a_lease_of_a_stalled_process_says_the_process_stalled(
         r"no successful renewal for 1\.5s \(this process stalled: its renewals ran \d+s late\)",
         said,
     ), said
-    del os
 
 
 def test_a_lease_taken_over_is_lost_at_the_next_check(redis: Redis) -> None:
