@@ -56,7 +56,7 @@ def main() -> None:
     claude = args.backend == "claude-code"
     cli = args.backend != "builtin"  # a CLI in the sandbox
     extra = {"LOOPBOT_AGENT_BACKENDS": f"builtin,{args.backend}"} if cli else {}
-    if cli:  # a model Claude Code knows (see tests/e2e/test_claude_code.py)
+    if cli:  # a model Claude Code knows (see tests/e2e/agents/test_claude_code.py)
         extra["LOOPBOT_MODEL"] = "claude-sonnet-4-6"
     openai = OpenAIServer().start() if args.backend == "codex" else None
     if openai is not None:  # Codex talks to the local Responses API through the gateway

@@ -1,4 +1,4 @@
-"""`setup` with and without the repository's dependency cache (jobs/setup_phase.py).
+"""`setup` with and without the repository's dependency cache (jobs/loop/setup_phase.py).
 
     sudo .venv/bin/python bench/setup_cache.py [--packages 40] [--size-kb 300] [--delay 0.25]
                                               [--rounds 3] [--smoke]
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _smoke
 from bot.standins.pkgindex import PackageIndex
-from jobs import setup_phase
+from jobs.loop import setup_phase
 from tests.helpers import worker_settings
 
 HOST = "127.0.0.50"

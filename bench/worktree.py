@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _smoke
 from bot.standins.github import GitHubServer
-from jobs.worktree import Worktrees, git
+from jobs.tree.worktree import Worktrees, git
 
 REPO = "bench/large"
 

@@ -43,9 +43,10 @@ from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
 from bot.io.pace import Pace
 from bot.io.queues import enqueue_gate
-from jobs import lifecycle, plan, triage
-from jobs.agent import MAX_TOKENS
-from jobs.merge_gate import refuse_closed
+from jobs import lifecycle
+from jobs.agents.agent import MAX_TOKENS
+from jobs.intake import plan, triage
+from jobs.review.gate import refuse_closed
 from jobs.runtime import Runtime, current, instrumented
 
 log = get_logger("loopbot.dispatch")
@@ -86,7 +87,7 @@ def handle_command(raw: str) -> str:
 
 def _label_added(rt: Runtime, gh: Installation, cmd: LabelAdded) -> str:
     text = gh.file(cmd.repo, repo_config.CONFIG_PATH)
-    # The ready label starts a fix loop; the optimize label a metric loop (jobs/metric_loop.py).
+    # The ready label starts a fix loop; the optimize label a metric loop (jobs/loop/metric.py).
     if cmd.label == repo_config.ready_label(text):
         kind = "code"
     elif cmd.label == repo_config.loop_label(text, "metric"):
@@ -349,9 +350,9 @@ def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
     if cmd.action == "status":
         gh.upsert_comment(cmd.repo, cmd.issue, reply_key, messages.status_reply(record))
         return "status"
-    if cmd.action == "plan":  # milestones proposed for a writer to accept (jobs/plan.py)
+    if cmd.action == "plan":  # milestones proposed for a writer to accept (jobs/intake/plan.py)
         return plan.command(rt, gh, cmd, record)
-    if cmd.action in ("accept-spec", "split"):  # answers to triage (jobs/triage.py)
+    if cmd.action in ("accept-spec", "split"):  # answers to triage (jobs/intake/triage.py)
         return triage.command(rt, gh, cmd, record, start=start_loop)  # restarts after accept
     if record is None:
         gh.upsert_comment(cmd.repo, cmd.issue, reply_key, messages.no_loop(cmd.action))

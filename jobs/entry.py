@@ -14,13 +14,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bot.io.queues import JobKind, register
-from jobs import critic, dispatch, loop, merge_gate
+from jobs.dispatch import handle_command
+from jobs.loop.job import run_loop
+from jobs.review.critic import run_critic
+from jobs.review.gate import run_gate
 
+# Each travels in Redis under its kind's wire name (``bot.io.queues.WIRE_NAMES``), not
+# under the module path it has here.
 JOBS: dict[JobKind, Callable[..., str]] = {
-    JobKind.COMMAND: dispatch.handle_command,
-    JobKind.LOOP: loop.run_loop,
-    JobKind.CRITIC: critic.run_critic,
-    JobKind.GATE: merge_gate.run_gate,
+    JobKind.COMMAND: handle_command,
+    JobKind.LOOP: run_loop,
+    JobKind.CRITIC: run_critic,
+    JobKind.GATE: run_gate,
 }
 
 for _kind, _fn in JOBS.items():

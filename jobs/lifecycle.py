@@ -104,7 +104,7 @@ def create(
 
     ``approved``: the issue as ``actor``, a writer, approved it (frozen intake).
     ``pacing``: the job waits for a slot (``Pacing``); None enqueues it at once.
-    ``kind``: "code" (the ready label) or "metric" (the optimize label: jobs/metric_loop.py).
+    ``kind``: "code" (the ready label) or "metric" (the optimize label: jobs/loop/metric.py).
     """
     record = LoopRecord(
         repo=loop.repo,

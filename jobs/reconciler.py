@@ -49,7 +49,7 @@ from bot.io.queues import JobKind, fetch_job
 from jobs import lifecycle, merge_slot
 from jobs.dispatch import start_loop
 from jobs.runtime import Runtime
-from jobs.worktree import Worktrees
+from jobs.tree.worktree import Worktrees
 
 log = get_logger("loopbot.reconciler")
 # A queued loop whose job nobody has taken for this long is looked at too (a lost enqueue).
@@ -259,7 +259,7 @@ def sweep(rt: Runtime) -> list[str]:
                 if text is None:
                     continue
                 # The ready label's fix loops, and the optimize label's metric loops when
-                # loop.yml has a ``metric:`` section (jobs/metric_loop.py).
+                # loop.yml has a ``metric:`` section (jobs/loop/metric.py).
                 kinds = [(repo_config.ready_label(text), "code")]
                 if _has_metric(text):
                     kinds.append((repo_config.loop_label(text, "metric"), "metric"))

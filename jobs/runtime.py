@@ -28,7 +28,7 @@ from bot.io.github.pace import waited_here
 from bot.io.metrics import observe_job, observe_pace
 from bot.io.store import Store
 from jobs.drain import sigterm_drains
-from jobs.gateway_openai import OpenAIUpstream
+from jobs.gateway.responses import OpenAIUpstream
 from jobs.models import ModelCatalog
 from jobs.status_comment import publishing
 

@@ -13,6 +13,10 @@ from bot.io.queues import CONTROL_QUEUE, LOOP_QUEUE
 from bot.standins import anthropic as m
 from bot.standins.github import GitHubServer
 
+# The repository's root, and the test data: wherever a test file sits under tests/.
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
+
 REPO = "acme/widgets"
 
 LOOP_YML = """\
@@ -179,7 +183,7 @@ def chromium_or_skip() -> str:
     return chromium
 
 
-# -- backend CLIs in the sandbox (tests/e2e/test_claude_code.py, test_opencode.py) ---------
+# -- backend CLIs in the sandbox (tests/e2e/agents/test_claude_code.py, test_opencode.py) ---------
 
 
 def cli_pids(root: int, marker: str) -> set[int]:

@@ -8,7 +8,9 @@ What either writes, the other may read. So each format carries a number, and:
 it passes (bot/io/queues.py, jobs/entry.py). Format 1 is release 0.1.0's:
 ``loopbot-control`` and ``loopbot-loops``; ``jobs.dispatch.handle_command(command_json)``,
 ``jobs.loop.run_loop(repo, issue)``, ``jobs.critic.run_critic(repo, issue)`` and
-``jobs.merge_gate.run_gate(repo, issue)`` (tests/unit/test_formats.py pins them).
+``jobs.merge_gate.run_gate(repo, issue)`` (tests/io/test_formats.py pins them). These are
+wire names: the functions have moved into jobs/'s rooms since, and a worker runs the one
+registered for the name (``bot.io.queues.WIRE_NAMES``), never an import of it.
 A release that changes any of these bumps ``JOB_FORMAT``, and its queues take the suffix
 ``-v{N}``: an older worker never listens there, so it never runs a job it does not know.
 A newer worker also works the queues of every older format it still reads

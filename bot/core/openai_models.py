@@ -1,4 +1,4 @@
-"""What loopbot knows of OpenAI's models, for the codex backend (``jobs/codex.py``).
+"""What loopbot knows of OpenAI's models, for the codex backend (``jobs/agents/codex.py``).
 
 OpenAI's Models API names a model but does not describe it (no context window, output
 limit or reasoning levels), so these come from a table: the windows and reasoning levels

@@ -54,7 +54,7 @@ class Reason(StrEnum):
     RESOURCE_LIMIT = "resource_limit"
     ISSUE_EDITED = "issue_edited"  # title or body changed after a writer approved it
     MODEL_REFUSED = "model_refused"  # the model declined (stop_reason refusal)
-    # Metric loops (jobs/metric_loop.py): phase 0 failed on the base; discards in a row
+    # Metric loops (jobs/loop/metric.py): phase 0 failed on the base; discards in a row
     # reached max_consecutive_discards with nothing kept; max_iterations ran with nothing
     # kept; verify fails on the kept changes, so no pull request.
     METRIC_PRECONDITIONS = "metric_preconditions"
@@ -183,7 +183,7 @@ class LoopRecord(BaseModel):
     # In line for a slot (max_parallel, LOOPBOT_MAX_PARALLEL): queued, its job not yet
     # enqueued; None once admitted (or never held back).
     waiting: Waiting | None = None
-    # -- metric loops (label labels.optimize; jobs/metric_loop.py, bot/core/rules/metric.py) --
+    # -- metric loops (label labels.optimize; jobs/loop/metric.py, bot/core/rules/metric.py) --
     kind: str = "code"  # "code": a fix loop (labels.ready); "metric": a metric loop
     metric_results: list[dict[str, Any]] = Field(default_factory=list)  # metric.Row dicts
     metric_head: str = ""  # the branch head after the last decided iteration (or the base)
@@ -195,12 +195,12 @@ class LoopRecord(BaseModel):
     metric_done: bool = False  # iterations over and a pull request opened: fix turns follow
     # -- end of metric loop fields --
     # -- triage ---------------------------------------------------------------------------
-    # Readiness triage of the approved text (bot/core/rules/triage.py, jobs/triage.py):
+    # Readiness triage of the approved text (bot/core/rules/triage.py, jobs/intake/triage.py):
     # its verdict and proposal, the ``approved_sha256`` it judged, a writer's acceptance,
     # the sub-issues /loop-split created. {} = not triaged.
     triage: dict[str, Any] = Field(default_factory=dict)
     # -- end triage -----------------------------------------------------------------------
-    # -- milestones (bot/core/rules/sections.py, jobs/loop.py) ---------------------------
+    # -- milestones (bot/core/rules/sections.py, jobs/loop/job.py) ---------------------------
     # The approved issue's sections, each {title, text, done, preticked, audit_rounds,
     # start_sha, and once audited audited_sha (the head its last audit judged),
     # dirty_sha (the head whose blocking findings stand), dirty_sev1 (they were sev1s)

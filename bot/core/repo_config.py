@@ -108,10 +108,10 @@ class AgentConfig(_Strict):
     model: str | None = Field(None, min_length=1, max_length=200)
     effort: Effort | None = None
     # Who codes: loopbot's own agent (the Messages API, from the worker), or Claude Code
-    # inside the sandbox behind the model gateway (jobs/claude_code.py). One the operator
+    # inside the sandbox behind the model gateway (jobs/agents/claude_code.py). One the operator
     # does not allow (LOOPBOT_AGENT_BACKENDS) is clamped to builtin.
     backend: Backend = "builtin"
-    # MCP servers (stdio) the backend starts in the sandbox, by name (jobs/mcp.py): for
+    # MCP servers (stdio) the backend starts in the sandbox, by name (jobs/agents/mcp.py): for
     # claude-code and opencode; the built-in agent does not run them (README says why).
     mcp_servers: dict[str, McpServer] = Field(default_factory=dict, max_length=8)
 
@@ -133,7 +133,7 @@ class CriticConfig(_Strict):
     model: str | None = Field(None, min_length=1, max_length=200)
     effort: Effort | None = None
     # Read-only tools on the PR head (read, search, run verify) in the sandbox, so the
-    # critic checks claims against the code (jobs/critic_tools.py).
+    # critic checks claims against the code (jobs/review/tools.py).
     tools: bool = True
     max_rounds: int = Field(3, ge=1, le=20)
     large_diff_lines: int = Field(400, ge=1)
@@ -259,7 +259,7 @@ class RepoConfig(_Strict):
     setup: str | None = None
     # The network of `setup` alone (the package registries, say), as `sandbox.network`
     # is the agent's and verify's; unset: `sandbox.network`. Setup also gets the
-    # repository's dependency caches (jobs/setup_phase.py); the agent never does.
+    # repository's dependency caches (jobs/loop/setup_phase.py); the agent never does.
     setup_network: bool | tuple[str, ...] | None = None
     max_turns: int = Field(20, ge=1, le=100)
     max_steps: int = Field(200, ge=0)

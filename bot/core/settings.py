@@ -134,10 +134,10 @@ class Settings(BaseSettings):
     sandbox_max_worktree_mb: int = Field(4096, alias="LOOPBOT_SANDBOX_MAX_WORKTREE_MB", ge=16)
     sandbox_max_output_kb: int = Field(64, alias="LOOPBOT_SANDBOX_MAX_OUTPUT_KB", ge=4)
     # Each repository's dependency caches (pip, npm, cargo, go, ...), mounted into its
-    # `setup` only (jobs/setup_phase.py); past this size a cache is emptied. 0: no caches.
+    # `setup` only (jobs/loop/setup_phase.py); past this size a cache is emptied. 0: no caches.
     setup_cache_mb: int = Field(2048, alias="LOOPBOT_SETUP_CACHE_MB", ge=0)
     # All repositories' caches on this worker together: past it, the least recently used
-    # are removed (jobs/setup_phase.py).
+    # are removed (jobs/loop/setup_phase.py).
     setup_caches_total_mb: int = Field(8192, alias="LOOPBOT_SETUP_CACHES_TOTAL_MB", ge=0)
     # Private or loopback networks the egress proxy may reach anyway (an internal package
     # mirror); comma-separated CIDRs. Empty: only public addresses.

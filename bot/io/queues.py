@@ -13,10 +13,14 @@ worker is built here, and they:
   other name, an instance method, callbacks and webhooks before anything is imported,
   and the job fails like any failed job (failed registry, logged).
 
-Jobs are named by function reference, not by dotted strings: ``jobs/entry.py`` registers
-each kind's function (``register``) and a job's name is computed from it, so mypy and a
-reader can follow every enqueue to the code it runs. A process that registered nothing
-runs nothing but the command entry point (fail closed).
+Jobs are run by function reference: ``jobs/entry.py`` registers each kind's function
+(``register``), so mypy and a reader can follow every job to the code it runs. What a job
+carries in Redis is its kind's wire name (``WIRE_NAMES``), fixed since release 0.1.0 and
+independent of where the function lives now: a job queued by one release is run by
+another during a rolling deploy, in both directions, so moving a job function to another
+module must not rename its jobs. A worker runs a wire name's registered function; RQ never
+imports a name from Redis. A process that registered nothing runs nothing but the command
+entry point (fail closed).
 """
 
 from __future__ import annotations
@@ -63,56 +67,60 @@ class JobKind(StrEnum):
     GATE = "gate"  # the merge gate
 
 
-# The one job named by a string: the web process enqueues commands and must never import
-# ``jobs`` (bot/web imports only core and io), so it cannot take the function itself.
-# ``register`` checks that jobs/entry.py's command function has exactly this name, and
-# tests/unit/test_job_entry.py checks it too.
+# The name the web process enqueues commands by: it must never import ``jobs`` (bot/web
+# imports only core and io), so it cannot take the function itself. ``register`` checks
+# that jobs/entry.py's command function has exactly this name, which is also its wire name.
 COMMAND_ENTRY = "jobs.dispatch.handle_command"
 
-_registered: dict[JobKind, str] = {}
+# What each kind of job is called in Redis (job format 1, release 0.1.0's module paths).
+# The loop, critic and gate functions have moved into jobs/'s rooms since; their jobs keep
+# these names, or a rolling deploy would strand what one release queued for the other.
+WIRE_NAMES: dict[JobKind, str] = {
+    JobKind.COMMAND: COMMAND_ENTRY,
+    JobKind.LOOP: "jobs.loop.run_loop",
+    JobKind.CRITIC: "jobs.critic.run_critic",
+    JobKind.GATE: "jobs.merge_gate.run_gate",
+}
+
+_registered: dict[JobKind, Callable[..., object]] = {}
 
 
 def job_name(fn: Callable[..., object]) -> str:
-    """The name RQ stores for a job running ``fn``, and imports to run it."""
+    """Where ``fn`` lives: its module and name."""
     return f"{fn.__module__}.{fn.__qualname__}"
 
 
 def register(kind: JobKind, fn: Callable[..., object]) -> None:
-    """Let workers run ``fn`` as ``kind``'s job, and let this process enqueue it."""
+    """Let workers run ``fn`` for ``kind``'s jobs, and let this process enqueue them."""
     name = job_name(fn)
-    if "<" in name:  # a lambda or a nested function: RQ could not import it by name
-        raise ValueError(f"{name} cannot be a job function: RQ imports jobs by name")
+    if "<" in name:  # a lambda or a nested function: not a job function a reader can find
+        raise ValueError(f"{name} cannot be a job function: it has no module-level name")
     if kind is JobKind.COMMAND and name != COMMAND_ENTRY:
         raise ValueError(f"the command job must be {COMMAND_ENTRY}, not {name}")
-    if _registered.get(kind, name) != name:
-        raise ValueError(f"{kind} jobs run {_registered[kind]} already, not {name}")
-    _registered[kind] = name
+    if _registered.get(kind, fn) is not fn:
+        raise ValueError(f"{kind} jobs run {job_name(_registered[kind])} already, not {name}")
+    _registered[kind] = fn
 
 
 def func_name(kind: JobKind) -> str:
-    """The function name to enqueue for ``kind``; ``RefusedJob`` if none is registered."""
-    if kind is JobKind.COMMAND:
-        return COMMAND_ENTRY
-    try:
-        return _registered[kind]
-    except KeyError:
-        raise RefusedJob(
-            f"no {kind} job function is registered in this process: import jobs.entry"
-        ) from None
+    """The name to enqueue ``kind``'s jobs under; ``RefusedJob`` if none is registered."""
+    if kind is not JobKind.COMMAND and kind not in _registered:
+        raise RefusedJob(f"no {kind} job function is registered in this process: import jobs.entry")
+    return WIRE_NAMES[kind]
 
 
 def kind_of(name: object) -> JobKind | None:
-    """Which kind of job runs the function ``name``, or None for any other name."""
-    return next((k for k, n in _registered.items() if n == name), None)
+    """Which kind of job the wire name ``name`` is, or None for any other name."""
+    return next((k for k in _registered if WIRE_NAMES[k] == name), None)
 
 
 def job_functions() -> frozenset[str]:
-    """Every function a loopbot job may run here; nothing else is ever imported from a job.
+    """Every name a loopbot job may carry here; nothing else is ever run from a job.
 
-    The registered ones (none registered: none of them, fail closed) and the command entry
-    point, which the web process enqueues without importing ``jobs``.
+    The registered kinds' (none registered: none of them, fail closed) and the command
+    entry point, which the web process enqueues without importing ``jobs``.
     """
-    return frozenset({COMMAND_ENTRY, *_registered.values()})
+    return frozenset({COMMAND_ENTRY, *(WIRE_NAMES[k] for k in _registered)})
 
 
 SERIALIZER = JSONSerializer
@@ -191,7 +199,9 @@ class LoopbotJob(Job):
             self.retries_left = 0
             log.error("job.refused", job=self.id, queue=self.origin, reason=refusal)
             raise RefusedJob(f"job {self.id} refused: {refusal}")
-        return super().func
+        # The registered function, never an import of a name read from Redis.
+        kind = kind_of(self.func_name)
+        return super().func if kind is None else _registered[kind]
 
     # Callbacks and webhooks would be imported or sent by RQ even for a refused job
     # (failure callbacks run on the failure path): loopbot uses none, so there are none.
@@ -442,7 +452,7 @@ def enqueue_loop_job(redis: Redis, loop: LoopId) -> None:
         description=f"loop {loop.key}",
         meta=JOB_META,
         # Transient failures (GitHub down, a git timeout) retry the job; the loop's own
-        # error budget (jobs.loop.MAX_ERRORS) decides when to give up.
+        # error budget (jobs.loop.job.MAX_ERRORS) decides when to give up.
         retry=Retry(max=LOOP_JOB_RETRIES, interval=[15, 60, 180]),
     )
 

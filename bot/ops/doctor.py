@@ -540,9 +540,9 @@ def backend_checks(settings: Settings) -> list[Check]:
 
 def _cli_backend(settings: Settings, name: str, backend: str) -> Check:
     """A backend CLI (Claude Code, opencode): its version, then a trial turn in the
-    sandbox through the model gateway (``jobs.cli_agent.trial``)."""
-    from jobs import claude_code, opencode
-    from jobs.backends import run_trial
+    sandbox through the model gateway (``jobs.agents.cli.trial``)."""
+    from jobs.agents import claude_code, opencode
+    from jobs.agents.backends import run_trial
     from jobs.models import ModelCatalog, UnknownModel
 
     if backend == "claude-code":
@@ -567,9 +567,9 @@ def _codex_backend(settings: Settings, name: str) -> Check:
     """Codex: its version, the codex model known to OPENAI_BASE_URL with OPENAI_API_KEY,
     then a trial turn in the sandbox through the gateway's OpenAI side."""
     from bot.core import openai_models
-    from jobs import codex
-    from jobs.backends import run_trial
-    from jobs.gateway_openai import OpenAIUpstream
+    from jobs.agents import codex
+    from jobs.agents.backends import run_trial
+    from jobs.gateway.responses import OpenAIUpstream
 
     version = codex.cli_version()
     if version is None:

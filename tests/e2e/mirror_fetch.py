@@ -1,14 +1,14 @@
 """One mirror fetch in a child process, for the multi-process mirror test.
 
 Kept apart from the test module so a child started by the forkserver imports only this
-and ``jobs.worktree``, not the test module's servers and clients.
+and ``jobs.tree.worktree``, not the test module's servers and clients.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from jobs.worktree import Worktrees
+from jobs.tree.worktree import Worktrees
 
 
 def fetch(args: tuple[str, str, str, str]) -> str:

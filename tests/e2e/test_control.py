@@ -341,7 +341,7 @@ def test_lapsed_lease_is_resumed_then_stalled_after_the_limit(
 def test_a_worker_that_lost_its_lease_leaves_the_loop_alone(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, env: dict[str, str]
 ) -> None:
-    from jobs.loop import LEASE_LOST, run_loop
+    from jobs.loop.job import LEASE_LOST, run_loop
 
     n = started_loop(github, redis, env, YML, LOOPBOT_LEASE_TTL="3")
 

@@ -18,10 +18,21 @@ from bot.standins import anthropic as m
 from bot.standins import gitrepo
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
-from jobs import critic, merge_gate, reconciler
+from jobs import reconciler
+from jobs.review import critic
+from jobs.review import gate as merge_gate
 from jobs.runtime import Runtime
 from tests.conftest import Web
-from tests.e2e.test_review_merge import FIX, KEY, YML, is_critic, main_log, record, report, run
+from tests.e2e.review.test_review_merge import (
+    FIX,
+    KEY,
+    YML,
+    is_critic,
+    main_log,
+    record,
+    report,
+    run,
+)
 from tests.helpers import REPO, label, open_issue, sample_repo
 
 

@@ -23,7 +23,7 @@ from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from tests.conftest import Web, run_control_jobs, run_worker
-from tests.e2e.test_review_merge import FIX, finding, is_critic
+from tests.e2e.review.test_review_merge import FIX, finding, is_critic
 from tests.helpers import REPO, comment, label, open_issue, sample_repo
 
 SEV1 = finding("sev1", "calc.py", 2, "add() overflows on big ints")

@@ -22,9 +22,8 @@ from bot.standins import gitrepo
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from tests.conftest import Web, wait_for
-from tests.helpers import CALC, REPO, label, open_issue, sample_repo
+from tests.helpers import CALC, REPO, ROOT, label, open_issue, sample_repo
 
-ROOT = Path(__file__).resolve().parents[2]
 # The first release: the commit this work started from (tagged v0.1.0).
 FIRST_RELEASE = "5b89688a081c2a851268bd069d68572a1d6bce5e"
 YML = "verify: python3 -m unittest -q\nmax_turns: 5\n"

@@ -13,11 +13,11 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT
+
 BENCH = ROOT / "bench"
 
 # script -> a line of figures that a finished run prints (a number where the figure is).

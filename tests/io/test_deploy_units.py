@@ -16,8 +16,8 @@ import pytest
 
 from bot.core.repo_config import SandboxConfig
 from bot.web.serving import GUNICORN_SETTINGS
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "deploy" / "systemd"
 WEB = UNITS / "loopbot-web.service"
 WORKER = UNITS / "loopbot-worker@.service"

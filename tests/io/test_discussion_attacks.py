@@ -1,5 +1,5 @@
 """Red team: the discussion (bot/core/rules/discussion.py, bot/core/text/prompts.py) and
-nested AGENTS.md (bot/core/rules/nested_guidance.py, jobs.worktree.files_at) attacked
+nested AGENTS.md (bot/core/rules/nested_guidance.py, jobs.tree.worktree.files_at) attacked
 by people without write access and by a hostile default branch.
 
 Each test states one promise and tries to break it; where a docstring tells how, that is
@@ -20,7 +20,7 @@ from bot.core.repo_config import Ceilings, ModelPolicy, load
 from bot.core.rules import discussion, nested_guidance
 from bot.core.text import prompts
 from bot.standins.gitrepo import git as plain_git
-from jobs.worktree import files_at
+from jobs.tree.worktree import files_at
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bot.ops.doctor import HostFacts, sandbox_fix
+from tests.helpers import ROOT
 
 DOCKER = HostFacts(container="docker", seccomp_filter=True, proc_masked=True)
 
@@ -86,7 +87,7 @@ def test_a_host_that_refuses_user_namespaces_fails_with_the_sysctl_to_set(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=ROOT,
     )
     ours = os.readlink("/proc/self/ns/user")
     deadline = time.monotonic() + 10

@@ -25,8 +25,7 @@ from bot.io.queues import (
 from bot.io.store import Store
 from jobs import entry
 from tests.conftest import run_worker
-
-DATA = Path(__file__).resolve().parents[1] / "data"
+from tests.helpers import DATA
 
 # Job format 1, as release 0.1.0 wrote and ran it: a release that changes any of these
 # must bump JOB_FORMAT (and move its queues), or old workers would run what they do not

@@ -9,7 +9,6 @@ import copy
 import gzip
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,10 +16,11 @@ import pytest
 
 from bot.standins import openai as m
 from bot.standins.openai import Fail, ModelSpec, OpenAIServer, Reply
+from tests.helpers import DATA
 
 Json = dict[str, Any]
 KEY = {"Authorization": "Bearer sk-local-test"}
-CODEX = Path(__file__).parent.parent / "data" / "codex_request.json"
+CODEX = DATA / "codex_request.json"
 LONG = "The quick brown fox jumps over the lazy dog. " * 200  # ~9,000 chars: ~2,250 tokens
 BASH = {
     "type": "function",

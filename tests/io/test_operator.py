@@ -20,7 +20,6 @@ from bot.web.app import create_app
 from tests.helpers import CHROMIUM_ARGS, chromium_or_skip
 
 LOOPBOT = str(Path(sys.executable).parent / "loopbot")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(

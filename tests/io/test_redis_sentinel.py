@@ -41,11 +41,11 @@ from bot.core.settings import SettingsError, load_settings
 from bot.core.text.redact import settings_secrets, url_secrets
 from bot.io.redis import RedisProblem, SentinelRedis, check, connect
 from bot.standins.redis_server import SentinelSet
+from tests.helpers import ROOT
 from tests.io.test_operator import cli
 
 PASSWORD = "m4ster-Pa55/w:rd@x"  # needs percent-encoding in a URL, on purpose
 SENTINEL_PASSWORD = "s3ntinel&p@ss#1"
-ROOT = Path(__file__).resolve().parents[2]
 BASE = {
     "GITHUB_APP_ID": "12",
     "GITHUB_PRIVATE_KEY": "-----BEGIN KEY-----\nx\n-----END KEY-----\n",

@@ -28,6 +28,7 @@ from bot.core import signature
 from bot.io.queues import CONTROL_QUEUE
 from bot.standins.redis_server import free_port
 from tests.conftest import wait_for
+from tests.helpers import ROOT
 
 SLOW_CLIENTS = 50
 TRICKLE = b"POST /webhook HTTP/1.1\r\nHost: loopbot\r\nX-GitHub-Event: issues\r\n"
@@ -148,7 +149,7 @@ def test_fifty_slow_connections_do_not_stop_healthz_or_webhooks(
 def test_procfile_runs_the_same_gunicorn_settings_as_loopbot_web() -> None:
     from bot.web.serving import GUNICORN_SETTINGS
 
-    procfile = (Path(__file__).resolve().parents[2] / "Procfile").read_text()
+    procfile = (ROOT / "Procfile").read_text()
     web = next(line for line in procfile.splitlines() if line.startswith("web:"))
     assert "--bind 0.0.0.0:$PORT" in web
     for name, value in GUNICORN_SETTINGS.items():

@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 from bot.ops.supervisor import FIRST_DELAY, HEALTHY_AFTER, MAX_DELAY, restart_delay
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT
 
 SCRIPT = """
 import os, signal, sys, time, functools

@@ -124,7 +124,7 @@ def assistant(*blocks: Msg) -> Msg:
 
 
 def step(msgs: list[Msg], say: str = "", n_calls: int = 1, out: int = 2_000) -> None:
-    """One step as jobs/agent.py stores it: thinking, text, calls; then their results."""
+    """One step as jobs/agents/agent.py stores it: thinking, text, calls; then their results."""
     calls = [call(command=f"cat f{next(_ids)}.py") for _ in range(n_calls)]
     blocks = [think(f"thought {next(_ids)} " * 20)]
     if say:

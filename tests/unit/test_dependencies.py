@@ -9,9 +9,8 @@ import re
 import sys
 import tomllib
 from importlib.metadata import packages_distributions
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT
 
 # Declared, not imported by name, on purpose.
 NOT_IMPORTED = {

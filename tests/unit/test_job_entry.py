@@ -1,13 +1,18 @@
-"""Jobs are named by function reference (jobs/entry.py); the one name written as a string
-is the command entry point the web process enqueues without importing ``jobs``."""
+"""Jobs run by function reference (jobs/entry.py) and travel under their kind's wire name,
+release 0.1.0's, wherever the function lives now; the command entry point is the one the
+web process enqueues without importing ``jobs``."""
 
 from __future__ import annotations
 
 import pytest
+from redis import Redis
+from rq.utils import import_attribute
 
 from bot.io import queues
 from bot.io.queues import COMMAND_ENTRY, JobKind, RefusedJob, job_name, register
-from jobs import critic, dispatch, entry, loop, merge_gate
+from jobs import dispatch, entry
+from jobs.loop import job as loop
+from jobs.review import critic, gate
 
 
 def test_the_command_entry_point_is_dispatchs_handle_command() -> None:
@@ -27,9 +32,11 @@ def test_entry_registers_every_kind_by_reference() -> None:
         assert queues.func_name(kind) == name
         assert queues.kind_of(name) is kind
     assert queues.job_functions() == frozenset(names.values())
+    # Where the functions live now: not a name any job carries.
+    assert queues.kind_of(job_name(loop.run_loop)) is None
     assert entry.JOBS[JobKind.LOOP] is loop.run_loop
     assert entry.JOBS[JobKind.CRITIC] is critic.run_critic
-    assert entry.JOBS[JobKind.GATE] is merge_gate.run_gate
+    assert entry.JOBS[JobKind.GATE] is gate.run_gate
 
 
 def test_nothing_registered_runs_nothing_but_commands(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,7 +51,7 @@ def test_register_refuses_what_rq_could_not_run_or_a_second_function(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(queues, "_registered", {})
-    with pytest.raises(ValueError, match="RQ imports jobs by name"):
+    with pytest.raises(ValueError, match="no module-level name"):
         register(JobKind.LOOP, lambda: "x")
     with pytest.raises(ValueError, match="the command job must be"):
         register(JobKind.COMMAND, loop.run_loop)
@@ -52,3 +59,23 @@ def test_register_refuses_what_rq_could_not_run_or_a_second_function(
     register(JobKind.LOOP, loop.run_loop)  # the same again is fine
     with pytest.raises(ValueError, match="already"):
         register(JobKind.LOOP, critic.run_critic)
+
+
+@pytest.mark.parametrize(
+    ("wire", "kind"),
+    [
+        ("jobs.loop.run_loop", JobKind.LOOP),
+        ("jobs.critic.run_critic", JobKind.CRITIC),
+        ("jobs.merge_gate.run_gate", JobKind.GATE),
+    ],
+)
+def test_a_job_under_its_wire_name_runs_the_registered_function(wire: str, kind: JobKind) -> None:
+    """0.1.0's module paths are gone (jobs/ has rooms), yet its jobs still run: the worker
+    takes the registered function, it never imports the name it read from Redis."""
+    with pytest.raises((ImportError, AttributeError, ValueError)):
+        import_attribute(wire)
+    job = queues.LoopbotJob.create(
+        wire, args=("acme/widgets", 1), meta=dict(queues.JOB_META), connection=Redis()
+    )
+    assert job.refusal() is None
+    assert job.func is entry.JOBS[kind]

@@ -4,6 +4,11 @@
 - Layers: ``bot.core`` imports only core; ``bot.io`` core and io; ``bot.web`` core, io and
   web; ``jobs`` core, io and jobs; ``bot.standins`` core and standins; ``bot.ops`` anything.
   Every import counts, wherever it is: at the top, in a function, under TYPE_CHECKING.
+- Rooms: ``jobs`` is rooms by concern (``jobs/<room>/``, a package each) and a few modules
+  that serve every room, each named below. A room imports only the rooms ``ROOMS`` allows
+  it and the shared modules; a shared module imports only shared modules; the modules on
+  top (the job entry points, dispatch, the reconciler) import anything in ``jobs``. A new
+  module of ``jobs/`` outside a room, or not named here, fails.
 - No import cycle among bot/jobs modules, counting function-level imports (a lazy import
   hides a cycle from Python, not from this test); type-only imports do not count.
 - No function-level import of a bot/jobs module outside bot/ops (whose CLI imports lazily
@@ -11,8 +16,10 @@
 - A loop's key is built by ``LoopId`` (bot/core/ids.py) alone: no ``f"{...}#{...}"``.
 - A loop's status is written by the lifecycle modules alone: no ``x.status = ...``, no
   ``status=Status.X`` argument, no ``{"status": Status.X}`` update.
-- A job names its function by reference: no string ``"jobs.<module>.<function>"`` but the
-  command entry point the web enqueues without importing jobs (``COMMAND_ENTRY``).
+- A job names its function by reference: no string ``"jobs.<module>.<function>"`` naming
+  where a job function lives, but the command entry point the web enqueues without
+  importing jobs (``COMMAND_ENTRY``); the other wire names in bot/io/queues.py name no
+  module of today's tree (they are release 0.1.0's paths, run by registration).
 
 Failure messages name each offence as ``path:line``.
 """
@@ -29,7 +36,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT
+
 PACKAGES = ("bot", "jobs")
 
 # Which layers each layer may import (None: any). A layer is ``jobs`` or ``bot.<part>``.
@@ -45,6 +53,38 @@ ALLOWED: dict[str, frozenset[str] | None] = {
 # Where a function-level import of a bot/jobs module is allowed: the CLI imports lazily
 # for start-up time; the stand-ins are test and demo scaffolding, not the product.
 LAZY_IMPORTS_ALLOWED = ("bot.ops", "bot.standins")
+
+# The rooms of jobs/ (low to high), each with the rooms it may import besides itself and the
+# shared modules. The graph has no circle: a room may never import a room that imports it.
+ROOMS: dict[str, frozenset[str]] = {
+    "jobs.sandbox": frozenset(),  # bubblewrap, cgroups, egress, safe file access
+    "jobs.tree": frozenset(),  # git, the mirrors and worktrees, the tree's files
+    "jobs.gateway": frozenset({"jobs.sandbox"}),  # the model gateway, both APIs
+    "jobs.runtime": frozenset({"jobs.gateway"}),  # what a worker builds once (one module)
+    "jobs.agents": frozenset({"jobs.gateway", "jobs.sandbox"}),  # built-in and CLI agents
+    "jobs.intake": frozenset({"jobs.runtime"}),  # triage, the plan, structured calls
+    "jobs.review": frozenset(  # the critic and the merge gate
+        {"jobs.agents", "jobs.runtime", "jobs.sandbox", "jobs.tree"}
+    ),
+    "jobs.loop": frozenset(  # the loop job and its parts
+        {"jobs.agents", "jobs.intake", "jobs.review", "jobs.runtime", "jobs.sandbox", "jobs.tree"}
+    ),
+}
+# Modules directly in jobs/ that serve every room: below every room, importing none.
+SHARED = frozenset(
+    {
+        "jobs.drain",  # SIGTERM becomes a hand-over
+        "jobs.lifecycle",  # every status change
+        "jobs.merge_slot",  # one merge at a time per repository (lifecycle frees it)
+        "jobs.models",  # the Models API's answers
+        "jobs.precall",  # the budget check before every model call
+        "jobs.retries",  # the critic's and the gate's way through failures
+        "jobs.status_comment",  # the issue's status comment
+    }
+)
+# Modules directly in jobs/ above every room: the job entry points and what starts jobs.
+TOP = frozenset({"jobs.dispatch", "jobs.entry", "jobs.reconciler"})
+SHARED_ROOM, TOP_ROOM = "jobs (shared)", "jobs (top)"
 LOOP_KEY_BUILDER = "bot/core/ids.py"
 STATUS_WRITERS = ("jobs/lifecycle.py", "bot/core/rules/lifecycle.py")
 # The one job named by a string: bot/web must not import jobs, so it cannot pass the function.
@@ -102,6 +142,19 @@ def modules() -> dict[str, Module]:
 def layer(name: str) -> str:
     parts = name.split(".")
     return "jobs" if parts[0] == "jobs" else ".".join(parts[:2])
+
+
+def room(name: str) -> str | None:
+    """The room of a ``jobs`` module: its package under jobs/, ``jobs.runtime``, or the
+    shared or top modules; None for a module of jobs/ that is in no room."""
+    parts = name.split(".")
+    if len(parts) > 2:
+        return ".".join(parts[:2])
+    if name in ROOMS:  # a room of one module (jobs.runtime), or a room's package
+        return name
+    if name in SHARED or name == "jobs":
+        return SHARED_ROOM
+    return TOP_ROOM if name in TOP else None
 
 
 def internal(name: str) -> bool:
@@ -197,6 +250,64 @@ def test_imports_follow_the_layers(name: str) -> None:
         if layer(i.target) not in allowed
     ]
     assert not bad, offences(bad)
+
+
+JOBS_MODULES = [name for name in MODULES if layer(name) == "jobs"]
+
+
+@pytest.mark.parametrize("name", JOBS_MODULES)
+def test_jobs_imports_follow_the_rooms(name: str) -> None:
+    module = modules()[name]
+    own = room(name)
+    assert own is not None, (
+        f"{module.path}: {name} is in no room of jobs/ (put it in a room: "
+        f"{', '.join(sorted(ROOMS))}; or name it in SHARED or TOP in {__file__})"
+    )
+    if own == TOP_ROOM:
+        return
+    allowed = {own, SHARED_ROOM} | (ROOMS.get(own, frozenset()))
+    bad = [
+        f"{module.at(i.node)}: {name} ({own}) imports {i.target} ({room(i.target)}); "
+        f"{own} may import only {', '.join(sorted(allowed))}"
+        for i in imports(name)
+        if layer(i.target) == "jobs" and room(i.target) not in allowed
+    ]
+    assert not bad, offences(bad)
+
+
+def test_the_rooms_draw_no_circle() -> None:
+    """A room may not import a room that imports it, through any number of rooms."""
+    for start in ROOMS:
+        seen, todo = set(), list(ROOMS[start])
+        while todo:
+            here = todo.pop()
+            assert here != start, f"{start} can reach itself through the rooms it may import"
+            if here not in seen:
+                seen.add(here)
+                todo.extend(ROOMS.get(here, ()))
+
+
+def test_every_room_is_a_package_on_disk() -> None:
+    for name in ROOMS:
+        path = ROOT / name.replace(".", "/")
+        assert path.is_dir() or path.with_suffix(".py").is_file(), f"{name}: no such room"
+    loose = sorted(p.stem for p in (ROOT / "jobs").glob("*.py") if p.stem != "__init__")
+    assert {f"jobs.{n}" for n in loose} == SHARED | TOP | {"jobs.runtime"}, loose
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("jobs.loop.job", "jobs.loop"),
+        ("jobs.sandbox", "jobs.sandbox"),
+        ("jobs.runtime", "jobs.runtime"),
+        ("jobs.lifecycle", SHARED_ROOM),
+        ("jobs.entry", TOP_ROOM),
+        ("jobs.newthing", None),
+    ],
+)
+def test_a_module_is_put_in_its_room(name: str, expected: str | None) -> None:
+    assert room(name) == expected
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -389,7 +500,7 @@ def test_every_module_was_read() -> None:
     """The checks above saw the whole tree: both packages, their sub-packages, and the
     modules each rule has an exception for."""
     names = set(MODULES)
-    assert {"bot.core.ids", "bot.io.queues", "bot.web.app", "bot.ops.cli", "jobs.loop"} <= names
+    assert {"bot.core.ids", "bot.io.queues", "bot.web.app", "bot.ops.cli", "jobs.loop.job"} <= names
     paths = {m.path for m in modules().values()}
     assert LOOP_KEY_BUILDER in paths and COMMAND_ENTRY[0] in paths
     assert set(STATUS_WRITERS) <= paths, set(STATUS_WRITERS) - paths
@@ -408,7 +519,7 @@ from typing import TYPE_CHECKING
 
 from bot.core import ids
 from bot.core.rules import turns as t
-from jobs import loop
+from jobs.loop import job as loop
 
 if TYPE_CHECKING:
     from bot.io.store import Store
@@ -417,7 +528,7 @@ else:
 
 
 def f() -> None:
-    from jobs.merge_gate import refuse_closed
+    from jobs.review.gate import refuse_closed
     from . import dispatch
     from .sandbox import bwrap
 """
@@ -430,10 +541,10 @@ def test_imports_are_found_with_where_they_are() -> None:
     assert found == [
         ("bot.core.ids", 3, False, False),
         ("bot.core.rules.turns", 4, False, False),
-        ("jobs.loop", 5, False, False),
+        ("jobs.loop.job", 5, False, False),
         ("bot.io.store", 8, False, True),
         ("bot.io.redis", 10, False, False),
-        ("jobs.merge_gate", 14, True, False),
+        ("jobs.review.gate", 14, True, False),
         ("jobs.dispatch", 15, True, False),
         ("jobs.sandbox.bwrap", 16, True, False),
     ]

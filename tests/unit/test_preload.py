@@ -7,11 +7,9 @@ import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 from bot.io import preload
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT
 
 
 def test_every_endpoint_loopbot_calls_is_preloaded() -> None:

@@ -1,5 +1,5 @@
 """The session log and the status comment's timeline, from a stored conversation and
-events shaped as jobs.agent and jobs.loop write them."""
+events shaped as jobs.agents.agent and jobs.loop.job write them."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ CONVERSATION = [
     ),
     user(result("t2", "edited calc.py")),
     assistant(text("Fixed add().")),
-    user(text("Turn 2. verify failed:\n" + FAILED)),  # jobs.loop's turn-2 prompt
+    user(text("Turn 2. verify failed:\n" + FAILED)),  # jobs.loop.job's turn-2 prompt
     assistant(call("t3", EDIT, command="create", path="tests/test_more.py", file_text="x = 1\n")),
     user(result("t3", [{"type": "text", "text": "created tests/test_more.py"}])),
     assistant(text("Added a test.")),
@@ -314,7 +314,7 @@ def test_old_events_without_messages_put_the_conversation_first() -> None:
 
 
 def test_a_prompt_merged_into_tool_results_opens_the_next_turn() -> None:
-    # Turn 1 ended on its step cap right after tool results; jobs.agent.add_user_text
+    # Turn 1 ended on its step cap right after tool results; jobs.agents.agent.add_user_text
     # merged turn 2's prompt into that message.
     conversation = [
         user(text("Fix it.")),
@@ -704,7 +704,7 @@ def test_a_saved_timeline_in_another_shape_is_built_again(saved: Any) -> None:
 
 
 def test_a_claude_code_turn_shows_its_text_commands_edits_and_results() -> None:
-    """Claude Code's stream (``jobs/claude_code.py``'s events): the conversation holds
+    """Claude Code's stream (``jobs/agents/claude_code.py``'s events): the conversation holds
     only loopbot's prompts and the closing words; the events show the work, redacted."""
     conversation = [user(text("Fix issue 7.")), assistant(text("Fixed add()."))]
     events = [

@@ -1,6 +1,6 @@
 """When an agent turn stops: pure decisions over plain values.
 
-The turn (``jobs.agent``) does the I/O: model calls, tool runs, the budget pre-check. At
+The turn (``jobs.agents.agent``) does the I/O: model calls, tool runs, the budget pre-check. At
 each point where the turn may end it asks one of these, and gets back either ``Go`` (make
 the call, run the tools, run this tool, retry) or the stop that ends the turn. Every stop
 carries the ``end`` and ``detail`` the turn's outcome reports, so the wording lives here.

@@ -8,7 +8,7 @@ asked". Bots (loopbot included, whose status comments carry hidden markers) and
 loopbot commands (``/loop-cancel`` and the like, which are for the harness) never do.
 
 Each comment goes once, by id: an edit after it was delivered is not delivered again.
-``jobs.loop`` lists the comments, asks GitHub who may write (only for the authors of
+``jobs.loop.job`` lists the comments, asks GitHub who may write (only for the authors of
 comments that pass ``candidates``), and records what it delivered.
 """
 

@@ -9,7 +9,7 @@ fingerprint) is the same finding and keeps its id, reopening it if it was resolv
 finding a writer dismissed stays dismissed, however often the critic raises it again:
 the writer's word is what a person said, the critic's repetition is not new evidence.
 
-No I/O: the critic job (``jobs.critic``) and ``/loop-dismiss`` (``jobs.dispatch``) read
+No I/O: the critic job (``jobs.review.critic``) and ``/loop-dismiss`` (``jobs.dispatch``) read
 the record, call these, and write the result back.
 """
 

@@ -84,7 +84,7 @@ class Requeue(StrEnum):
     WORKER_LOST = "worker_lost"  # its worker died (the lease lapsed): another one goes on
     HANDOFF = "handoff"  # its worker is shutting down and hands it over
     TAKE_OVER = "take_over"  # a live worker picks up a loop that was handed over
-    # The critic approved and loop.yml has a post_action: one more turn (jobs/loop.py).
+    # The critic approved and loop.yml has a post_action: one more turn (jobs/loop/job.py).
     POST_ACTION = "post_action"
     # A writer dismissed the section audit's sev1 that stopped the loop: it goes on.
     DISMISSED = "dismissed"

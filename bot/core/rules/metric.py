@@ -3,7 +3,7 @@
 One atomic change per iteration; the harness commits it, measures it with the metric
 command, runs the guard, and keeps it only if the number improved by at least
 ``min_delta`` against the best kept so far and the guard passed. Otherwise it is
-discarded (``git revert``: the history keeps it). ``jobs/metric_loop.py`` does the I/O
+discarded (``git revert``: the history keeps it). ``jobs/loop/metric.py`` does the I/O
 and asks these functions what every result means.
 
 Nothing here reads a clock, a file or the network: each function is a table of cases.

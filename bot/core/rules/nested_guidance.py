@@ -3,7 +3,7 @@
 By the AGENTS.md convention, the instructions for a file are in the nearest AGENTS.md
 among its parent directories. The root one is in the system prompt already
 (``bot.core.text.prompts.guidance``); these rules find, for the files the loop has
-changed, the nearest one below the root. ``jobs.loop`` reads which exist, and their text,
+changed, the nearest one below the root. ``jobs.loop.job`` reads which exist, and their text,
 from the default branch in the bare mirror (never from the worktree, where the agent
 writes), and records which it delivered: each file goes to the agent once.
 """

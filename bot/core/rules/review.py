@@ -142,7 +142,7 @@ def output_schema(ids: Sequence[str] = ()) -> dict[str, Any]:
     }
 
 
-# Evidence from the loop (jobs.loop fills ``base_verify``, ``last_verify``,
+# Evidence from the loop (jobs.loop.job fills ``base_verify``, ``last_verify``,
 # ``tests_changed``). When verify already passed on the base, nothing in the loop showed
 # the problem existed; without a changed test nothing shows it is fixed either. loopbot
 # records that itself rather than trusting the critic to notice: a sev2, since a docs or

@@ -29,9 +29,9 @@ CONTROL_WORDS: dict[str, ControlAction] = {
     "/loop-cancel": "cancel",
     "/loop-restart": "restart",
     "/loop-status": "status",
-    "/loop-plan": "plan",  # propose milestones for an issue that has none (jobs/plan.py)
-    "/loop-accept-spec": "accept-spec",  # take triage's proposed spec (jobs/triage.py)
-    "/loop-split": "split",  # create the sub-issues triage proposed (jobs/triage.py)
+    "/loop-plan": "plan",  # propose milestones for an issue that has none (jobs/intake/plan.py)
+    "/loop-accept-spec": "accept-spec",  # take triage's proposed spec (jobs/intake/triage.py)
+    "/loop-split": "split",  # create the sub-issues triage proposed (jobs/intake/triage.py)
 }
 FEEDBACK_WORD = "/loop"
 DISMISS_WORD = "/loop-dismiss"

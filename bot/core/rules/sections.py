@@ -2,7 +2,7 @@
 
 Pure: parsing the approved issue text into sections, and the decisions of a sectioned
 loop (what follows a passing verify, what follows a section audit, where a restart
-resumes). ``jobs/loop.py`` does the I/O; ``jobs/plan.py`` proposes sections for an issue
+resumes). ``jobs/loop/job.py`` does the I/O; ``jobs/intake/plan.py`` proposes sections for an issue
 that has none.
 
 What counts as a section, read from the text a writer approved (never the live issue):
@@ -162,7 +162,7 @@ def _bounded(found: list[Section]) -> list[Section]:
 
 
 def from_plan(items: list[dict[str, Any]]) -> list[Section]:
-    """Sections a planner proposed (``jobs/plan.py``): titles and texts, bounded."""
+    """Sections a planner proposed (``jobs/intake/plan.py``): titles and texts, bounded."""
     found = [
         Section(_title(str(i.get("title") or "")), _capped(str(i.get("text") or "")))
         for i in items

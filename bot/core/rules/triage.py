@@ -3,7 +3,7 @@
 forge-loop's experience (seed 002): an issue with a checkable acceptance criterion gets
 done; an issue of taste ("make it nicer") does not, and a loop should decline it rather
 than fabricate progress. So before the first turn one small structured call judges the
-approved text (``jobs/triage.py``), and its answer decides here:
+approved text (``jobs/intake/triage.py``), and its answer decides here:
 
 - ``ready``: the issue states an outcome a test or a command can check → code.
 - ``needs_spec``: no checkable outcome → no coding; loopbot proposes acceptance

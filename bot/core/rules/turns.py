@@ -1,6 +1,6 @@
 """Which loop transition comes next: pure functions over plain values.
 
-The loop job (``jobs.loop``) does the I/O and asks these what to do.
+The loop job (``jobs.loop.job``) does the I/O and asks these what to do.
 """
 
 from __future__ import annotations

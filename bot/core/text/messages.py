@@ -289,7 +289,7 @@ def audit_gave_up(section: int, error: str, attempts: int) -> str:
     )
 
 
-# -- readiness triage (bot/core/rules/triage.py, jobs/triage.py) ------------------------------
+# -- readiness triage (bot/core/rules/triage.py, jobs/intake/triage.py) ---------------------
 # Every text the model proposed (reasons, criteria, sub-issues) goes through ``safe_text``.
 
 SPEC_HEADING = "## Acceptance criteria"

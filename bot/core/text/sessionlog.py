@@ -1,6 +1,6 @@
 """A loop's session log: its conversation and events, rendered for people.
 
-``build`` turns the stored conversation (``jobs.agent``: Anthropic messages as plain
+``build`` turns the stored conversation (``jobs.agents.agent``: Anthropic messages as plain
 dicts) and the loop's event stream (``bot.io.store.Store.events``) into a list of
 entries, in order: each turn's prompt, the agent's text, each tool call (the command, or
 the edit as a diff) with its result right after it, then the turn's verify run, pushes,
@@ -218,7 +218,7 @@ class _Out:
 
         A turn's prompt may sit at the end of the message before its first one: when the
         turn before ended on tool results, the agent merged the prompt into that message
-        (``jobs.agent.add_user_text``). It is shown with the turn it starts.
+        (``jobs.agents.agent.add_user_text``). It is shown with the turn it starts.
         """
         if span.prompt_before:
             before = list(_blocks(conversation[span.start - 1]))
@@ -336,7 +336,7 @@ class _Out:
         )
 
     def _backend(self, kind: str, data: dict[str, Any], turn: int | None, at: float | None) -> None:
-        """What a backend in the sandbox did (Claude Code's stream, ``jobs/claude_code.py``):
+        """What a backend in the sandbox did (Claude Code's stream, ``jobs/agents/claude_code.py``):
         its text, each tool call (a command as its title, an edit as a diff), each result."""
         step = _int(data["step"]) if _is_int(data.get("step")) else None
         if kind == "agent_text":

@@ -659,7 +659,7 @@ class Installation:
         with contextlib.suppress(NotFound):  # already gone: the wanted end state
             self._call(lambda gh: gh.rest.issues.remove_label(*_split(repo), number, label))
 
-    # -- triage: issues loopbot writes (jobs/triage.py) --------------------------------
+    # -- triage: issues loopbot writes (jobs/intake/triage.py) --------------------------------
 
     def find_issue(self, repo: str, key: str) -> IssueInfo | None:
         """The issue (open or closed) a bot opened whose body carries ``key``'s hidden

@@ -1,0 +1,149 @@
+"""What a worktree holds beside its commits: the files git ignores (dependencies that
+``setup`` installed, build output, caches), which verify sees and a commit never
+carries, and what ``setup`` and ``verify`` leave behind that the repository does not
+ignore, which a commit must not carry either. ``Worktrees`` (jobs/tree/worktree.py) has these
+as methods; they are kept here, apart from checkouts, commits and pushes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from jobs.tree.git import Checkout, FileState, _remove, defuse_tree, files_under, mirror_lock
+
+LEFTOVERS = "loopbot-leftovers"  # a worktree's exclude file, in its git directory
+
+
+def _literal_pattern(rel: str) -> str:
+    """An exclude line that matches exactly ``rel`` (a directory when it ends in ``/``),
+    from the worktree's root: glob characters and trailing spaces escaped."""
+    out = "".join("\\" + c if c in "\\*?[]" else c for c in rel)
+    stripped = out.rstrip(" ")
+    return "/" + stripped + "\\ " * (len(out) - len(stripped))
+
+
+class TreeFiles:
+    """Ignored files and leftovers of a worktree (a part of ``Worktrees``)."""
+
+    def _git(self, path: Path, mirror: Path, *args: str, check: bool = True) -> str:
+        raise NotImplementedError  # Worktrees'
+
+    def _restore_gitfile(self, path: Path, mirror: Path) -> None:
+        raise NotImplementedError  # Worktrees'
+
+    def _admin_dir(self, path: Path, mirror: Path) -> Path | None:
+        raise NotImplementedError  # Worktrees'
+
+    @contextlib.contextmanager
+    def _tree(self, checkout: Checkout, *, lock: bool = True) -> Iterator[list[str]]:
+        """How every harness git call that reads a worktree starts: the mirror's lock
+        held, the tree defused (FIFOs, sockets, devices and nested ``.git`` removed; rule
+        files and path lengths checked) and the worktree's ``.git`` put back. Yields
+        what defusing removed. ``lock=False`` for a read that touches only this
+        worktree and its own index, never the mirror's refs or objects."""
+        with mirror_lock(checkout.mirror) if lock else contextlib.nullcontext():
+            removed = defuse_tree(checkout.path)
+            self._restore_gitfile(checkout.path, checkout.mirror)
+            yield removed
+
+    def _others(self, checkout: Checkout, *flags: str) -> list[str]:
+        """Untracked paths, a wholly untracked directory as one ``dir/`` entry (call with
+        ``_tree`` held)."""
+        listed = self._git(
+            checkout.path,
+            checkout.mirror,
+            "ls-files",
+            "--others",
+            "--exclude-standard",
+            "--directory",
+            "-z",
+            *flags,
+        )
+        return [p for p in listed.split("\0") if p]
+
+    def untracked(self, checkout: Checkout) -> set[str]:
+        """What is untracked and not ignored now (before a harness command runs). Without
+        the mirror's lock: it reads only this worktree and its index, and the lock is
+        often held by the turn's push, which verify is meant to overlap."""
+        with self._tree(checkout, lock=False):
+            return set(self._others(checkout))
+
+    def exclude_leftovers(self, checkout: Checkout, before: set[str]) -> list[str]:
+        """After ``setup`` or ``verify`` (or a metric command): what it wrote that the
+        repository does not ignore (``__pycache__``, build output) and that was not there
+        before it ran (``before``: ``untracked``) is its own, not the agent's, and never
+        reaches a commit. Each such path is added, anchored and literal, to this
+        worktree's own exclude file (in its git directory in the mirror, where neither the
+        agent nor another loop writes); from then on harness git ignores it like the
+        repository's ignored files. A name no exclude line can hold (a newline in it) is
+        deleted instead. The agent's own uncommitted files (a turn a killed worker left)
+        were there before, and stay the agent's."""
+        path, mirror = checkout.path, checkout.mirror
+        with self._tree(checkout, lock=False):  # this worktree and its own exclude file
+            admin = self._admin_dir(path, mirror)
+            found = [p for p in self._others(checkout) if p not in before]
+            lines = []
+            for rel in found:
+                if "\n" in rel or "\r" in rel:
+                    _remove(path / rel.rstrip("/"))
+                else:
+                    lines.append(_literal_pattern(rel))
+            if lines and admin is not None:
+                with open(admin / LEFTOVERS, "a", encoding="utf-8", errors="surrogateescape") as f:
+                    f.write("".join(line + "\n" for line in lines))
+        return found
+
+    def ignored_files(self, checkout: Checkout) -> dict[str, FileState]:
+        """Every file git ignores in the worktree, with (ctime_ns, inode, size, mode):
+        what verify sees but a commit never carries (dependencies, build output,
+        caches). The change time and inode, not the modification time: the agent can set
+        a file's mtime (``touch -r``) but not its ctime, which any write or ``utime``
+        moves to now. Without the mirror's lock, as ``untracked``: it reads only this
+        worktree and its index (at a turn's start the last turn's push may be running)."""
+        path = checkout.path
+        with self._tree(checkout, lock=False):
+            listed = self._others(checkout, "--ignored")
+        found: dict[str, FileState] = {}
+        for rel in listed:
+            top = path / rel
+            for file in files_under(top):
+                st = file[1]
+                found[str(file[0].relative_to(path))] = (
+                    st.st_ctime_ns,
+                    st.st_ino,
+                    st.st_size,
+                    st.st_mode,
+                )
+        return found
+
+    def missing_ignored(self, checkout: Checkout, before: dict[str, FileState]) -> list[str]:
+        """Ignored files of ``before`` that are gone (the agent deleted what setup made)."""
+        return sorted(rel for rel in before if not os.path.lexists(checkout.path / rel))
+
+    def purge_ignored(self, checkout: Checkout, before: dict[str, FileState]) -> list[str]:
+        """Remove the ignored files that are new or changed since ``before``: files the
+        agent left where git does not look. verify would see them and the commit would
+        not, so a verify that passes only because of them proves nothing about the
+        commit (a ``calc/`` package in an ignored directory shadowing ``calc.py``)."""
+        removed = []
+        for rel, state in self.ignored_files(checkout).items():
+            if before.get(rel) == state:
+                continue
+            target = checkout.path / rel
+            with contextlib.suppress(FileNotFoundError):
+                if target.is_dir() and not target.is_symlink():
+                    _remove(target)
+                else:
+                    target.unlink()
+            removed.append(rel)
+            # Directories the removal emptied go too (an empty package dir can matter).
+            parent = target.parent
+            while parent != checkout.path and checkout.path in parent.parents:
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+                parent = parent.parent
+        return sorted(removed)
