@@ -1,4 +1,4 @@
-"""The local OpenAI Responses server (bot/standins/openai.py) over real HTTP: each rule the
+"""The local OpenAI Responses server (bot/standins/openai/) over real HTTP: each rule the
 real API enforces, tried and broken, refused in the API's error shape before the script is
 used; Codex's own request accepted, and its next turn; the answer's shape, streamed and
 whole; usage and the prompt cache; scripted errors."""

@@ -43,7 +43,7 @@ MAX_BODY = 2000  # a proposed sub-issue's body
 MAX_ISSUE_CHARS = 30_000  # of the issue body shown to the model (cut beyond)
 
 # The schema's distinctive top-level keys: the local Anthropic server recognises a triage
-# request by them (bot/standins/anthropic.py), so test scripts keep it apart.
+# request by them (bot/standins/anthropic/triage.py), so test scripts keep it apart.
 SCHEMA_KEYS = ("readiness", "proposed_criteria")
 
 SYSTEM = """\

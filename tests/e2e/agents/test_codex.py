@@ -1,6 +1,6 @@
 """Codex as the loop's agent (``agent.backend: codex``): the real binary of the
 ``@openai/codex`` npm package (``./scripts/setup --codex``), inside loopbot's sandbox,
-reaching the local Responses API server (``bot/standins/openai.py``) only through the
+reaching the local Responses API server (``bot/standins/openai/``) only through the
 model gateway's OpenAI side. The model is gpt-6.1-sol, which Codex drives in its code
 mode (one ``exec`` tool whose input is JavaScript calling Codex's tools). Real RQ
 workers, real git, the local GitHub server; the critic is loopbot's own, on the local
