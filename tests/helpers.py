@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 from redis import Redis
 
 from bot.core.rules.merge import Facts, classify_checks
@@ -12,6 +20,7 @@ from bot.core.settings import Settings, load_settings
 from bot.io.queues import CONTROL_QUEUE, LOOP_QUEUE
 from bot.standins import anthropic as m
 from bot.standins.github import GitHubServer
+from bot.standins.redis_server import free_port
 
 # The repository's root, and the test data: wherever a test file sits under tests/.
 ROOT = Path(__file__).resolve().parents[1]
@@ -247,3 +256,77 @@ def started_loop(
     label(github, "writer", n)
     start_loop(rt, REPO, n, iid, "writer", repo_config.parse(yml))
     return n
+
+
+# -- the web process (tests/io/test_slow_clients.py, test_web_startup.py) -----------------
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def procfile_command(name: str) -> str:
+    """The Procfile's ``name`` line as written (``$PORT`` and all), for ``sh -c``."""
+    for line in (ROOT / "Procfile").read_text().splitlines():
+        key, sep, command = line.partition(":")
+        if sep and key.strip() == name:
+            return command.strip()
+    raise AssertionError(f"the Procfile has no {name} line")
+
+
+def web_process(how: str, port: int, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The command and environment that serve the web on ``port``: the Procfile's line as
+    a platform runs it (``sh -c``, ``$PORT``, this virtualenv first on ``PATH``), or
+    ``loopbot web``. ``env`` is the whole environment, over PATH and HOME."""
+    base = {"PATH": f"{VENV_BIN}:{os.environ['PATH']}", "HOME": os.environ.get("HOME", "/tmp")}
+    if how == "procfile":
+        return ["sh", "-c", procfile_command("web")], {**base, **env, "PORT": str(port)}
+    if how == "loopbot web":
+        command = [str(VENV_BIN / "loopbot"), "web", "--host", "127.0.0.1", "--port", str(port)]
+        return command, {**base, **env}
+    raise ValueError(how)
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to ``proc``'s process group (it was started in a new session), then SIGKILL."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+@contextlib.contextmanager
+def serving(command: list[str], env: dict[str, str], log: Path, port: int) -> Iterator[str]:
+    """``command`` started (in ROOT, in its own session, output to ``log``) and waited
+    for until ``/healthz`` on ``port`` answers 200; yields the URL, stops it after."""
+    from tests.conftest import wait_for  # not at the top: bench/ imports this module
+
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+
+        def up() -> bool:
+            assert proc.poll() is None, log.read_text(errors="replace")
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(url + "/healthz", timeout=1).status_code == 200
+            return False
+
+        wait_for(up, 20, f"{shlex.join(command)} to answer /healthz")
+        yield url
+    finally:
+        stop_group(proc)
+
+
+@contextlib.contextmanager
+def loopbot_web(env: dict[str, str], log: Path, *extra: str) -> Iterator[str]:
+    """The real ``loopbot web`` process on a free port, ``env`` over this process's
+    environment; yields its URL once /healthz answers."""
+    port = free_port()
+    command, _ = web_process("loopbot web", port, {})
+    with serving([*command, *extra], {**os.environ, **env}, log, port) as url:
+        yield url

@@ -61,9 +61,11 @@ def web(host: str, port: int, workers: int, worker_class: str) -> None:
     from gunicorn.app.base import BaseApplication
 
     from bot.web.serving import GUNICORN_SETTINGS
+    from bot.web.startup import web_settings
 
-    settings = _settings("web")
-    check_at_startup(settings.redis_url, "loopbot web", tolerate_down=True)
+    # Before gunicorn binds the port: a worker that cannot start would be started again,
+    # for ever, with the port open.
+    settings = web_settings()
 
     class _App(BaseApplication):  # type: ignore[misc]
         def load_config(self) -> None:

@@ -1,4 +1,6 @@
-"""gunicorn settings for ``loopbot web``; the Procfile passes the same ones as flags.
+"""gunicorn settings for ``loopbot web``; the Procfile's gunicorn reads the same ones
+through its config module, bot/web/gunicorn_conf.py. Imported by gunicorn's master
+before gevent patches a worker: it imports nothing.
 
 A connection must not cost a whole worker: with the sync worker, two clients that send a
 request a byte at a time held /healthz for 30 s, longer than GitHub waits for a delivery

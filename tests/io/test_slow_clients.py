@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -26,46 +22,10 @@ from redis import Redis
 
 from bot.core import signature
 from bot.io.queues import CONTROL_QUEUE
-from bot.standins.redis_server import free_port
-from tests.conftest import wait_for
-from tests.helpers import ROOT
+from tests.helpers import loopbot_web
 
 SLOW_CLIENTS = 50
 TRICKLE = b"POST /webhook HTTP/1.1\r\nHost: loopbot\r\nX-GitHub-Event: issues\r\n"
-
-
-@contextlib.contextmanager
-def loopbot_web(env: dict[str, str], log: Path, *extra: str) -> Iterator[str]:
-    port = free_port()
-    exe = Path(sys.executable).parent / "loopbot"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [str(exe), "web", "--host", "127.0.0.1", "--port", str(port), *extra],
-            env={**os.environ, **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-
-        def up() -> bool:
-            assert proc.poll() is None, log.read_text(errors="replace")
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(url + "/healthz", timeout=1).status_code == 200
-            return False
-
-        wait_for(up, 20, "loopbot web to answer /healthz")
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
 
 
 @contextlib.contextmanager
@@ -144,16 +104,3 @@ def test_fifty_slow_connections_do_not_stop_healthz_or_webhooks(
         assert redis.llen(f"rq:queue:{CONTROL_QUEUE}") == 5  # the Lua enqueue ran under gevent
         # The slow sockets are gone; the process still serves.
         assert httpx.get(url + "/healthz", timeout=2).status_code == 200
-
-
-def test_procfile_runs_the_same_gunicorn_settings_as_loopbot_web() -> None:
-    from bot.web.serving import GUNICORN_SETTINGS
-
-    procfile = (ROOT / "Procfile").read_text()
-    web = next(line for line in procfile.splitlines() if line.startswith("web:"))
-    assert "--bind 0.0.0.0:$PORT" in web
-    for name, value in GUNICORN_SETTINGS.items():
-        # gunicorn's own spellings of these flags
-        flags = {"keepalive": "keep-alive", "limit_request_field_size": "limit-request-field_size"}
-        flag = "--" + flags.get(name, name.replace("_", "-"))
-        assert f"{flag} {value}" in web, f"Procfile lacks {flag} {value}"
