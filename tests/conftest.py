@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from bot.web.app import create_app
 from jobs import entry as _entry  # noqa: F401 - registers the job functions tests run
 from jobs import runtime as runtime_mod
 from jobs.runtime import Runtime
+from tests.helpers import serve_in_thread
 
 configure("console")
 
@@ -130,7 +130,7 @@ class Web:
 def serve_web(app: Any, github: GitHubServer) -> Iterator[Web]:
     """``app`` on a real port, the local GitHub sending its webhooks there."""
     server = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_thread(server)
     w = Web(f"http://127.0.0.1:{server.server_port}")
     github.webhook_url = w.webhook_url
     try:

@@ -75,7 +75,9 @@ class PackageIndex:
 
         self.httpd = http.server.ThreadingHTTPServer((host, port), Handler)
         self.host, self.port = host, self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     @property
     def url(self) -> str:

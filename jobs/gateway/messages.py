@@ -243,7 +243,14 @@ class ModelGateway:
         os.chmod(self.socket_path, 0o600)
         if self.sandbox_uid is not None:
             os.chown(self.socket_path, self.sandbox_uid, -1)
-        threading.Thread(target=server.serve_forever, daemon=True, name="gateway").start()
+        # ``stop`` (at the end of every CLI turn) waits for the serving loop to notice:
+        # at socketserver's default poll of 0.5 s that was up to half a second a turn.
+        threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            daemon=True,
+            name="gateway",
+        ).start()
         self._server = server
         return self
 

@@ -17,7 +17,7 @@ from bot.core.record import LoopRecord, Status, Usage
 from bot.core.settings import Settings, load_settings
 from bot.io.store import Store
 from bot.web.app import create_app
-from tests.helpers import CHROMIUM_ARGS, chromium_or_skip
+from tests.helpers import CHROMIUM_ARGS, chromium_or_skip, serve_in_thread
 
 LOOPBOT = str(Path(sys.executable).parent / "loopbot")
 
@@ -258,7 +258,6 @@ def test_dashboard_in_a_real_browser(
     env: dict[str, str], redis: Redis, github: Any, tmp_path: Path
 ) -> None:
     chromium = chromium_or_skip()
-    import threading
 
     from playwright.sync_api import sync_playwright
     from werkzeug.serving import make_server
@@ -266,7 +265,7 @@ def test_dashboard_in_a_real_browser(
     seed_loops(redis)
     s = load_settings({**env, "LOOPBOT_DASHBOARD_TOKEN": "s3cret-token"}, role="web")
     server = make_server("127.0.0.1", 0, create_app(s, redis), threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_thread(server)
     base = f"http://127.0.0.1:{server.server_port}"
     # LOOPBOT_SCREENSHOT_DIR=docs/screenshots refreshes the pictures in the README.
     shots = Path(os.environ.get("LOOPBOT_SCREENSHOT_DIR", tmp_path))

@@ -57,8 +57,13 @@ class AnthropicServer:
     def start(self, host: str = "127.0.0.1", port: int = 0) -> AnthropicServer:
         self._server = make_server(host, port, self.app, threaded=True)
         self.url = f"http://{host}:{self._server.server_port}"
+        # A short poll: ``stop`` returns within it (a test fixture stops one per test;
+        # at the default 0.5 s that was half a second of every test).
         threading.Thread(
-            target=self._server.serve_forever, daemon=True, name="anthropic-server"
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            daemon=True,
+            name="anthropic-server",
         ).start()
         return self
 

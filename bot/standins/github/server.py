@@ -4,6 +4,7 @@ user, a fault...)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -58,7 +59,9 @@ class GitHubServer(State):
     def start(self, host: str = "127.0.0.1", port: int = 0) -> GitHubServer:
         self._server = make_server(host, port, self.app, threaded=True)
         self.url = f"http://{host}:{self._server.server_port}"
-        for target in (self._server.serve_forever, self._send_webhooks):
+        # A short poll: ``stop`` returns within it (a test fixture stops one per test).
+        serve = functools.partial(self._server.serve_forever, poll_interval=0.05)
+        for target in (serve, self._send_webhooks):
             t = threading.Thread(target=target, daemon=True, name="github-server")
             t.start()
             self._threads.append(t)

@@ -39,7 +39,15 @@ from jobs.sandbox import cgroups
 from jobs.sandbox.bwrap import Sandbox
 from jobs.tree.worktree import Checkout, GitError, Worktrees, git
 from tests.conftest import Web
-from tests.helpers import REPO, ROOT, label, open_issue, sample_repo, worker_settings
+from tests.helpers import (
+    REPO,
+    ROOT,
+    label,
+    open_issue,
+    sample_repo,
+    serve_in_thread,
+    worker_settings,
+)
 
 NON_ROOT_RUN = "LOOPBOT_TEST_NON_ROOT_RUN"
 
@@ -327,7 +335,7 @@ def test_network_on_reaches_neither_redis_nor_other_loopback_services(
     wt, mirror, _token = _repo(github, hostile, {})
     co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
     service = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    threading.Thread(target=service.serve_forever, daemon=True).start()
+    serve_in_thread(service)
     port, rport = service.server_address[1], redis_server.port
     plant = (
         "import socket\n"

@@ -146,7 +146,9 @@ class Server:
         self.httpd = http.server.ThreadingHTTPServer((host, 0), _Recorder)
         self.httpd.seen = []  # type: ignore[attr-defined]
         self.port: int = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self.thread.start()
 
     @property
