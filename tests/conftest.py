@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 from redis import Redis
 from rq import SimpleWorker, Worker
 from werkzeug.serving import make_server
@@ -28,6 +29,7 @@ from bot.io.logs import configure
 from bot.io.queues import ALL_QUEUES, CONTROL_QUEUE, make_worker
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
+from bot.standins.github.auth import new_app_key
 from bot.standins.redis_server import RedisServer
 from bot.web.app import create_app
 from jobs import entry as _entry  # noqa: F401 - registers the job functions tests run
@@ -53,9 +55,15 @@ def redis(redis_server: RedisServer) -> Iterator[Redis]:
     conn.close()
 
 
+@pytest.fixture(scope="session")
+def app_key() -> tuple[str, rsa.RSAPublicKey]:
+    """One App key per test process: every test's local GitHub is a new App with it."""
+    return new_app_key()
+
+
 @pytest.fixture
-def github(tmp_path: Path) -> Iterator[GitHubServer]:
-    server = GitHubServer(tmp_path / "github").start()
+def github(tmp_path: Path, app_key: tuple[str, rsa.RSAPublicKey]) -> Iterator[GitHubServer]:
+    server = GitHubServer(tmp_path / "github", app_key=app_key).start()
     yield server
     server.stop()
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+from cryptography.hazmat.primitives.asymmetric import rsa
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.serving import BaseWSGIServer, make_server
 
@@ -41,8 +42,17 @@ RESOURCES = (auth, app_hooks, repos, issues, pulls, checks, git_http, graphql, m
 class GitHubServer(State):
     """Run with ``start()``; ``url`` is the API base to give ``GITHUB_API_URL``."""
 
-    def __init__(self, root: Path, *, app_id: int = 4242, app_slug: str = "loopbot-test") -> None:
-        private_key_pem, public_key = auth.new_app_key()
+    def __init__(
+        self,
+        root: Path,
+        *,
+        app_id: int = 4242,
+        app_slug: str = "loopbot-test",
+        app_key: tuple[str, rsa.RSAPublicKey] | None = None,
+    ) -> None:
+        # ``app_key``: a key made earlier (auth.new_app_key), for a test suite that starts
+        # a server per test (an RSA key takes about 0.1 s to make); a fresh one otherwise.
+        private_key_pem, public_key = app_key or auth.new_app_key()
         super().__init__(
             root,
             app_id=app_id,
