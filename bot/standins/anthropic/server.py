@@ -10,8 +10,9 @@ from collections import deque
 from collections.abc import Callable
 
 from flask import Flask, Response, jsonify, request
-from werkzeug.serving import BaseWSGIServer, make_server
+from werkzeug.serving import BaseWSGIServer
 
+from bot.standins import serving
 from bot.standins.anthropic.cache import PromptCache, _breakpoints
 from bot.standins.anthropic.models import ModelSpec, default_models, model_info
 from bot.standins.anthropic.replies import Fail, Item, Reply, Responder, _ids, _with_cwd
@@ -55,22 +56,11 @@ class AnthropicServer:
         self.app = self._build_app()
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> AnthropicServer:
-        self._server = make_server(host, port, self.app, threaded=True)
-        self.url = f"http://{host}:{self._server.server_port}"
-        # A short poll: ``stop`` returns within it (a test fixture stops one per test;
-        # at the default 0.5 s that was half a second of every test).
-        threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            daemon=True,
-            name="anthropic-server",
-        ).start()
+        self._server, self.url = serving.serve(self.app, host, port, "anthropic-server")
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        serving.stop(self._server)
 
     def play(self, *items: Item) -> None:
         with self.lock:

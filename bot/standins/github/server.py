@@ -4,7 +4,6 @@ user, a fault...)."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import re
@@ -15,9 +14,9 @@ from pathlib import Path
 import httpx
 from cryptography.hazmat.primitives.asymmetric import rsa
 from flask import Flask, Response, g, jsonify, request
-from werkzeug.serving import BaseWSGIServer, make_server
+from werkzeug.serving import BaseWSGIServer
 
-from bot.standins import gitrepo
+from bot.standins import gitrepo, serving
 from bot.standins.github import (
     app_hooks,
     auth,
@@ -67,21 +66,15 @@ class GitHubServer(State):
     # -- lifecycle ----------------------------------------------------------------------
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> GitHubServer:
-        self._server = make_server(host, port, self.app, threaded=True)
-        self.url = f"http://{host}:{self._server.server_port}"
-        # A short poll: ``stop`` returns within it (a test fixture stops one per test).
-        serve = functools.partial(self._server.serve_forever, poll_interval=0.05)
-        for target in (serve, self._send_webhooks):
-            t = threading.Thread(target=target, daemon=True, name="github-server")
-            t.start()
-            self._threads.append(t)
+        self._server, self.url = serving.serve(self.app, host, port, "github-server")
+        sender = threading.Thread(target=self._send_webhooks, daemon=True, name="github-hooks")
+        sender.start()
+        self._threads.append(sender)
         return self
 
     def stop(self) -> None:
         self.outbox.put(None)
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        serving.stop(self._server)
 
     def wait_for_webhooks(self, timeout: float = 10.0) -> None:
         """Block until every webhook queued so far has been sent."""

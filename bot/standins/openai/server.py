@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
-from werkzeug.serving import BaseWSGIServer, make_server
+from werkzeug.serving import BaseWSGIServer
 
+from bot.standins import serving
 from bot.standins.openai.cache import PromptCache
 from bot.standins.openai.items import check_item, conversation_invalid
 from bot.standins.openai.models import ModelSpec, default_models, model_info
@@ -75,15 +76,7 @@ class OpenAIServer:
         self.app = self._build_app()
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> OpenAIServer:
-        self._server = make_server(host, port, self.app, threaded=True)
-        self.url = f"http://{host}:{self._server.server_port}"
-        # A short poll: ``stop`` returns within it (a test fixture stops one per test).
-        threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            daemon=True,
-            name="openai-server",
-        ).start()
+        self._server, self.url = serving.serve(self.app, host, port, "openai-server")
         return self
 
     @property
@@ -92,9 +85,7 @@ class OpenAIServer:
         return f"{self.url}/v1"
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        serving.stop(self._server)
 
     def play(self, *items: Item) -> None:
         with self.lock:
