@@ -1,5 +1,5 @@
 """The issue's one status comment: the loop's state on top, then the timeline of what
-happened, kept event by event (``bot.core.text.sessionlog.Timeline``) so an update reads
+happened, kept event by event (``bot.core.text.timeline.Timeline``) so an update reads
 and redacts only what happened since the last one."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from bot.core.record import LoopRecord
-from bot.core.text import messages, sessionlog
+from bot.core.text import messages
+from bot.core.text.timeline import Timeline
 from bot.io.github.client import Installation
 from bot.io.logs import get_logger
 from bot.io.store import FencedStore, LeaseLost, LoopKey, Store
@@ -207,26 +208,26 @@ EVENTS_PAGE = 1000
 # (its lines with the event they reach), so a copy held here stays right when another
 # process updated the comment meanwhile: the events it added are read again, after ours.
 # A token that differs (Redis lost the state, or it was built again) drops the copy.
-_TIMELINES: OrderedDict[LoopKey, tuple[str, sessionlog.Timeline]] = OrderedDict()
+_TIMELINES: OrderedDict[LoopKey, tuple[str, Timeline]] = OrderedDict()
 _TIMELINES_HELD = 64
 _TIMELINES_LOCK = threading.Lock()
 
 
-def _timeline(store: Store, key: LoopKey, redact: Callable[[str], str]) -> sessionlog.Timeline:
+def _timeline(store: Store, key: LoopKey, redact: Callable[[str], str]) -> Timeline:
     """The loop's timeline brought up to date with the events written since it was last
     built (read page by page, redacted as they are added) and saved: the work of a status
     update is what happened since the last one, however long the loop has run."""
     with _TIMELINES_LOCK:
         held = _TIMELINES.pop(key, None)
-    built: sessionlog.Timeline | None = None
+    built: Timeline | None = None
     if held is not None and store.timeline_token(key) == held[0]:
         token, built = held
     else:
         saved = store.timeline_state(key)
         if saved is not None:
-            token, built = saved[0], sessionlog.Timeline.from_json(saved[1])
+            token, built = saved[0], Timeline.from_json(saved[1])
     if built is None:
-        token, built = uuid.uuid4().hex, sessionlog.Timeline()
+        token, built = uuid.uuid4().hex, Timeline()
     while True:
         page = store.events(key, after=built.last_id, count=EVENTS_PAGE)
         built.add(page, redact)

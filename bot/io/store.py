@@ -282,7 +282,7 @@ class Store:
         return None if raw is None else _s(raw)
 
     def timeline_state(self, key: LoopKey) -> tuple[str, Any] | None:
-        """The status comment's timeline as last saved (``sessionlog.Timeline.to_json``)
+        """The status comment's timeline as last saved (``bot.core.text.timeline.Timeline``)
         with its token, or None: built from the events once, then from the newer ones."""
         token, raw = self.redis.hmget(_k("timeline", key), ["token", "state"])
         if token is None or raw is None:

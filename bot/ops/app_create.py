@@ -30,7 +30,7 @@ from typing import TextIO
 from flask import Flask, Response, request
 from werkzeug.serving import make_server
 
-from bot.io.github.client import convert_manifest_code
+from bot.io.github.app import convert_manifest_code
 from bot.io.github.failures import GitHubError
 from bot.ops import manifest as mf
 from bot.ops.manifest import ManifestError

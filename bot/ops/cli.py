@@ -438,7 +438,8 @@ def restart(loop: str) -> None:
 )
 def doctor(configs: tuple[str, ...], live_app: bool) -> None:
     """Check settings, Redis, the App's credentials, git, bubblewrap and the model."""
-    from bot.ops.doctor import run_checks, run_config_checks
+    from bot.ops.doctor import run_checks
+    from bot.ops.doctor_config import run_config_checks
     from bot.ops.doctor_github import run_github_checks
 
     if configs and live_app:

@@ -1,4 +1,7 @@
-"""``loopbot doctor``: one line per thing loopbot needs, and what to do when it fails."""
+"""``loopbot doctor``: one line per thing loopbot needs, and what to do when it fails.
+
+The host's facts behind the sandbox check's fix are read in bot/ops/doctor_host.py;
+``--config`` is bot/ops/doctor_config.py, ``--github`` bot/ops/doctor_github.py."""
 
 from __future__ import annotations
 
@@ -14,10 +17,8 @@ from typing import TYPE_CHECKING
 
 import anthropic
 
-from bot.core import repo_config
 from bot.core.models import EFFORTS, ModelSpec, standing, thinking_params
 from bot.core.redis_url import effective_url, is_sentinel, mask_url, scrub
-from bot.core.repo_config import Ceilings
 from bot.core.settings import (
     Settings,
     SettingsError,
@@ -26,6 +27,7 @@ from bot.core.settings import (
     load_settings,
 )
 from bot.io.redis import connect, sentinel_view
+from bot.ops.doctor_host import HostFacts, host_facts, sandbox_fix
 
 if TYPE_CHECKING:
     from jobs.models import ModelCatalog
@@ -124,38 +126,6 @@ def _env_file(path: Path) -> list[Check]:
     return [Check("env file", True, detail)]
 
 
-def config_checks(path: str, text: str, ceilings: Ceilings) -> list[Check]:
-    """What loopbot makes of one repository's ``loop.yml`` (``loopbot doctor --config``):
-    each problem, each value the operator's ``ceilings`` lower, and what the file sets up
-    (milestones, triage, a metric loop, a post-action) when it is valid."""
-    name = f"config {path}"
-    try:
-        config, clamped = repo_config.load(text, ceilings)
-    except repo_config.ConfigError as exc:
-        return [
-            Check(name, False, p, "fix the key named; see README, loop.yml") for p in exc.problems
-        ]
-    checks = [Check(name, True, note, warn=True) for note in clamped]
-    labels = config.labels
-    parts = [
-        f"verify `{config.verify}`",
-        f"milestones {config.milestones}",
-        f"triage {'on' if config.triage.enabled else 'off'}",
-        f"max_parallel {config.max_parallel}",
-    ]
-    if config.metric is not None:
-        m = config.metric
-        parts.append(
-            f"metric loops on `{labels.optimize}`: {m.direction} `{m.command}` by at least "
-            f"{m.min_delta:g}, guard `{m.guard or config.verify}`, scope {', '.join(m.scope)}, "
-            f"{m.max_iterations} iterations, stop after {m.max_consecutive_discards} discards"
-        )
-    if config.post_action is not None:
-        parts.append("a post-action turn after the final audit")
-    checks.append(Check(name, True, "valid: " + "; ".join(parts)))
-    return checks
-
-
 def ceilings_check(settings: Settings) -> Check:
     """What any repository's loop.yml may ask for at most; shown so the operator knows."""
     return Check(
@@ -199,119 +169,6 @@ def _worker_user(settings: Settings) -> Check:
         "(git, the GitHub and model clients) keeps root",
         warn=True,
     )
-
-
-@dataclass(frozen=True)
-class HostFacts:
-    """What decides whether bubblewrap may make its namespaces here (see ``host_facts``)."""
-
-    container: str | None = None  # docker, podman, kubernetes, lxc... or None
-    seccomp_filter: bool = False  # a seccomp filter is on (Docker's default profile is one)
-    userns_clone: int | None = None  # kernel.unprivileged_userns_clone (Debian kernels)
-    max_user_namespaces: int | None = None  # user.max_user_namespaces
-    apparmor_restrict: int | None = None  # kernel.apparmor_restrict_unprivileged_userns
-    proc_masked: bool = False  # parts of /proc mounted over (a container's masked paths)
-    apparmor_profile: str | None = None  # this process's AppArmor confinement, if any
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        return int(Path(path).read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def host_facts() -> HostFacts:
-    """Read the facts from /proc and the files container runtimes leave behind."""
-    # systemd's container interface names it in lower case (podman, lxc, systemd-nspawn).
-    container = os.environ.get("container") or None  # noqa: SIM112
-    if Path("/.dockerenv").exists():
-        container = "docker"
-    elif Path("/run/.containerenv").exists():
-        container = container or "podman"
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        container = "kubernetes"
-    try:
-        status = Path("/proc/self/status").read_text()
-        seccomp = any(
-            line.split(":")[0] == "Seccomp" and line.split()[-1] == "2"
-            for line in status.splitlines()
-        )
-        mounts = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        seccomp, mounts = False, []
-    # Container runtimes hide /proc/kcore, /proc/keys... under tmpfs or /dev/null binds
-    # and make /proc/sys read-only; bwrap then cannot mount a fresh /proc.
-    points = {fields[1] for fields in (line.split() for line in mounts) if len(fields) > 1}
-    masked = bool(points & {"/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/scsi"})
-    return HostFacts(
-        container=container,
-        seccomp_filter=seccomp,
-        userns_clone=_read_int("/proc/sys/kernel/unprivileged_userns_clone"),
-        max_user_namespaces=_read_int("/proc/sys/user/max_user_namespaces"),
-        apparmor_restrict=_read_int("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"),
-        proc_masked=masked,
-        apparmor_profile=_apparmor_profile(),
-    )
-
-
-def _apparmor_profile() -> str | None:
-    """The AppArmor profile confining this process (``docker-default (enforce)``), or None
-    when AppArmor is off or the process is unconfined."""
-    for path in ("/proc/self/attr/apparmor/current", "/proc/self/attr/current"):
-        try:
-            label = Path(path).read_text().strip().rstrip("\x00")
-        except OSError:
-            continue
-        return None if label in ("", "unconfined") else label
-    return None
-
-
-def sandbox_fix(facts: HostFacts) -> str:
-    """What to change on this host for bubblewrap to work, from what is known of it."""
-    steps: list[str] = []
-    if facts.max_user_namespaces == 0:
-        steps.append("sysctl -w user.max_user_namespaces=15000")
-    if facts.userns_clone == 0:
-        steps.append("sysctl -w kernel.unprivileged_userns_clone=1")
-    if facts.apparmor_restrict == 1:
-        steps.append(
-            "AppArmor restricts unprivileged user namespaces (Ubuntu 24.04+): load a profile "
-            "for /usr/bin/bwrap with `userns,` or sysctl -w "
-            "kernel.apparmor_restrict_unprivileged_userns=0"
-        )
-    if facts.container == "kubernetes":
-        steps.append(
-            "in the pod's securityContext: seccompProfile Unconfined, appArmorProfile "
-            "Unconfined and procMount Unmasked"
-        )
-    elif facts.container is not None:
-        opts = []
-        if facts.seccomp_filter:
-            opts.append(
-                "--security-opt seccomp=unconfined (the default profile refuses "
-                "the namespaces bwrap makes)"
-            )
-        if facts.apparmor_profile:
-            opts.append(
-                f"--security-opt apparmor=unconfined (it runs under {facts.apparmor_profile}, "
-                "which refuses bwrap's mounts)"
-            )
-        if facts.proc_masked:
-            opts.append("--security-opt systempaths=unconfined (bwrap mounts its own /proc)")
-        if opts:
-            steps.append(
-                f"start the {facts.container} container with "
-                + ", ".join(opts)
-                + "; --privileged is not needed"
-            )
-    if not steps:
-        steps.append(
-            "bubblewrap needs unprivileged user namespaces (sysctl "
-            "kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0; on Ubuntu an "
-            "AppArmor profile for bwrap)"
-        )
-    return "; ".join(steps) + " (README, Deploy)"
 
 
 def _sandbox(settings: Settings, facts: HostFacts | None = None) -> Check:
@@ -636,32 +493,3 @@ def _data_dir(settings: Settings) -> Check:
         return Check("data dir", True, f"{d} is writable, {free:.1f} GiB free")
     except OSError as exc:
         return Check("data dir", False, f"{d}: {exc}", "set LOOPBOT_DATA_DIR to a writable dir")
-
-
-def run_config_checks(paths: tuple[str, ...], env: Mapping[str, str] | None = None) -> list[Check]:
-    """``loopbot doctor --config``: each file within the operator's ceilings when the
-    settings load (LOOPBOT_MAX_* as the worker reads them), else the defaults, said so."""
-    try:
-        ceilings = Ceilings.of(load_settings(env, role="worker"))
-        checks: list[Check] = []
-    except SettingsError:
-        ceilings = repo_config.DEFAULT_CEILINGS
-        checks = [
-            Check(
-                "ceilings",
-                True,
-                "the settings do not load here, so the default ceilings apply "
-                "(run `loopbot doctor` to see why)",
-                warn=True,
-            )
-        ]
-    for path in paths:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            checks.append(
-                Check(f"config {path}", False, f"cannot be read: {exc}", "save it as UTF-8")
-            )
-            continue
-        checks.extend(config_checks(path, text, ceilings))
-    return checks

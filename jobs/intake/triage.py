@@ -22,7 +22,8 @@ from bot.core.record import LoopRecord, Reason, Usage, approve, intake_hash
 from bot.core.rules import intake
 from bot.core.rules import triage as rules
 from bot.core.text import messages
-from bot.io.github.client import Installation, IssueInfo
+from bot.io.github.client import Installation
+from bot.io.github.issues import IssueInfo
 from bot.io.logs import get_logger
 from bot.io.store import Store
 from jobs import precall

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bot.core.record import LoopRecord, Reason, Status
 from bot.core.text import messages
-from bot.io.github.client import PullInfo
+from bot.io.github.pulls import PullInfo
 from bot.io.logs import get_logger
 from jobs.agents.agent import Outcome
 from jobs.loop import evidence

@@ -21,8 +21,9 @@ from bot.core.rules import metric as metric_rules
 from bot.core.rules import turns as transitions
 from bot.core.text import messages
 from bot.core.text.defuse import one_line
-from bot.io.github.client import Installation, IssueInfo
+from bot.io.github.client import Installation
 from bot.io.github.failures import GitHubError
+from bot.io.github.issues import IssueInfo
 from bot.io.logs import get_logger
 from jobs import lifecycle
 from jobs.agents.agent import Outcome, TurnAgent

@@ -46,8 +46,9 @@ from bot.core.rules.review import (
 from bot.core.rules.review_check import check_run
 from bot.core.text import messages, prompts
 from bot.core.text import metric as metric_text
-from bot.io.github.client import Installation, PullInfo
+from bot.io.github.client import Installation
 from bot.io.github.failures import GitHubError, Unavailable
+from bot.io.github.pulls import PullInfo
 from bot.io.logs import get_logger
 from bot.io.store import Store
 from jobs import lifecycle, precall

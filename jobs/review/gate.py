@@ -38,8 +38,10 @@ from bot.core.rules.merge import (
     protected_changes,
 )
 from bot.core.text import messages, receipt
-from bot.io.github.client import Installation, IssueInfo, PullInfo
+from bot.io.github.client import Installation
 from bot.io.github.failures import Conflict
+from bot.io.github.issues import IssueInfo
+from bot.io.github.pulls import PullInfo
 from bot.io.logs import get_logger
 from bot.io.queues import enqueue_gate
 from jobs import lifecycle, merge_slot

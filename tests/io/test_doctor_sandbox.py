@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.ops.doctor import HostFacts, sandbox_fix
+from bot.ops.doctor_host import HostFacts, sandbox_fix
 from tests.helpers import ROOT
 
 DOCKER = HostFacts(container="docker", seccomp_filter=True, proc_masked=True)

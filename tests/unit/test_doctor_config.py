@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from bot.core import repo_config
 from bot.core.repo_config import Ceilings
 from bot.ops.cli import main
-from bot.ops.doctor import config_checks
+from bot.ops.doctor_config import config_checks
 
 METRIC = """verify: make test
 max_cost_usd: 1e12

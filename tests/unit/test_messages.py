@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bot.core.text.defuse import JOINER as J
 from bot.core.text.messages import code_block, safe_text
-from bot.io.github.client import marker
+from bot.io.github.plumbing import marker
 
 
 def test_closing_keywords_in_agent_text_close_nothing() -> None:

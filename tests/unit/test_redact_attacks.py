@@ -14,6 +14,7 @@ import pytest
 
 from bot.core.text import sessionlog
 from bot.core.text.redact import MARK, Redactor, deep, url_secrets
+from bot.core.text.timeline import timeline
 
 WEBHOOK = "9f8e7d6c5b4a39281706f5e4d3c2b1a0deadbeef"
 TOKEN = "ghs_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
@@ -43,14 +44,14 @@ def verify_event(tail: str) -> dict[str, Any]:
 def test_a_secret_late_in_verify_output_is_not_clipped_into_the_timeline() -> None:
     # The timeline names the failing line, clipped: it used to clip before redacting.
     event = verify_event("E   AssertionError: expected webhook token " + WEBHOOK)
-    lines = sessionlog.timeline([event], redact=REDACT)
+    lines = timeline([event], redact=REDACT)
     assert_no_piece("\n".join(lines), WEBHOOK)
 
 
 def test_a_defused_password_in_the_timeline_is_still_redacted() -> None:
     # safe_text puts a word joiner after "@x" and "#1": redaction must come first.
     event = verify_event("RuntimeError: redis auth " + REDIS_PASSWORD)
-    lines = sessionlog.timeline([event], redact=REDACT)
+    lines = timeline([event], redact=REDACT)
     text = "\n".join(lines).replace("\u2060", "")
     assert REDIS_PASSWORD not in text and "123word" not in text
 

@@ -9,6 +9,7 @@ import pytest
 
 from bot.core.record import LoopRecord
 from bot.core.rules import metric as rules
+from bot.core.rules.command_paths import named_paths
 from bot.core.text import metric as text
 
 TRACKED = [
@@ -46,11 +47,11 @@ TRACKED = [
     ],
 )
 def test_named_paths_are_what_the_commands_run(command: str, named: list[str]) -> None:
-    assert rules.named_paths([command], TRACKED) == named
+    assert named_paths([command], TRACKED) == named
 
 
 def test_what_the_commands_run_is_outside_even_a_scope_that_covers_everything() -> None:
-    named = rules.named_paths(["python3 metric.py", "pytest tests/"], TRACKED)
+    named = named_paths(["python3 metric.py", "pytest tests/"], TRACKED)
     touched = ["metric.py", "tests/test_a.py", "src/a.py", "tests"]
     assert rules.outside_scope(touched, ("**",), named) == ["metric.py", "tests", "tests/test_a.py"]
     assert rules.matching(TRACKED, ("**/*.py",), named) == ["bench/run.py", "src/a.py"]
@@ -124,12 +125,12 @@ def read(path: str) -> str | None:
     ],
 )
 def test_guards_are_followed_as_far_as_they_can_be_read(command: str, named: list[str]) -> None:
-    assert rules.named_paths([command], FOLLOWED, read) == named
+    assert named_paths([command], FOLLOWED, read) == named
 
 
 def test_a_recursive_makefile_stops() -> None:
     loop = {"Makefile": "a:\n\tmake b\nb:\n\tmake a\n\tpython3 metric.py\n"}
-    assert rules.named_paths(["make a"], [*TRACKED, "Makefile"], loop.get) == [
+    assert named_paths(["make a"], [*TRACKED, "Makefile"], loop.get) == [
         "Makefile",
         "metric.py",
     ]

@@ -11,7 +11,9 @@ import pytest
 from bot.core.record import LoopRecord, Status
 from bot.core.text import messages, sessionlog
 from bot.core.text.defuse import JOINER
+from bot.core.text.events import failing_test
 from bot.core.text.redact import MARK, Redactor
+from bot.core.text.timeline import TIMELINE_WINDOW, Timeline, timeline
 
 TOKEN = "ghs_" + "Zy9Xw8Vu7Ts6Rq5Po4Nm3Lk2"
 WEBHOOK_SECRET = "webhook-secret-for-tests"
@@ -392,7 +394,7 @@ def test_a_conversation_saved_short_is_not_overrun() -> None:
     ],
 )
 def test_failing_test_named(output: str, name: str) -> None:
-    assert sessionlog.failing_test(output) == name
+    assert failing_test(output) == name
 
 
 def test_render_text_for_the_cli() -> None:
@@ -426,7 +428,7 @@ def test_timeline_of_a_two_turn_loop_with_a_sev1_round() -> None:
         ev(24, "merged", sha="abc1234def", pr=8),
         ev(25, "loop_finished", status="completed", reason="merged", detail="", turn=3),
     ]
-    assert sessionlog.timeline(events) == [
+    assert timeline(events) == [
         "turn 1 — verify failed (test_add)",
         "turn 2 — verify passed",
         "PR #8 opened",
@@ -439,8 +441,8 @@ def test_timeline_of_a_two_turn_loop_with_a_sev1_round() -> None:
 
 
 def test_timeline_steps_under_way_end_with_an_ellipsis() -> None:
-    assert sessionlog.timeline(EVENTS[:4]) == ["turn 1 — coding…"]
-    assert sessionlog.timeline(EVENTS[:13])[-1] == "review round 1 — reviewing…"
+    assert timeline(EVENTS[:4]) == ["turn 1 — coding…"]
+    assert timeline(EVENTS[:13])[-1] == "review round 1 — reviewing…"
 
 
 @pytest.mark.parametrize(
@@ -503,14 +505,14 @@ def test_timeline_steps_under_way_end_with_an_ellipsis() -> None:
     ],
 )
 def test_timeline_lines(events: list[dict[str, Any]], lines: list[str]) -> None:
-    assert sessionlog.timeline(events) == lines
+    assert timeline(events) == lines
 
 
 def test_timeline_folds_older_lines() -> None:
     events = []
     for turn in range(1, 21):
         events += [ev(2 * turn, "turn_started", turn=turn), verify(2 * turn + 1, turn, False)]
-    lines = sessionlog.timeline(events, limit=5)
+    lines = timeline(events, limit=5)
     assert lines == [
         "… 16 earlier steps",
         "turn 17 — verify failed",
@@ -518,17 +520,17 @@ def test_timeline_folds_older_lines() -> None:
         "turn 19 — verify failed",
         "turn 20 — verify failed",
     ]
-    assert len(sessionlog.timeline(events)) == 12
+    assert len(timeline(events)) == 12
 
 
 def test_timeline_is_ordered_by_stream_id_not_by_list_order() -> None:
-    assert sessionlog.timeline(list(reversed(EVENTS[:11]))) == sessionlog.timeline(EVENTS[:11])
+    assert timeline(list(reversed(EVENTS[:11]))) == timeline(EVENTS[:11])
 
 
 def test_timeline_lines_are_short_and_defused() -> None:
     nasty = "FAILED tests/t.py::test_" + "x" * 200 + " - boom\n"
     mention = "FAILED t.py::test_ping_@alice_fixes_#12 - x\n"
-    lines = sessionlog.timeline(
+    lines = timeline(
         [
             ev(1, "turn_started", turn=1),
             verify(2, 1, False, nasty),
@@ -558,7 +560,7 @@ def record(status: Status) -> LoopRecord:
 
 
 def test_status_comment_state_on_top_then_the_checklist() -> None:
-    lines = sessionlog.timeline(EVENTS[:13])
+    lines = timeline(EVENTS[:13])
     body = messages.status_comment(record(Status.REVIEWING), "", lines)
     state, checklist = body.split("\n\n")[1:3]
     assert state == messages.status_line(record(Status.REVIEWING))
@@ -628,7 +630,7 @@ def test_timeline_names_triage_and_metric_iterations() -> None:
         ev(5, "metric_iteration", iteration=2, status="discard", reason="worse"),
         ev(6, "split", actor="maint", issues=[4, 5]),
     ]
-    assert sessionlog.timeline(events) == [
+    assert timeline(events) == [
         "triage — needs_spec",
         "spec accepted by maint",
         "triage failed — coding anyway",
@@ -664,19 +666,19 @@ def _long_loop() -> list[dict[str, Any]]:
 @pytest.mark.parametrize("chunk", [1, 2, 3, 7, 1000])
 def test_a_timeline_built_in_steps_reads_as_one_built_at_once(chunk: int) -> None:
     events = _long_loop()
-    whole = sessionlog.timeline(events)
-    built: sessionlog.Timeline | None = sessionlog.Timeline()
+    whole = timeline(events)
+    built: Timeline | None = Timeline()
     for start in range(0, len(events), chunk):
         assert built is not None
         # Carried from one status update to the next as it is saved in Redis.
-        built = sessionlog.Timeline.from_json(json.loads(json.dumps(built.to_json())))
+        built = Timeline.from_json(json.loads(json.dumps(built.to_json())))
         assert built is not None
         built.add(events[start : start + chunk])
     assert built is not None and built.render(12) == whole
     assert whole[0] == "… 30 earlier steps"  # 40 turns and a review round, 11 shown
     # Past its window a longer listing still counts what it no longer holds.
-    assert sessionlog.timeline(events, limit=100)[0] == "… 17 earlier steps"
-    assert len(built.lines) <= sessionlog.TIMELINE_WINDOW  # its size does not grow
+    assert timeline(events, limit=100)[0] == "… 17 earlier steps"
+    assert len(built.lines) <= TIMELINE_WINDOW  # its size does not grow
 
 
 def test_a_timeline_redacts_only_the_events_it_shows() -> None:
@@ -688,7 +690,7 @@ def test_a_timeline_redacts_only_the_events_it_shows() -> None:
 
     events = _long_loop()
     events.append(ev(999, "merge_refused", reason="token s3cr3t-value leaked"))
-    built = sessionlog.Timeline()
+    built = Timeline()
     built.add(events, redact)
     assert built.render(12)[-1] == "merge refused (token [redacted] leaked)"
     assert "ls" not in seen and "bash" not in seen  # the skipped steps were never redacted
@@ -700,7 +702,7 @@ def test_a_timeline_redacts_only_the_events_it_shows() -> None:
     [None, {}, {"format": 2, "lines": [], "dropped": 0, "last_id": "1-0"}, "x", {"format": 1}],
 )
 def test_a_saved_timeline_in_another_shape_is_built_again(saved: Any) -> None:
-    assert sessionlog.Timeline.from_json(saved) is None
+    assert Timeline.from_json(saved) is None
 
 
 def test_a_claude_code_turn_shows_its_text_commands_edits_and_results() -> None:

@@ -22,7 +22,7 @@ from bot.core.rules.routing import FEEDBACK_WORD
 
 
 class CommentLike(Protocol):
-    """What the rules read of a comment (``bot.io.github.client.CommentInfo`` has it)."""
+    """What the rules read of a comment (``bot.io.github.issues.CommentInfo`` has it)."""
 
     @property
     def id(self) -> int: ...

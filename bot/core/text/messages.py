@@ -215,7 +215,7 @@ TIMELINE_LIMIT = 12  # checklist lines in the status comment; older ones fold in
 
 def status_comment(r: LoopRecord, verify_tail: str = "", timeline_lines: Sequence[str] = ()) -> str:
     """The one status comment on the issue, edited as the loop goes: the state on top,
-    then the checklist of what happened (``bot.core.text.sessionlog.timeline``), then
+    then the checklist of what happened (``bot.core.text.timeline.timeline``), then
     the facts."""
     facts = _facts(r)
     lines = ["### loopbot", facts[0]]

@@ -237,7 +237,8 @@ def pull_summary(rep: Report, rows: Sequence[Row], command: str, direction: str)
 
 def system(cfg: MetricConfig, guard: str, named: Sequence[str] = ()) -> str:
     """What the agent's system prompt adds for a metric loop; ``named``: the files the
-    metric and guard commands run (``rules.named_paths``), out of scope whatever it says."""
+    metric and guard commands run (``bot.core.rules.command_paths.named_paths``), out of
+    scope whatever it says."""
     return (
         "This is a metric loop: each turn is one iteration in which you make ONE small, "
         "atomic change meant to improve a number. The harness commits your change, "

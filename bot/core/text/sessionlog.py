@@ -7,7 +7,8 @@ the edit as a diff) with its result right after it, then the turn's verify run, 
 the pull request, review rounds, handovers, restarts and the end. The dashboard, the CLI
 and the API show these entries; ``render_text`` is the CLI's view.
 
-``timeline`` is the short checklist in the issue's status comment.
+The issue's status comment has its own short checklist, ``bot.core.text.timeline``; what
+both read of the events is in ``bot.core.text.events``.
 
 Every string of every entry has gone through the caller's ``Redactor``: the log shows
 what tools printed, and a tool can print a token.
@@ -19,11 +20,20 @@ import difflib
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.core.text.defuse import safe_text
+from bot.core.text.events import (
+    _clip,
+    _event_order,
+    _int,
+    _is_int,
+    _severities,
+    _short,
+    _tail,
+    failing_test,
+)
 from bot.core.text.redact import Redactor, deep
 
 Entry = dict[str, Any]
@@ -31,7 +41,6 @@ Entry = dict[str, Any]
 BASH = "bash"
 EDITOR = "str_replace_based_edit_tool"
 TITLE_CHARS = 160  # of a title taken from a command or a text's first line
-TIMELINE_CHARS = 99  # a checklist line stays on one line of the comment
 
 # Event kinds shown under their own entry kind; any other event is an "event" entry.
 _EVENT_KINDS = {
@@ -101,15 +110,6 @@ class _Span:
     turn: int | None
     # The turn's prompt sits in the message before ``start`` (see ``_Out.messages``).
     prompt_before: bool = False
-
-
-def _event_order(event: dict[str, Any]) -> tuple[int, int]:
-    """Stream ids (``ms-seq``) sort the events as Redis wrote them."""
-    ms, _, seq = str(event.get("id", "0-0")).partition("-")
-    try:
-        return int(ms), int(seq or 0)
-    except ValueError:
-        return int(float(event.get("at") or 0) * 1000), 0
 
 
 def _turn_spans(events: list[dict[str, Any]], length: int) -> dict[int, _Span]:
@@ -516,16 +516,6 @@ def _verify_title(kind: str, data: dict[str, Any]) -> str:
     return f"{what} failed ({why})" if why else f"{what} failed"
 
 
-def _tail(data: dict[str, Any]) -> str:
-    """A verify event's output tail (its field has been called both)."""
-    return str(data.get("tail") or data.get("output") or "")
-
-
-def _severities(data: dict[str, Any]) -> str:
-    counts = [f"{data[s]} {s}" for s in ("sev1", "sev2", "sev3") if data.get(s)]
-    return ", ".join(counts) or "no findings"
-
-
 def _findings(found: Any) -> str:
     """Findings, when the event carries them: one line each."""
     if not isinstance(found, list):
@@ -559,32 +549,6 @@ def _data_body(data: dict[str, Any]) -> str:
     long |= {k: v for k, v in data.items() if isinstance(v, str) and len(v) > 40}
     long |= {k: v for k, v in data.items() if k in ("error", "detail")}
     return json.dumps(long, indent=2, sort_keys=True, default=str) if long else ""
-
-
-# -- failing tests ---------------------------------------------------------------------------
-
-_PYTEST_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+?::\S+)", re.MULTILINE)
-_UNITTEST = re.compile(r"^(?:FAIL|ERROR): (\w+) \(", re.MULTILINE)
-_GO = re.compile(r"^\s*--- FAIL: (\S+)", re.MULTILINE)
-_CARGO = re.compile(r"^test (\S+) \.\.\. FAILED", re.MULTILINE)
-_ERROR_LINE = re.compile(r"^(?:E\s+)?(.*(?:Error\b|Error:|\bassert\b).*)$", re.MULTILINE)
-
-
-def failing_test(output: str) -> str:
-    """The failing test that ``output`` names (``test_add``, ``test_add +2 more``), else
-    its first error or assert line, else ""."""
-    names = [m.rsplit("::", 1)[-1] for m in _PYTEST_FAILED.findall(output)]
-    for pattern in (_UNITTEST, _GO, _CARGO):
-        names = names or pattern.findall(output)
-    names = list(dict.fromkeys(names))
-    if names:
-        more = f" +{len(names) - 1} more" if len(names) > 1 else ""
-        return _clip(names[0], 60) + more
-    for m in _ERROR_LINE.finditer(output):
-        line = m.group(1).strip()
-        if line:
-            return _clip(line, 60)
-    return ""
 
 
 # -- text for the CLI ------------------------------------------------------------------------
@@ -633,246 +597,6 @@ def _head_and_tail(text: str, keep: int) -> str:
     return "\n".join([*lines[:half], f"… {cut} lines (--full shows them)", *lines[-half:]])
 
 
-# -- the status comment's timeline -----------------------------------------------------------
-
-
-@dataclass
-class _Line:
-    text: str
-    turn: int | None = None
-    review: int | None = None
-    # The turn's number over the issue's whole life (``turn`` starts at 1 again after a
-    # review round sends the loop back to coding): what people read.
-    label: int | None = None
-
-
-# The kinds the timeline has a line for. Every other event (each agent step, each
-# command) is skipped before anything is redacted: most of a loop's events are those.
-TIMELINE_KINDS = frozenset(
-    {
-        "turn_started", "turn_capped", "verify", "no_change", "test_requested",
-        "pr_opened", "review_started", "section_audit_started", "section_audited",
-        "section_done", "post_action", "triage", "triage_failed", "spec_accepted",
-        "split", "metric_iteration", "reviewed", "review_skipped", "back_to_coding",
-        "handoff", "loop_resumed", "loop_restarted", "loop_cancelled", "shrink",
-        "context_shrunk", "base_merged", "merge_refused", "merged", "loop_finished",
-    }
-)  # fmt: skip
-# Lines a Timeline keeps: the comment shows 12, and an event updates a line of its own
-# turn or review round, a few lines back at most. What it drops is counted.
-TIMELINE_WINDOW = 24
-TIMELINE_FORMAT = 1
-
-
-@dataclass
-class Timeline:
-    """The status comment's checklist, built event by event: ``add`` the events written
-    since ``last_id``, ``render`` the newest lines. It keeps the newest
-    ``TIMELINE_WINDOW`` lines and a count of the rest, so neither its size nor an
-    update's cost grows with the loop's history; ``to_json``/``from_json`` carry it from
-    one status update to the next."""
-
-    lines: list[_Line] = field(default_factory=list)
-    dropped: int = 0
-    last_id: str = "-"  # the newest event seen (a stream id), "-" for none
-
-    def add(self, events: list[dict[str, Any]], redact: Callable[[str], str] | None = None) -> None:
-        """Apply ``events`` (newer than ``last_id``), redacting each one that makes or
-        changes a line before any of its text is clipped or defused (see build)."""
-        ordered = sorted(events, key=_event_order)
-        shown = [e for e in ordered if str(e.get("kind", "")) in TIMELINE_KINDS]
-        if redact is not None:
-            shown = deep(shown, redact)
-        for event in shown:
-            _timeline_event(self.lines, str(event.get("kind", "")), event.get("data") or {})
-        if ordered and "id" in ordered[-1]:
-            self.last_id = str(ordered[-1]["id"])
-        excess = len(self.lines) - TIMELINE_WINDOW
-        if excess > 0:
-            del self.lines[:excess]
-            self.dropped += excess
-
-    def render(self, limit: int = 12) -> list[str]:
-        """The newest lines, oldest first; more than ``limit`` fold the oldest into one
-        "… N earlier steps" line. A step under way ends with "…"."""
-        texts = [_clip(line.text, TIMELINE_CHARS) for line in self.lines]
-        total = self.dropped + len(texts)
-        if total <= limit and not self.dropped:
-            return texts
-        keep = min(max(limit - 1, 0), len(texts))
-        return [f"… {total - keep} earlier steps", *(texts[-keep:] if keep else [])]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": TIMELINE_FORMAT,
-            "last_id": self.last_id,
-            "dropped": self.dropped,
-            "lines": [[ln.text, ln.turn, ln.review, ln.label] for ln in self.lines],
-        }
-
-    @classmethod
-    def from_json(cls, data: Any) -> Timeline | None:
-        """The timeline saved by ``to_json``; None for anything else (another format, a
-        damaged value): the caller builds it again from the events."""
-        try:
-            if data.get("format") != TIMELINE_FORMAT:
-                return None
-            lines = [
-                _Line(str(text), _opt_int(turn), _opt_int(review), _opt_int(label))
-                for text, turn, review, label in data["lines"]
-            ]
-            return cls(lines, int(data["dropped"]), str(data["last_id"]))
-        except (AttributeError, KeyError, TypeError, ValueError):
-            return None
-
-
-def _opt_int(v: Any) -> int | None:
-    return int(v) if v is not None else None
-
-
-def timeline(
-    events: list[dict[str, Any]],
-    *,
-    limit: int = 12,
-    redact: Callable[[str], str] | None = None,
-) -> list[str]:
-    """The status comment's checklist from ``events`` (a whole stream), oldest first."""
-    built = Timeline()
-    built.add(events, redact)
-    return built.render(limit)
-
-
-def _timeline_event(lines: list[_Line], kind: str, data: dict[str, Any]) -> None:
-    turn = _int(data["turn"]) if _is_int(data.get("turn")) else None
-    match kind:
-        case "turn_started":
-            label = _int(data["total"]) if _is_int(data.get("total")) else turn
-            lines.append(_Line(f"turn {label} — coding…", turn=turn, label=label))
-        case "turn_capped":
-            _set_turn(lines, turn, f"turn {turn} — stopped ({_word(data.get('reason'))})")
-        case "verify":
-            _set_turn(lines, turn, f"turn {turn} — {_verify_words(data)}")
-        case "no_change":
-            _set_turn(lines, turn, None, suffix=", no change")
-        case "test_requested":
-            lines.append(_Line("asked the agent for a test"))
-        case "pr_opened":
-            lines.append(_Line(f"PR #{_int(data.get('pr'))} opened"))
-        case "review_started":
-            n = _int(data.get("round"))
-            what = "final audit" if data.get("final_audit") else "review"
-            lines.append(_Line(f"{what} round {n} — reviewing…", review=n))
-        case "section_audit_started":  # milestones (bot/core/rules/sections.py)
-            lines.append(
-                _Line(
-                    f"section {_int(data.get('section'))} audit round {_int(data.get('round'))}"
-                    " — auditing…"
-                )
-            )
-        case "section_audited":
-            n, outcome = _int(data.get("section")), f"— {_severities(data)}"
-            if lines and lines[-1].text.startswith(f"section {n} audit"):
-                lines[-1].text = lines[-1].text.replace(" — auditing…", " " + outcome)
-            else:
-                lines.append(_Line(f"section {n} audit {outcome}"))
-        case "section_done":
-            lines.append(
-                _Line(f"section {_int(data.get('section'))} done: {_word(data.get('title'))}")
-            )
-        case "post_action":
-            lines.append(_Line(f"post-action {_word(data.get('status'))}"))
-        case "triage" if data.get("verdict") != "ready":  # the usual way needs no line
-            lines.append(_Line(f"triage — {_word(data.get('verdict'))}"))
-        case "triage_failed":
-            lines.append(_Line("triage failed — coding anyway"))
-        case "spec_accepted":
-            what = "issue worked as one" if data.get("whole") else "spec accepted"
-            lines.append(_Line(f"{what} by {_who(data.get('actor'))}"))
-        case "split":
-            lines.append(_Line(f"split into sub-issues by {_who(data.get('actor'))}"))
-        case "metric_iteration":  # metric loops (bot/core/rules/metric.py)
-            lines.append(
-                _Line(
-                    f"iteration {_int(data.get('iteration'))} — {_word(data.get('status'))}"
-                    + (f" ({_word(data.get('reason'))})" if data.get("reason") else "")
-                )
-            )
-        case "reviewed":
-            _set_review(lines, f"— {_severities(data)}")
-        case "review_skipped":
-            lines.append(_Line(f"head already reviewed ({_word(data.get('verdict'))})"))
-        case "back_to_coding":
-            lines.append(_Line(f"back to coding ({_word(data.get('reason'))})"))
-        case "handoff":
-            lines.append(_Line("handed over (worker shutting down)"))
-        case "loop_resumed":
-            lines.append(_Line(f"resumed ({_word(data.get('reason'))})"))
-        case "loop_restarted":
-            lines.append(_Line(f"restarted by {_who(data.get('actor'))}"))
-        case "loop_cancelled":
-            lines.append(_Line(f"cancelled by {_who(data.get('actor'))}"))
-        case "shrink" | "context_shrunk":
-            lines.append(_Line("context shrunk"))
-        case "base_merged":
-            lines.append(_Line("merged the base branch in"))
-        case "merge_refused":
-            lines.append(_Line(f"merge refused ({_word(data.get('reason'))})"))
-        case "merged":
-            lines.append(_Line(f"merged as {_short(data.get('sha'))}"))
-        case "loop_finished":
-            _finished(lines, data)
-
-
-def _set_turn(lines: list[_Line], turn: int | None, text: str | None, suffix: str = "") -> None:
-    """Update the newest line of ``turn`` (a restart counts turns from 1 again)."""
-    for line in reversed(lines):
-        if line.turn is not None and line.turn == turn:
-            if text is not None and line.label is not None:
-                text = text.replace(f"turn {turn} ", f"turn {line.label} ", 1)
-            line.text = (text or line.text) + suffix
-            return
-    if text is not None:
-        lines.append(_Line(text + suffix, turn=turn))
-
-
-def _set_review(lines: list[_Line], outcome: str) -> None:
-    for line in reversed(lines):
-        if line.review is not None:
-            what = "final audit" if line.text.startswith("final audit") else "review"
-            line.text = f"{what} round {line.review} {outcome}"
-            return
-    lines.append(_Line(f"review {outcome}"))
-
-
-def _finished(lines: list[_Line], data: dict[str, Any]) -> None:
-    status, reason = _word(data.get("status")), _word(data.get("reason"))
-    if status == "completed" and lines and lines[-1].text.startswith("merged as"):
-        return  # the merge line says it
-    if status == "cancelled" and lines and lines[-1].text.startswith("cancelled"):
-        return
-    lines.append(_Line(f"{status} ({reason})" if reason else status))
-
-
-def _verify_words(data: dict[str, Any]) -> str:
-    if data.get("passed"):
-        return "verify passed"
-    if data.get("timed_out"):
-        return "verify failed (timed out)"
-    test = failing_test(_tail(data))
-    # The test's name came from the repository: defused like any text loopbot posts.
-    return f"verify failed ({safe_text(_clip(test, 60))})" if test else "verify failed"
-
-
-def _word(value: Any) -> str:
-    """A short value from an event, safe in a comment."""
-    return safe_text(_clip(" ".join(str(value or "").split()), 40))
-
-
-def _who(actor: Any) -> str:
-    # No "@": the timeline names people without notifying them on every edit.
-    return _word(str(actor or "someone").lstrip("@"))
-
-
 # -- small helpers ---------------------------------------------------------------------------
 
 
@@ -903,25 +627,6 @@ def _first_line(text: str) -> str:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
-
-
-def _clip(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
-def _short(sha: Any) -> str:
-    return str(sha or "?")[:7]
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _int(v: Any) -> int:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return 0
 
 
 def _float(v: Any) -> float | None:

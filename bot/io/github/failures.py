@@ -1,7 +1,8 @@
 """The one place that sorts GitHub failures: retry after N seconds, re-authenticate, or fatal.
 
 Pure: it looks at an exception and the attempt number and returns a decision. The
-client (``bot.io.github.client``) acts on it. Callers only ever see the exception tree below.
+client acts on it (``bot.io.github.calls``, its retry loop). Callers only ever see the
+exception tree below.
 """
 
 from __future__ import annotations
