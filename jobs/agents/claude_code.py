@@ -36,20 +36,11 @@ from bot.core.models import ModelSpec
 from bot.io.logs import get_logger
 from jobs.agents import mcp
 from jobs.agents.agent import Limits
-from jobs.agents.cli import (  # noqa: F401 (CWD_MEMBER: named here for the tests)
-    CWD_MEMBER,
-    MAX_SESSION,
-    CliAgent,
-    Run,
-    Trial,
-    Turn,
-    cli_extra,
-    moved_note,
-    stage_home,
-)
-from jobs.agents.cli import pack as pack_files
+from jobs.agents.cli import CliAgent, Run, Trial, Turn, cli_extra, stage_home
 from jobs.agents.cli import trial as cli_trial
-from jobs.agents.cli import unpack as unpack_files
+from jobs.agents.session import MAX_SESSION, moved_note
+from jobs.agents.session import pack as pack_files
+from jobs.agents.session import unpack as unpack_files
 from jobs.gateway import messages as gateway
 from jobs.sandbox.bwrap import INSIDE_HOME
 

@@ -31,7 +31,8 @@ from typing import Any
 from bot.core.repo_config import McpServer
 from jobs.agents import mcp
 from jobs.agents.agent import Limits
-from jobs.agents.cli import CliAgent, Run, Turn, cli_extra, pack, stage_home, unpack
+from jobs.agents.cli import CliAgent, Run, Turn, cli_extra, stage_home
+from jobs.agents.session import pack, unpack
 from jobs.gateway import messages
 from jobs.sandbox.bwrap import INSIDE_HOME
 

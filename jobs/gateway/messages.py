@@ -17,9 +17,9 @@ gateway runs in the worker, outside the sandbox, and for each request:
   and every later request gets the same (the turn then ends ``budget_exhausted``);
 * sends the request with the real key (the worker's ``anthropic`` client, no retries:
   the backend retries what the API refuses), streams the answer back as it arrives,
-  reads its usage from the stream (``message_start`` and ``message_delta``), prices it
-  and charges the issue; an answer cut off mid-stream is charged at its worst case, as
-  the API may have billed it;
+  reads its usage from the stream (``message_start`` and ``message_delta``, read by
+  ``jobs.gateway.usage``), prices it and charges the issue; an answer cut off
+  mid-stream is charged at its worst case, as the API may have billed it;
 * records each exchange (``gateway_call`` events: the model, usage, cost, stop reason
   and what the model wrote) for the session log, which redacts it as it redacts the
   built-in agent's.
@@ -44,11 +44,11 @@ import anthropic
 import httpx
 
 from bot.core.models import ModelSpec, thinking_params
-from bot.core.pricing import usage_from
 from bot.core.record import Usage
 from bot.core.rules import budget
 from bot.io.logs import get_logger
 from jobs import precall
+from jobs.gateway.usage import MessagesUsage
 from jobs.sandbox import egress
 
 log = get_logger("loopbot.gateway")
@@ -295,8 +295,8 @@ class ModelGateway:
         return body
 
     def reader(self) -> Any:
-        """A fresh reader of one answer's usage and content (``_Usage``'s methods)."""
-        return _Usage(self.policy.model)
+        """A fresh reader of one answer's usage and content (``MessagesUsage``'s methods)."""
+        return MessagesUsage(self.policy.model)
 
     # -- the rules ---------------------------------------------------------------------------
 
@@ -597,105 +597,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _error(self, status: int, kind: str, message: str) -> None:
         data = self.server.gateway.error_body(status, kind, message)
         self._send(status, {"x-should-retry": "false"}, data)
-
-
-class SseReader:
-    """An answer read as it streams by: each server-sent event's JSON ``data`` to
-    ``_event``; without a stream, the whole body kept in ``whole``. (Both APIs' usage
-    readers: Anthropic's ``_Usage`` here, OpenAI's in ``jobs.gateway.responses``.)"""
-
-    buffer = b""
-    whole = b""
-
-    def feed(self, chunk: bytes, *, stream: bool) -> None:
-        if not stream:
-            self.whole += chunk
-            return
-        self.buffer += chunk
-        while b"\n\n" in self.buffer:
-            event, self.buffer = self.buffer.split(b"\n\n", 1)
-            for line in event.split(b"\n"):
-                if line.startswith(b"data:"):
-                    with contextlib.suppress(ValueError):
-                        self._event(json.loads(line[5:]))
-
-    def _event(self, data: Any) -> None:
-        raise NotImplementedError
-
-
-class _Usage(SseReader):
-    """An answer's usage and content, read as it streams by (or whole, without a stream)."""
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self.buffer = b""
-        self.fields: dict[str, int] = {}
-        self.stop_reason = ""
-        self.done = False
-        self.blocks: dict[int, dict[str, Any]] = {}
-        self.partial: dict[int, str] = {}
-        self.whole = b""
-
-    def _event(self, data: dict[str, Any]) -> None:
-        kind = data.get("type")
-        if kind == "message_start":
-            self._count(data.get("message", {}).get("usage") or {})
-        elif kind == "message_delta":
-            self._count(data.get("usage") or {})
-            self.stop_reason = str((data.get("delta") or {}).get("stop_reason") or "")
-        elif kind == "message_stop":
-            self.done = True
-        elif kind == "content_block_start":
-            self.blocks[int(data.get("index", 0))] = dict(data.get("content_block") or {})
-        elif kind == "content_block_delta":
-            i, delta = int(data.get("index", 0)), data.get("delta") or {}
-            block = self.blocks.setdefault(i, {})
-            if delta.get("type") == "text_delta":
-                block["text"] = block.get("text", "") + str(delta.get("text", ""))
-            elif delta.get("type") == "input_json_delta":
-                self.partial[i] = self.partial.get(i, "") + str(delta.get("partial_json", ""))
-
-    def _count(self, usage: dict[str, Any]) -> None:
-        for name in (
-            "input_tokens",
-            "output_tokens",
-            "cache_creation_input_tokens",
-            "cache_read_input_tokens",
-        ):
-            value = usage.get(name)
-            if isinstance(value, int):
-                self.fields[name] = value  # cumulative: the latest figure is the total
-
-    def usage(self) -> Usage | None:
-        if self.whole:
-            try:
-                message = json.loads(self.whole)
-            except ValueError:
-                return None
-            self.stop_reason = str(message.get("stop_reason") or "")
-            self.blocks = dict(enumerate(message.get("content") or []))
-            self._count(message.get("usage") or {})
-        if not self.fields:
-            return None
-        return usage_from(self.model, _Fields(self.fields))
-
-    def content(self) -> list[dict[str, Any]]:
-        out = []
-        for i in sorted(self.blocks):
-            block = dict(self.blocks[i])
-            if i in self.partial:
-                with contextlib.suppress(ValueError):
-                    block["input"] = json.loads(self.partial[i] or "{}")
-            if block.get("type") in ("text", "tool_use"):
-                out.append(block)
-        return out
-
-
-class _Fields:
-    """Usage figures as ``usage_from`` reads them (attributes)."""
-
-    def __init__(self, fields: dict[str, int]) -> None:
-        self.__dict__.update(fields)
 
 
 def relay_prelude() -> str:

@@ -35,7 +35,8 @@ from bot.core.record import Usage
 from bot.core.rules import budget
 from bot.core.settings import Settings
 from bot.io.logs import get_logger
-from jobs.gateway.messages import ModelGateway, Refused, SseReader, has_media
+from jobs.gateway.messages import ModelGateway, Refused, has_media
+from jobs.gateway.usage import SseReader
 
 log = get_logger("loopbot.gateway")
 

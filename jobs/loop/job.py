@@ -17,7 +17,7 @@ import anthropic
 from bot.core import openai_models, repo_config
 from bot.core.models import ModelSpec, thinking_params
 from bot.core.record import ACTIVE, LoopRecord, Reason, Status, intake_hash
-from bot.core.rules import budget, discussion, intake, nested_guidance
+from bot.core.rules import budget, intake
 from bot.core.rules import turns as transitions
 from bot.core.text import messages, prompts
 from bot.io.github.client import IssueInfo
@@ -38,15 +38,16 @@ from jobs.loop import metric as metric_loop
 from jobs.loop.base_verify import BaseVerify
 from jobs.loop.handover import Handover
 from jobs.loop.lease import Lease
+from jobs.loop.news import TurnNews
 from jobs.loop.post_action import PostAction
 from jobs.loop.pull_request import PullRequests
-from jobs.loop.runner import LEASE_LOST, _News
+from jobs.loop.runner import LEASE_LOST
 from jobs.loop.section_audits import SectionAudits, _AllAudited, _SectionNext, resumed_outcome
 from jobs.loop.setup_phase import SetupPhase
 from jobs.models import UnknownModel
 from jobs.runtime import current, instrumented
 from jobs.sandbox.bwrap import Sandbox, SandboxUnavailable
-from jobs.tree.worktree import Checkout, GitError, files_at, has_file_named
+from jobs.tree.worktree import Checkout, GitError
 
 log = get_logger("loopbot.loop")
 
@@ -60,7 +61,7 @@ def run_loop(repo: str, issue: int) -> str:
     return LoopRunner(current(), repo, issue).run()
 
 
-class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
+class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover, TurnNews):
     """One loop job: the lease, the worktree and sandbox, the turns. Its parts are the
     classes it extends (see ``jobs.loop.runner``)."""
 
@@ -612,90 +613,6 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover):
                 return step
             case _:
                 assert_never(step)
-
-    def _news(self, record: LoopRecord, base: str, *, first: bool) -> _News:
-        """What the agent has not been given yet, as prompt sections: the maintainers'
-        comments on the issue, and the nested AGENTS.md for the files it changed.
-
-        In the first prompt (``first``: an empty conversation) everything counts as new,
-        whatever the record says was delivered: a conversation lost with its worker took
-        what it was given with it.
-        """
-        comments = self._discussion(set() if first else set(record.comments_delivered))
-        guidance = self._nested_guidance(set() if first else set(record.guidance_delivered))
-        return _News(
-            first=first,
-            comments=comments,
-            guidance=tuple(guidance),
-            sections=(
-                prompts.discussion(comments, first=first),
-                prompts.nested_guidance(guidance, base),
-            ),
-        )
-
-    def _discussion(self, delivered: set[int]) -> discussion.Selection:
-        """The issue's comments not delivered yet that may go to the agent: by people who
-        can write (asked once per author per turn, and only for comments that pass the
-        other rules), within the prompt's room (bot/core/rules/discussion.py)."""
-        pending = discussion.candidates(self.gh.comments(self.repo, self.issue_number), delivered)
-        writes = {
-            login: self.gh.can_write(self.repo, login) for login in discussion.authors(pending)
-        }
-        return discussion.fit(discussion.by_writers(pending, writes))
-
-    def _nested_guidance(self, delivered: set[str]) -> list[nested_guidance.Guidance]:
-        """The nearest AGENTS.md below the root for each file the branch changed, not
-        delivered yet, read from the default branch in the mirror (``checkout.base_sha``):
-        never from the worktree, where the agent may have written its own."""
-        checkout = self.checkout
-        if not self._any_nested_guidance(checkout):
-            return []  # most repositories: no git for it, turn after turn
-        head = self.worktrees.head(checkout.path, checkout.mirror)
-        if not self.worktrees.changed_since_base(checkout, head):
-            return []
-        changed = self.worktrees.changed_files(checkout, head)
-        wanted = nested_guidance.candidates(changed)
-        if not wanted:
-            return []
-        present = files_at(checkout.mirror, checkout.base_sha, wanted)
-        new = [p for p in nested_guidance.nearest(changed, present) if p not in delivered]
-        return nested_guidance.fit({p: present[p] for p in new})
-
-    def _any_nested_guidance(self, checkout: Checkout) -> bool:
-        """Whether the default branch (as this job checked it out) has an AGENTS.md below
-        its root at all: read once per base, from the mirror."""
-        known = self._nested_at.get(checkout.base_sha)
-        if known is None:
-            known = has_file_named(checkout.mirror, checkout.base_sha, nested_guidance.NAME)
-            self._nested_at = {checkout.base_sha: known}
-        return known
-
-    def _delivered(self, news: _News, turn: int) -> None:
-        """Record what the turn's prompt gave the agent, so no later prompt repeats it;
-        the events name the comments and files, never their text."""
-        comment_ids, paths = news.comments.ids, [g.path for g in news.guidance]
-        if not comment_ids and not paths and not news.first:
-            return
-
-        def apply(r: LoopRecord) -> None:
-            # A first prompt starts the record's lists over: its conversation is new.
-            old_ids = [] if news.first else r.comments_delivered
-            old_paths = [] if news.first else r.guidance_delivered
-            r.comments_delivered = sorted({*old_ids, *comment_ids})
-            r.guidance_delivered = sorted({*old_paths, *paths})
-
-        self.store.update(self.key, apply)
-        if comment_ids:
-            self.store.event(
-                self.key,
-                "discussion",
-                turn=turn,
-                count=len(news.comments.shown),
-                ids=[c.id for c in news.comments.shown],
-                left_out=list(news.comments.dropped),
-            )
-        if paths:
-            self.store.event(self.key, "nested_guidance", turn=turn, paths=paths)
 
     def _tests_asked(self) -> bool:
         """Whether this loop already gave the agent its one turn to add a test (an event,

@@ -2,8 +2,9 @@
 
 ``jobs.loop.job.LoopRunner`` is ``RunnerBase`` with its parts, each a module that extends it:
 the section audits (jobs/loop/section_audits.py), the post-action (jobs/loop/post_action.py), base
-verify and evidence (jobs/loop/base_verify.py), the pull request (jobs/loop/pull_request.py) and
-the hand-over (jobs/loop/handover.py). The turn loop itself is jobs/loop/job.py."""
+verify and evidence (jobs/loop/base_verify.py), the pull request (jobs/loop/pull_request.py), the
+hand-over (jobs/loop/handover.py) and what a prompt gives for the first time (jobs/loop/news.py).
+The turn loop itself is jobs/loop/job.py."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ class _Background:
 
 @dataclass(frozen=True)
 class _News:
-    """What one turn's prompt gives the agent for the first time (``LoopRunner._news``)."""
+    """What one turn's prompt gives the agent for the first time (``TurnNews._news``)."""
 
     first: bool  # the conversation's first prompt
     comments: discussion.Selection

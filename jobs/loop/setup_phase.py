@@ -28,16 +28,8 @@ import os
 from pathlib import Path
 
 from bot.core.settings import Settings
-from jobs.sandbox.bwrap import (
-    Extra,
-    Mount,
-    Network,
-    Result,
-    Sandbox,
-    TreeError,
-    disk_usage,
-    remove_tree,
-)
+from jobs.sandbox.bwrap import Extra, Mount, Network, Result, Sandbox
+from jobs.sandbox.disk import TreeError, disk_usage, remove_tree
 
 INSIDE = "/tmp/loopbot-cache"
 # Where each package manager keeps what it downloaded (and, for cargo and go, built).

@@ -23,36 +23,34 @@ mount namespace (``unshare``), then handed to bubblewrap from there. The worktre
 owned by that uid (``adopt``) so the command can write it.
 
 Output is read through a pipe, keeping a bounded head and tail in memory; nothing is
-spooled to disk. The command and everything it started are killed on timeout.
+spooled to disk. The command and everything it started are killed on timeout
+(``jobs.sandbox.process``). The seccomp filter is ``jobs.sandbox.seccomp``; the
+worktree's walk and disk charge, ``jobs.sandbox.disk``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import platform
-import selectors
 import shutil
-import signal
-import stat
-import struct
 import subprocess
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bot.core.settings import Settings
 from jobs.sandbox import cgroups, egress
+from jobs.sandbox.disk import TreeError, disk_usage, remove_tree, walk
+from jobs.sandbox.egress_policy import EgressPolicy
+from jobs.sandbox.process import HeadTail, become_subreaper, pump, reap_orphans
+from jobs.sandbox.seccomp import memfd, seccomp_program
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
-ENTRY_COST = 4096  # what every file or directory in the worktree is charged at least
-MAX_DEPTH = 256  # directory levels in a worktree; deeper is a resource limit
 MAX_COMMAND = 100_000  # bytes of one command line (the kernel's argv limit is 128 KiB)
-WATCH_INTERVAL = 1.0  # seconds between disk checks while a command runs
+NICE = 10  # sandbox commands yield the CPU to the harness (and to other loops' harness)
 INSIDE_UID = 1000
 INSIDE_HOME = "/tmp/home"
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -117,55 +115,6 @@ _STAGE_PARENT = "/tmp"
 
 class SandboxUnavailable(RuntimeError):
     pass
-
-
-# -- orphans: bwrap's processes whose parent exits first ---------------------------------
-
-_PR_SET_CHILD_SUBREAPER = 36
-_subreaper_pid = 0
-NICE = 10  # sandbox commands yield the CPU to the harness (and to other loops' harness)
-
-
-def become_subreaper() -> None:
-    """Make this process the reaper of its descendants' orphans. A sandbox command's
-    bwrap processes can outlive their parent by an instant; without this they are
-    reparented to PID 1, which in a container may be a worker that never reaps them, and
-    pile up as zombies. Here they come back to us and ``reap_orphans`` collects them."""
-    global _subreaper_pid
-    if _subreaper_pid == os.getpid():
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
-            _subreaper_pid = os.getpid()
-
-
-def reap_orphans() -> int:
-    """Reap this process's zombie children that are orphaned sandbox processes (named
-    ``bwrap``). A child that a ``Popen`` still waits for is never one of them: sandbox
-    commands run one at a time on the thread that calls this, after its own wait."""
-    reaped = 0
-    try:
-        tasks = list(Path("/proc/self/task").iterdir())
-    except OSError:
-        return 0
-    for task in tasks:
-        try:
-            children = (task / "children").read_text().split()
-        except OSError:
-            continue
-        for pid in children:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text()
-            except OSError:
-                continue
-            name = fields[fields.find("(") + 1 : fields.rfind(")")]
-            state = fields[fields.rfind(")") + 2 :].split(" ", 1)[0]
-            if state == "Z" and name == "bwrap":
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(int(pid), os.WNOHANG)
-                    reaped += 1
-    return reaped
 
 
 @dataclass(frozen=True)
@@ -255,154 +204,6 @@ def availability_problem(settings: Settings) -> str | None:
             "LOOPBOT_ALLOW_UNSANDBOXED=true."
         )
     return None
-
-
-class TreeError(Exception):
-    """The worktree cannot be walked whole: too deep, or an entry that cannot be read."""
-
-
-def walk(root: Path) -> Iterator[tuple[int, str, os.stat_result]]:
-    """Every entry below ``root`` as (its directory's fd, name, lstat), depth first.
-
-    Directories are opened relative to their parent's descriptor with ``O_NOFOLLOW``, so
-    no path is ever longer than a name (a tree past PATH_MAX is walked whole) and no link
-    is followed; the stack is explicit, so depth costs no recursion. A tree deeper than
-    ``MAX_DEPTH``, or anything that cannot be opened or read, raises ``TreeError``: a
-    check that cannot see part of the tree must not pass it.
-    """
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    stack: list[tuple[int, Iterator[os.DirEntry[str]]]] = []
-    try:
-        fd = os.open(root, flags)
-        stack.append((fd, os.scandir(fd)))
-        while stack:
-            fd, entries = stack[-1]
-            entry = next(entries, None)
-            if entry is None:
-                os.close(stack.pop()[0])
-                continue
-            st = entry.stat(follow_symlinks=False)
-            yield fd, entry.name, st
-            if stat.S_ISDIR(st.st_mode):
-                if len(stack) >= MAX_DEPTH:
-                    raise TreeError(f"directories nested deeper than {MAX_DEPTH} levels")
-                child = os.open(entry.name, flags, dir_fd=fd)
-                stack.append((child, os.scandir(child)))
-    except OSError as exc:
-        raise TreeError(f"an entry cannot be read ({exc.strerror})") from None
-    finally:
-        for fd, _ in stack:
-            os.close(fd)
-
-
-def disk_usage(root: Path, limit: int) -> int:
-    """What the tree under ``root`` is charged, in bytes; stops once past ``limit``.
-
-    Each entry costs what it could cost: its allocated blocks or its apparent size,
-    whichever is larger (git reads a sparse file whole), and at least one 4 KiB block
-    (a million empty files are not free: they use inodes). Raises ``TreeError``.
-    """
-    total = 0
-    for _fd, _name, st in walk(root):
-        total += max(st.st_blocks * 512, st.st_size, ENTRY_COST)
-        if total > limit:
-            return total
-    return total
-
-
-# Syscalls no build or test needs and that reach past the sandbox's namespaces: the
-# kernel keyrings (shared with the worker's session), eBPF, perf, userfaultfd, mounts
-# and namespaces, modules, kexec, swap, reboot, the kernel log, io_uring.
-_DENY = {
-    "keyctl": (250, 219),
-    "add_key": (248, 217),
-    "request_key": (249, 218),
-    "bpf": (321, 280),
-    "perf_event_open": (298, 241),
-    "userfaultfd": (323, 282),
-    "mount": (165, 40),
-    "umount2": (166, 39),
-    "pivot_root": (155, 41),
-    "unshare": (272, 97),
-    "setns": (308, 268),
-    "open_by_handle_at": (304, 265),
-    "kexec_load": (246, 104),
-    "kexec_file_load": (320, 294),
-    "init_module": (175, 105),
-    "finit_module": (313, 273),
-    "delete_module": (176, 106),
-    "swapon": (167, 224),
-    "swapoff": (168, 225),
-    "reboot": (169, 142),
-    "syslog": (103, 116),
-    "io_uring_setup": (425, 425),
-    "io_uring_enter": (426, 426),
-    "io_uring_register": (427, 427),
-    "open_tree": (428, 428),
-    "move_mount": (429, 429),
-    "fsopen": (430, 430),
-    "fsconfig": (431, 431),
-    "fsmount": (432, 432),
-    "fspick": (433, 433),
-    "mount_setattr": (442, 442),
-    # Reaching into another process of the sandbox: a backend CLI's tools run as its uid,
-    # and must not take its file descriptors (its stdout is what the harness reads) or
-    # rewrite its memory.
-    "ptrace": (101, 117),
-    "process_vm_readv": (310, 270),
-    "process_vm_writev": (311, 271),
-    "pidfd_getfd": (438, 438),
-}
-_AUDIT_ARCH = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}
-_SOCKET_CALLS = {"socket": (41, 198), "socketpair": (53, 199)}
-# Address families a command may open: Unix, IPv4, IPv6 (its own loopback and the proxy),
-# netlink (glibc asks it about interfaces). Not vsock, which no network namespace
-# isolates (a VM's hypervisor and host services listen there), nor packet, bluetooth, ...
-_FAMILIES = (1, 2, 10, 16)
-
-
-def seccomp_program(machine: str | None = None) -> bytes | None:
-    """A classic-BPF seccomp filter for bwrap ``--seccomp``; None on other machines.
-
-    The calls in ``_DENY``, x32-ABI calls, and sockets of families not in ``_FAMILIES``
-    fail with EPERM; another architecture's ABI (i386 on x86_64) kills the process.
-    """
-    arch = _AUDIT_ARCH.get(machine or platform.machine())
-    if arch is None:
-        return None
-    audit, column = arch
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    # (code, jump-if-true label, jump-if-false label, k); labels resolve to offsets.
-    prog: list[tuple[int, str | None, str | None, int]] = [
-        (ld, None, None, 4),  # seccomp_data.arch
-        (jeq, None, "kill", audit),
-        (ld, None, None, 0),  # seccomp_data.nr
-    ]
-    if column == 0:  # x86_64: the x32 ABI sets bit 30 of the number
-        prog.append((jge, "deny", None, 0x40000000))
-    for pair in _SOCKET_CALLS.values():
-        prog.append((jeq, "family", None, pair[column]))
-    for nr in sorted({pair[column] for pair in _DENY.values()}):
-        prog.append((jeq, "deny", None, nr))
-    prog.append((ret, None, None, 0x7FFF0000))  # allow
-    labels = {"family": len(prog)}
-    prog.append((ld, None, None, 16))  # args[0], low word: the address family
-    for family in _FAMILIES:
-        prog.append((jeq, "allow", None, family))
-    labels["deny"] = len(prog)
-    prog.append((ret, None, None, 0x00050000 | 1))  # EPERM
-    labels["allow"] = len(prog)
-    prog.append((ret, None, None, 0x7FFF0000))
-    labels["kill"] = len(prog)
-    prog.append((ret, None, None, 0x80000000))  # SECCOMP_RET_KILL_PROCESS
-
-    def offset(at: int, label: str | None) -> int:
-        return 0 if label is None else labels[label] - at - 1
-
-    return b"".join(
-        struct.pack("=HBBI", code, offset(i, jt), offset(i, jf), k)
-        for i, (code, jt, jf, k) in enumerate(prog)
-    )
 
 
 class Sandbox:
@@ -683,7 +484,7 @@ class Sandbox:
         hosts = self.network if isinstance(self.network, tuple) else None
         nets = tuple(n.strip() for n in self.settings.egress_allowed_networks.split(",") if n)
         proxy = egress.EgressProxy(
-            egress.EgressPolicy(hosts=hosts, extra_allowed_networks=nets),
+            EgressPolicy(hosts=hosts, extra_allowed_networks=nets),
             self._stage / "proxy",
             sandbox_uid=self.file_owner[0] if self.file_owner else None,
         )
@@ -729,8 +530,8 @@ class Sandbox:
         if self.bwrap is not None and self.file_owner is not None:
             group = cgroups.create(self.limits.memory_bytes, self.limits.processes)
         program = seccomp_program() if self.bwrap is not None else None
-        fd = _memfd(program) if program is not None else None
-        out = _HeadTail(self.max_output)
+        fd = memfd(program) if program is not None else None
+        out = HeadTail(self.max_output)
         become_subreaper()
         reap_orphans()  # an orphan of the command before, which died after it ended
         try:
@@ -751,7 +552,7 @@ class Sandbox:
             def watched() -> str | None:
                 return (watch() if watch is not None else None) or self.worktree_problem()
 
-            timed_out, over = _pump(proc, out, started + limit, watched, on_output)
+            timed_out, over = pump(proc, out, started + limit, watched, on_output)
         finally:
             if fd is not None:
                 os.close(fd)
@@ -780,118 +581,3 @@ class Sandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def remove_tree(path: Path) -> None:
-    """Remove a tree the sandbox wrote, however deep: Python 3.11's ``shutil.rmtree``
-    recurses (a 1,200-level tree raised RecursionError), ``rm -rf`` does not."""
-    try:
-        shutil.rmtree(path, ignore_errors=True)
-    except RecursionError:
-        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], check=False)
-
-
-class _HeadTail:
-    """The first quarter and the last three quarters of a stream, never more in memory."""
-
-    def __init__(self, limit: int) -> None:
-        self.head_max = limit // 4
-        self.tail_max = limit - self.head_max
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.total = 0
-
-    def feed(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.head_max - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail += chunk
-            if len(self.tail) > 2 * self.tail_max:  # trim in batches, not per chunk
-                del self.tail[: len(self.tail) - self.tail_max]
-
-    @property
-    def truncated(self) -> bool:
-        return self.total > self.head_max + self.tail_max
-
-    def text(self) -> str:
-        if len(self.tail) > self.tail_max:
-            del self.tail[: len(self.tail) - self.tail_max]
-        head = self.head.decode("utf-8", "replace")
-        tail = self.tail.decode("utf-8", "replace")
-        if not self.truncated:
-            return head + tail
-        skipped = self.total - len(self.head) - len(self.tail)
-        return head + f"\n[... {skipped} bytes of output omitted ...]\n" + tail
-
-
-def _pump(
-    proc: subprocess.Popen[bytes],
-    out: _HeadTail,
-    deadline: float,
-    watch: Callable[[], str | None] = lambda: None,
-    on_output: Callable[[bytes], object] | None = None,
-) -> tuple[bool, str | None]:
-    """Read the command's output until it ends or the deadline, asking ``watch`` about
-    once a second whether a limit is exceeded (it then kills the command), and at once
-    when ``on_output`` returns true (it saw what may cross a limit).
-
-    Returns (timed out, the limit it exceeded).
-    """
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    timed_out, over = False, None
-    next_watch, interval = time.monotonic() + WATCH_INTERVAL, WATCH_INTERVAL
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        while True:
-            now = time.monotonic()
-            left = deadline - now
-            if left <= 0 and not (timed_out or over):
-                timed_out = True
-                _kill_group(proc)
-                deadline = time.monotonic() + 5  # drain what is left, briefly
-                continue
-            if left <= 0:
-                break  # something outside the group still holds the pipe: stop reading
-            if now >= next_watch and not (timed_out or over):
-                over = watch()
-                took = time.monotonic() - now
-                # A slow walk (a huge tree) is not repeated too often: at most 10% of time.
-                interval = max(WATCH_INTERVAL, 10 * took)
-                next_watch = time.monotonic() + interval
-                if over is not None:
-                    _kill_group(proc)
-                    deadline = time.monotonic() + 5
-                    continue
-            if not sel.select(min(left, max(next_watch - now, 0.01))):
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                break
-            out.feed(chunk)
-            if on_output is not None and on_output(chunk):
-                next_watch = time.monotonic()
-    proc.stdout.close()
-    try:
-        proc.wait(None if not (timed_out or over) else 10)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-    return timed_out, over
-
-
-def _memfd(data: bytes) -> int:
-    """A file descriptor holding ``data``, positioned at its start (for bwrap to read)."""
-    fd = os.memfd_create("loopbot-seccomp", os.MFD_CLOEXEC)
-    os.write(fd, data)
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(10)

@@ -28,17 +28,16 @@ import pytest
 from redis import Redis
 
 from bot.standins.redis_server import RedisServer
-from jobs.sandbox import egress
+from jobs.sandbox import egress, egress_policy
 from jobs.sandbox.egress import (
     PROXY_ENV,
     SANDBOX_SOCKET,
-    EgressPolicy,
     EgressProxy,
     EgressUnavailable,
     availability_problem,
-    policy_from_setting,
     sandbox_prelude,
 )
+from jobs.sandbox.egress_policy import EgressPolicy, policy_from_setting
 from tests.helpers import ROOT
 
 BWRAP = shutil.which("bwrap")
@@ -94,7 +93,7 @@ def test_extra_networks_are_carved_out_of_the_deny_list() -> None:
     assert covers == []
 
 
-def _net(text: str) -> egress.Network:
+def _net(text: str) -> egress_policy.Network:
     import ipaddress
 
     return ipaddress.ip_network(text)
@@ -536,6 +535,7 @@ def test_works_when_loopbot_is_not_root(run_dir: Path) -> None:
     run_dir.parent.chmod(0o777)
     code = (
         "import socket; from pathlib import Path; from jobs.sandbox.egress import *\n"
+        "from jobs.sandbox.egress_policy import EgressPolicy\n"
         f"p = EgressProxy(EgressPolicy(hosts=('pypi.org',)), Path('{run_dir}'))\n"
         "p.start()\n"
         "s = socket.socket(socket.AF_UNIX); s.connect(str(p.socket_path))\n"

@@ -18,7 +18,7 @@ from bot.core.models import ModelSpec
 from bot.core.rules import budget
 from bot.core.settings import SettingsError, load_settings
 from jobs import precall
-from jobs.agents import claude_code
+from jobs.agents import claude_code, session
 from jobs.gateway import messages as gateway
 
 ADAPTIVE = ModelSpec("claude-x", 200_000, 64_000, True, frozenset({"low", "high"}))
@@ -137,15 +137,15 @@ def test_a_session_packs_and_unpacks_under_another_worktree_path(tmp_path: Path)
     data = claude_code.pack(home, cwd, "s1")
     other, cwd2 = tmp_path / "b", "/data/b/wt/acme-1"
     assert claude_code.unpack(data, other, cwd2, None) == cwd  # where it ran before
-    note = claude_code.moved_note(cwd, cwd2)
+    note = session.moved_note(cwd, cwd2)
     assert f"now at {cwd2}" in note and cwd in note
-    assert claude_code.moved_note(cwd2, cwd2) == claude_code.moved_note(None, cwd2) == ""
+    assert session.moved_note(cwd2, cwd2) == session.moved_note(None, cwd2) == ""
     back = other / ".claude" / "projects" / claude_code.project_dir(cwd2)
     assert (back / "s1.jsonl").read_text() == '{"turn": 1}\n'
     assert (back / "s1" / "subagents" / "x.jsonl").read_text() == "sub\n"
     assert not (back / "other.jsonl").exists()  # only this loop's session
     assert not (back / "s1-link.jsonl").exists()  # a link planted in HOME is not followed
-    assert not (back / claude_code.CWD_MEMBER).exists()  # read and removed
+    assert not (back / session.CWD_MEMBER).exists()  # read and removed
     assert claude_code.project_dir("/tmp/a.b_c") == "-tmp-a-b-c"
 
 
@@ -293,28 +293,26 @@ def test_a_stream_without_newlines_is_dropped_not_held_and_costs_linear_time() -
 def test_a_session_tree_too_deep_or_too_wide_is_refused_without_recursion(
     tmp_path: Path,
 ) -> None:
-    from jobs.agents import cli
-
     deep = tmp_path / "deep"
     path = deep / "opencode.db-shm"
     for _ in range(40):  # deeper than a session has
         path = path / "d"
     path.mkdir(parents=True)
-    with pytest.raises(cli.SessionTooLarge):
-        cli.pack(deep, [deep / "opencode.db-shm"], "/w")
+    with pytest.raises(session.SessionTooLarge):
+        session.pack(deep, [deep / "opencode.db-shm"], "/w")
     wide = tmp_path / "wide" / "opencode.db-shm"
     wide.mkdir(parents=True)
-    for i in range(cli.MAX_SESSION_ENTRIES + 1):
+    for i in range(session.MAX_SESSION_ENTRIES + 1):
         (wide / str(i)).touch()
-    with pytest.raises(cli.SessionTooLarge):
-        cli.pack(wide.parent, [wide], "/w")
+    with pytest.raises(session.SessionTooLarge):
+        session.pack(wide.parent, [wide], "/w")
     (wide.parent / "opencode.db").write_bytes(b"db")
     (wide.parent / "opencode.db-wal").symlink_to("/etc/passwd")
-    data = cli.pack(
+    data = session.pack(
         wide.parent, [wide.parent / "opencode.db", wide.parent / "opencode.db-wal"], "/w"
     )
     out = tmp_path / "out"
-    cli.unpack(data, out, out, None)
+    session.unpack(data, out, out, None)
     assert (out / "opencode.db").read_bytes() == b"db" and not (out / "opencode.db-wal").exists()
 
 
