@@ -38,8 +38,9 @@ from bot.core.rules.review import AfterDismissal, after_dismissal
 from bot.core.text import messages
 from bot.core.text import metric as metric_text
 from bot.core.text.messages import code_span
-from bot.io.github.client import Installation, IssueEdits, IssueInfo
+from bot.io.github.client import Installation
 from bot.io.github.failures import GitHubError
+from bot.io.github.issues import IssueEdits, IssueInfo
 from bot.io.logs import get_logger
 from bot.io.pace import Pace
 from bot.io.queues import enqueue_gate

@@ -47,7 +47,8 @@ from bot.core.rules import pace as pace_rules
 from bot.core.rules.lifecycle import Guard, Requeue
 from bot.core.rules.pace import Place, Waiter
 from bot.io import queues
-from bot.io.github.client import GitHubApp, Installation, IssueInfo
+from bot.io.github.client import GitHubApp, Installation
+from bot.io.github.issues import IssueInfo
 from bot.io.logs import get_logger
 from bot.io.pace import Outcome, Pace
 from bot.io.queues import (

@@ -20,8 +20,8 @@ from bot.core.record import ACTIVE, LoopRecord, Reason, Status, intake_hash
 from bot.core.rules import budget, intake
 from bot.core.rules import turns as transitions
 from bot.core.text import messages, prompts
-from bot.io.github.client import IssueInfo
 from bot.io.github.failures import GitHubError, new_error_id, public_error
+from bot.io.github.issues import IssueInfo
 from bot.io.github.pace import waited_here
 from bot.io.logs import get_logger
 from bot.io.store import FencedStore, LeaseLost

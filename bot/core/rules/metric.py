@@ -53,7 +53,7 @@ class Reading:
         return self.value is not None
 
 
-# The sandbox's mark where it cut a long output (jobs/sandbox/bwrap.py ``_HeadTail``): its
+# The sandbox's mark where it cut a long output (jobs/sandbox/process.py ``HeadTail``): its
 # byte count is loopbot's, never the metric's.
 _OMITTED = re.compile(r"\n\[\.\.\. \d+ bytes of output omitted \.\.\.\]\n")
 

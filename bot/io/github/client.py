@@ -23,11 +23,6 @@ from __future__ import annotations
 
 from bot.io.github.app import AppIdentity
 from bot.io.github.checks import Checks
-
-# IssueEdits and IssueInfo live in bot.io.github.issues, where importers take them from;
-# re-exported here only for jobs/dispatch.py, jobs/lifecycle.py and jobs/loop/job.py.
-from bot.io.github.issues import IssueEdits as IssueEdits
-from bot.io.github.issues import IssueInfo as IssueInfo
 from bot.io.github.issues import Issues
 from bot.io.github.pulls import Pulls
 from bot.io.github.repos import Repos
