@@ -110,6 +110,9 @@ def test_merge_answer_lost_then_retried_completes(
     assert len(main_log(github)) == 2
 
 
+# The SDK retries each failing call once, not four times: its own backoff is real sleep
+# (0.5 to 8 s), and what this test counts is the critic job's attempts, not the SDK's.
+@pytest.mark.parametrize("env_extra", [{"LOOPBOT_MODEL_RETRIES": "1"}])
 def test_critic_model_failing_for_good_ends_with_critic_error(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from redis import Redis
 
 from bot.core.ids import LoopId
 from bot.core.record import LoopRecord, Status
 from bot.core.text.defuse import JOINER
+from bot.io.github import failures
 from bot.io.store import Store
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
@@ -240,10 +242,17 @@ def test_a_writer_can_have_a_too_large_issue_worked_as_one(
 
 
 def test_a_split_cut_short_after_its_sub_issues_is_finished_by_the_next_one(
-    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    drain: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Every sub-issue made, then GitHub fails the checklist comment: the next /loop-split
     # (or the job's retry) posts the checklist and takes the labels off, making nothing.
+    # The client's retries of the failing comment, without their pauses (31 s of sleep).
+    monkeypatch.setattr(failures, "_backoff", lambda attempt: 0.0)
     model.play_triage(LARGE)
     n = start(github, drain, title="Fix add and add subtract", body="Two things.")
     comment(github, "writer", n, "/loop-split")
