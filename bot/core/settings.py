@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from dotenv import dotenv_values
+from dotenv.parser import parse_stream
 from pydantic import (
     AnyHttpUrl,
     Field,
@@ -207,14 +208,22 @@ class Settings(BaseSettings):
             raise ValueError(f"no such file: {v}")
         return v
 
+    @field_validator("trusted_proxy")
+    @classmethod
+    def _proxy_count(cls, v: bool | int) -> bool | int:
+        # Checked here, not first in the web app: the start-up check must refuse it
+        # before gunicorn binds its port.
+        if not isinstance(v, bool) and v < 0:
+            raise ValueError("must be true, false or a count >= 0")
+        return v
+
     @model_validator(mode="after")
     def _exactly_one_key(self) -> Settings:
         if self.github_private_key is None and self.github_private_key_path is None:
             raise ValueError("set GITHUB_PRIVATE_KEY or GITHUB_PRIVATE_KEY_PATH")
         if self.github_private_key is not None and self.github_private_key_path is not None:
             raise ValueError("set only one of GITHUB_PRIVATE_KEY and GITHUB_PRIVATE_KEY_PATH")
-        if "BEGIN" not in self.private_key_pem():
-            raise ValueError("GitHub private key is not a PEM key (expected '-----BEGIN ...')")
+        _check_key(self)
         if self.effort is not None and rank(self.effort) > rank(self.max_effort):
             raise ValueError(
                 f"LOOPBOT_EFFORT={self.effort} is above LOOPBOT_MAX_EFFORT={self.max_effort}"
@@ -261,6 +270,19 @@ class Settings(BaseSettings):
         return self
 
 
+def _check_key(settings: Settings) -> None:
+    """The App key read as the GitHub client will: a file that cannot be read stops the
+    process at start with the variable named (only its shape is checked here; parsing it
+    costs tens of milliseconds, and ``loopbot doctor --github`` signs with it)."""
+    name = "GITHUB_PRIVATE_KEY" if settings.github_private_key else "GITHUB_PRIVATE_KEY_PATH"
+    try:
+        pem = settings.private_key_pem()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{name}: cannot be read ({exc})") from None
+    if "BEGIN" not in pem:
+        raise ValueError(f"{name}: not a PEM key (expected '-----BEGIN ...')")
+
+
 def _alias_of(field: str) -> str:
     info = Settings.model_fields.get(field)
     return info.alias if info is not None and info.alias else field.upper()
@@ -284,6 +306,12 @@ def read_env_file(path: Path) -> dict[str, str]:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise SettingsError([f"{ENV_FILE_VARIABLE} ({path}): cannot be read: {exc}"]) from None
+    # python-dotenv skips a line it cannot parse with a warning; a setting the operator
+    # wrote must not vanish so quietly (a half-read file starts with other values).
+    bad = [b.original.line for b in parse_stream(io.StringIO(text)) if b.error]
+    if bad:
+        lines = ", ".join(str(n) for n in bad)
+        raise SettingsError([f"{ENV_FILE_VARIABLE} ({path}): cannot parse line {lines}"])
     values = dotenv_values(stream=io.StringIO(text), interpolate=False)
     return {k: v for k, v in values.items() if v is not None}
 

@@ -169,7 +169,7 @@ class LoopbotJob(Job):
             return UNDECODABLE
         if instance is not None:
             return "it calls a method on an object"
-        if name not in job_functions():
+        if not isinstance(name, str) or name not in job_functions():
             return f"{str(name)[:200]!r} is not one of loopbot's job functions"
         if (
             self._success_callback_name

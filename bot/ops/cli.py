@@ -46,7 +46,12 @@ def main() -> None:
 @main.command()
 @click.option("--host", default="0.0.0.0", show_default=True)
 @click.option(
-    "--port", default=lambda: int(os.environ.get("PORT", "8000")), show_default="$PORT or 8000"
+    "--port",
+    envvar="PORT",
+    default=8000,
+    type=click.IntRange(1, 65535),
+    show_default="$PORT or 8000",
+    help="the port to listen on (also $PORT); a bad value is refused before anything starts",
 )
 @click.option("--workers", default=2, show_default=True, help="gunicorn worker processes")
 @click.option(
@@ -385,6 +390,10 @@ def _entry_ids(entries: list[dict[str, Any]]) -> list[str]:
 @click.argument("loop")
 def cancel(loop: str) -> None:
     """Cancel a loop (OWNER/REPO#N); its branch and worktree are kept."""
+    # The jobs a cancel may enqueue: the slot it frees goes to a waiting loop (its loop job)
+    # or a waiting gate (its gate job). Without them registered, that loop held the slot
+    # with no job until the reconciler's lapse (a red team's finding).
+    import jobs.entry  # noqa: F401
     from bot.core.record import Reason
     from jobs import lifecycle
 

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 from redis import Redis
 
@@ -11,6 +15,7 @@ from bot.core.ids import LoopId
 from bot.core.record import Reason, Status
 from bot.core.rules.pace import Waiter
 from bot.io.pace import SLOTS, Pace
+from bot.io.queues import LOOP_QUEUE
 from bot.standins.github import GitHubServer
 from jobs import lifecycle
 from jobs.lifecycle import Pacing
@@ -287,3 +292,28 @@ def test_a_loop_the_reconciler_puts_back_in_line_keeps_its_priority(
     assert pace.waiter(urgent).priority  # type: ignore[union-attr]
     assert store.get(urgent).waiting.place == 1  # type: ignore[union-attr]
     assert store.get(plain).waiting.place == 2  # type: ignore[union-attr]
+
+
+def test_the_cli_s_cancel_lets_the_next_loop_in_with_its_job(
+    rt: Runtime, github: GitHubServer, redis: Redis, env: dict[str, str]
+) -> None:
+    """``loopbot cancel`` frees the slot, and the loop waiting for it gets its job at once.
+    The CLI had not registered the job functions: the waiting loop was marked admitted
+    with no job until the reconciler found it, minutes later (a red team's finding)."""
+    iid = sample_repo(github)
+    one, two = _create(rt, github, iid, 1), _create(rt, github, iid, 1)
+    assert queued(redis) == 1
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "loopbot"), "cancel", one],
+        env={**os.environ, "REDIS_URL": env["REDIS_URL"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and "cancelled" in out.stdout, out.stdout + out.stderr
+    assert "RefusedJob" not in out.stderr and "pace_failed" not in out.stderr, out.stderr
+    after = rt.store.get(two)
+    assert after is not None and after.waiting is None and Pace(redis).holds_slot(two)
+    # The waiting loop's own job, enqueued by the CLI (the cancelled one's is gone).
+    jobs = [j.decode() for j in redis.lrange(f"rq:queue:{LOOP_QUEUE}", 0, -1)]
+    assert any(j.startswith(LoopId(REPO, 2).job_id) for j in jobs), jobs

@@ -174,3 +174,16 @@ def test_procfile_runs_the_same_gunicorn_settings_as_loopbot_web(
     assert config["bind"] == f"['0.0.0.0:{port}']"
     assert config["on_starting"] == "<on_starting()>"  # ours, not gunicorn's default
     assert config["preload_app"] == "False"
+
+
+@pytest.mark.parametrize("how", LAUNCHERS)
+def test_a_setting_the_app_used_to_check_itself_stops_the_web_before_it_listens(
+    how: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    """LOOPBOT_TRUSTED_PROXY=-1 passed the start-up check and was refused only by the app,
+    in a worker, after the port had accepted a connection (a red team's finding)."""
+    bad = {**env, "LOOPBOT_TRUSTED_PROXY": "-1", "LOOPBOT_ENV_FILE": str(tmp_path / "no.env")}
+    status, stderr, ran, accepted = start_and_watch(how, bad, tmp_path)
+    assert status != 0 and "LOOPBOT_TRUSTED_PROXY: must be true, false" in stderr, stderr
+    assert not accepted and "Booting worker" not in stderr, stderr
+    assert ran < BOUND, stderr

@@ -79,3 +79,14 @@ def test_a_job_under_its_wire_name_runs_the_registered_function(wire: str, kind:
     )
     assert job.refusal() is None
     assert job.func is entry.JOBS[kind]
+
+
+@pytest.mark.parametrize("name", [["jobs.loop.run_loop"], {"f": 1}, None, 5])
+def test_a_function_name_that_is_not_a_string_is_refused_with_a_reason(name: object) -> None:
+    """JSON lets a planted job name its function with a list or an object: refused with a
+    reason, like any other name, not a TypeError (a red team's finding)."""
+    job = queues.LoopbotJob.create(
+        "jobs.loop.run_loop", args=("a/b", 1), meta=dict(queues.JOB_META), connection=Redis()
+    )
+    job._func_name = name  # what RQ decodes from the job's data
+    assert job.refusal() == f"{str(name)[:200]!r} is not one of loopbot's job functions"

@@ -148,13 +148,14 @@ def room(name: str) -> str | None:
     """The room of a ``jobs`` module: its package under jobs/, ``jobs.runtime``, or the
     shared or top modules; None for a module of jobs/ that is in no room."""
     parts = name.split(".")
-    if len(parts) > 2:
-        return ".".join(parts[:2])
+    if len(parts) > 2:  # in a package under jobs/: a room only if ROOMS names it
+        return ".".join(parts[:2]) if ".".join(parts[:2]) in ROOMS else None
     if name in ROOMS:  # a room of one module (jobs.runtime), or a room's package
         return name
-    if name in SHARED or name == "jobs":
+    if name in SHARED:
         return SHARED_ROOM
-    return TOP_ROOM if name in TOP else None
+    # The package itself is on top: ``import jobs`` reaches every room through attributes.
+    return TOP_ROOM if name in TOP or name == "jobs" else None
 
 
 def internal(name: str) -> bool:
@@ -293,6 +294,15 @@ def test_every_room_is_a_package_on_disk() -> None:
         assert path.is_dir() or path.with_suffix(".py").is_file(), f"{name}: no such room"
     loose = sorted(p.stem for p in (ROOT / "jobs").glob("*.py") if p.stem != "__init__")
     assert {f"jobs.{n}" for n in loose} == SHARED | TOP | {"jobs.runtime"}, loose
+    # A folder is a room (with or without an __init__.py, Python imports it).
+    folders = {
+        f"jobs.{p.name}"
+        for p in (ROOT / "jobs").iterdir()
+        if p.is_dir() and p.name != "__pycache__"
+    }
+    assert folders <= set(ROOMS), (
+        f"folders of jobs/ that are no room: {sorted(folders - set(ROOMS))}"
+    )
 
 
 @pytest.mark.parametrize(
@@ -303,7 +313,9 @@ def test_every_room_is_a_package_on_disk() -> None:
         ("jobs.runtime", "jobs.runtime"),
         ("jobs.lifecycle", SHARED_ROOM),
         ("jobs.entry", TOP_ROOM),
+        ("jobs", TOP_ROOM),  # ``import jobs``: every room through attributes
         ("jobs.newthing", None),
+        ("jobs.newroom.x", None),  # a folder that no ROOMS entry names
     ],
 )
 def test_a_module_is_put_in_its_room(name: str, expected: str | None) -> None:

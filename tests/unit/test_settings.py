@@ -90,3 +90,36 @@ def test_no_env_file_is_no_variables_and_an_unreadable_one_is_named(tmp_path: Pa
     with pytest.raises(SettingsError) as exc:
         environment({"LOOPBOT_ENV_FILE": str(bad)})
     assert "LOOPBOT_ENV_FILE" in str(exc.value) and str(bad) in str(exc.value)
+
+
+def test_an_env_file_line_that_does_not_parse_is_named_not_skipped(tmp_path: Path) -> None:
+    """python-dotenv skips such a line with a warning: the process would start with the
+    other values. A red team's file: an unclosed quote, then a colon for an equals sign."""
+    from bot.core.settings import environment
+
+    bad = tmp_path / "bad.env"
+    bad.write_text('GITHUB_APP_ID=12\nLOOPBOT_MAX_PARALLEL="0\nLOOPBOT_TRUSTED_PROXY: 1\n')
+    with pytest.raises(SettingsError, match=r"LOOPBOT_ENV_FILE \(.*bad\.env\): cannot parse line"):
+        environment({"LOOPBOT_ENV_FILE": str(bad)})
+
+
+def test_an_unreadable_key_file_is_named(tmp_path: Path) -> None:
+    env = base()
+    del env["GITHUB_PRIVATE_KEY"]
+    binary = tmp_path / "key.der"
+    binary.write_bytes(b"\x30\x82\xff\xfe")
+    with pytest.raises(SettingsError, match=r"GITHUB_PRIVATE_KEY_PATH: cannot be read"):
+        load_settings({**env, "GITHUB_PRIVATE_KEY_PATH": str(binary)})
+    # /proc/self/mem is a file that is there and cannot be read from its start.
+    with pytest.raises(SettingsError, match=r"GITHUB_PRIVATE_KEY_PATH: cannot be read"):
+        load_settings({**env, "GITHUB_PRIVATE_KEY_PATH": "/proc/self/mem"})
+
+
+@pytest.mark.parametrize(("value", "ok"), [("-1", False), ("0", True), ("2", True), ("true", True)])
+def test_a_negative_trusted_proxy_count_is_refused_with_the_settings(value: str, ok: bool) -> None:
+    env = {**base(), "LOOPBOT_TRUSTED_PROXY": value}
+    if ok:
+        load_settings(env, role="web")
+    else:
+        with pytest.raises(SettingsError, match="LOOPBOT_TRUSTED_PROXY: must be true, false"):
+            load_settings(env, role="web")
