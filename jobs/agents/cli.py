@@ -33,6 +33,7 @@ from typing import Any
 from bot.core.models import ModelSpec
 from bot.core.repo_config import McpServer
 from bot.core.rules import budget
+from bot.io.logs import get_logger
 from bot.io.store import Store
 from jobs import precall
 from jobs.agents.agent import Limits, Outcome, add_user_text
@@ -42,6 +43,7 @@ from jobs.sandbox.bwrap import INSIDE_HOME, Extra, Mount, Result, Sandbox
 from jobs.sandbox.disk import TreeError, disk_usage
 
 OUTPUT_SHOWN = 2000  # characters of a tool result kept in its event
+log = get_logger("loopbot.agent")
 MAX_LINE = 8 << 20  # bytes of one line of the CLI's stream (an event with a large result)
 SYSTEM = """\
 You are working for loopbot, an autonomous GitHub bot, on one GitHub issue in this \
@@ -402,12 +404,15 @@ class CliAgent:
         for line in lines:
             if not line.strip().startswith(b"{"):
                 continue
+            # Every line is hostile input: a process in the sandbox may write to this
+            # pipe. One too deep to decode, or with fields of the wrong types, is skipped
+            # (and logged); it must not end the job and leave the sandbox unwatched.
             try:
                 event = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(event, dict):
-                self.event(state, event)
+                if isinstance(event, dict):
+                    self.event(state, event)
+            except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
+                log.warning("agent.bad_line", backend=self.name, error=type(exc).__name__)
         return True
 
     # -- reporting, for the backends ------------------------------------------------------

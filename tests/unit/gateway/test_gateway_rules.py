@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -333,3 +334,73 @@ def test_an_image_or_document_makes_the_budget_assume_the_whole_window() -> None
         assert budget.input_bound(seen) == ADAPTIVE.window
     text = {"model": "claude-x", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
     assert budget.input_bound(gw.budgeted(gw.shaped(text))) < 3_000
+
+
+def _line(**event: object) -> bytes:
+    return json.dumps(event).encode()
+
+
+DEEP = b'{"type": "assistant", "message": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+
+
+@pytest.mark.parametrize(
+    ("backend", "bad"),
+    [
+        ("claude_code", DEEP),
+        ("claude_code", b'{"type": "assistant", "message": {"content": 5}}'),
+        (
+            "claude_code",
+            _line(
+                type="user",
+                message={"content": [{"type": "tool_result", "content": [{"text": {"a": 1}}]}]},
+            ),
+        ),
+        ("opencode", DEEP),
+        (
+            "opencode",
+            _line(
+                type="tool_use", part={"tool": "x", "state": {"status": "completed", "input": 5}}
+            ),
+        ),
+        ("codex", DEEP),
+        ("codex", b'{"type": "item.completed", "item": {"type": "file_change", "changes": 5}}'),
+        (
+            "codex",
+            b'{"type": "item.completed", "item": {"type": "mcp_tool_call", "result": {"x": '
+            + b"[" * 100_000
+            + b"]" * 100_000
+            + b"}}}",
+        ),
+    ],
+)
+def test_a_bad_line_from_the_cli_is_skipped_and_the_stream_read_on(
+    backend: str, bad: bytes
+) -> None:
+    """Every line a CLI prints is hostile input (a sandbox process can write to its stdout):
+    a line that is too deep to decode, or whose fields have the wrong types, is skipped,
+    and the next line is read. It raised RecursionError or TypeError out of the job,
+    leaving the sandbox running unwatched (a red team's finding)."""
+    import importlib
+
+    from jobs.agents import cli
+
+    module = importlib.import_module(f"jobs.agents.{backend}")
+    cls = next(
+        v
+        for v in vars(module).values()
+        if isinstance(v, type) and issubclass(v, cli.CliAgent) and v is not cli.CliAgent
+    )
+    said: list[str] = []
+    reader = cls.__new__(cls)
+    reader.on_event = lambda kind, data: said.append(kind)
+    reader.on_step = lambda step, name: None
+    state = cli.Turn()
+    good = {
+        "claude_code": _line(
+            type="assistant", message={"content": [{"type": "text", "text": "hi"}]}
+        ),
+        "opencode": b'{"type": "text", "part": {"text": "hi"}}',
+        "codex": b'{"type": "item.completed", "item": {"type": "agent_message", "text": "hi"}}',
+    }[backend]
+    assert reader._read(state, bad + b"\n" + good + b"\n")
+    assert state.text == "hi" and said[-1] == "agent_text"
