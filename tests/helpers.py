@@ -8,7 +8,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,15 +21,6 @@ from bot.io.queues import CONTROL_QUEUE, LOOP_QUEUE
 from bot.standins import anthropic as m
 from bot.standins.github import GitHubServer
 from bot.standins.redis_server import free_port
-
-
-def serve_in_thread(server: Any, name: str = "test-server") -> None:
-    """``server.serve_forever()`` in a daemon thread, polling often: ``shutdown()`` waits
-    for the loop to notice, and at socketserver's default poll that is half a second."""
-    threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True, name=name
-    ).start()
-
 
 # The repository's root, and the test data: wherever a test file sits under tests/.
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,10 +13,11 @@ import base64
 import hashlib
 import http.server
 import io
-import threading
 import time
 import zipfile
 from collections import Counter
+
+from bot.standins import serving
 
 
 def wheel(name: str, version: str = "1.0", payload: int = 0) -> tuple[str, bytes]:
@@ -75,9 +76,6 @@ class PackageIndex:
 
         self.httpd = http.server.ThreadingHTTPServer((host, port), Handler)
         self.host, self.port = host, self.httpd.server_address[1]
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
 
     @property
     def url(self) -> str:
@@ -85,12 +83,11 @@ class PackageIndex:
         return f"http://{self.host}{port}/simple/"
 
     def start(self) -> PackageIndex:
-        self.thread.start()
+        serving.run_in_thread(self.httpd, "package-index")
         return self
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        serving.stop(self.httpd)
 
     def _get(self, h: http.server.BaseHTTPRequestHandler) -> None:
         parts = [p for p in h.path.split("?")[0].split("/") if p]

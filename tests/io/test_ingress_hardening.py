@@ -19,9 +19,9 @@ from bot.core import signature
 from bot.core.settings import load_settings
 from bot.io.queues import CONTROL_QUEUE, body_key
 from bot.standins.redis_server import RedisServer
+from bot.standins.serving import run_in_thread
 from bot.web.app import create_app
 from bot.web.dashboard import COOKIE, SESSION_PREFIX, session_key
-from tests.helpers import serve_in_thread
 
 TOKEN = "s3cret-token"
 SECRET = "local-webhook-secret"  # the local GitHub server's default
@@ -37,7 +37,7 @@ def serve(env: dict[str, str], redis: Redis) -> Iterator[Serve]:
     def start(redis_conn: Redis | None = None, **extra: str) -> str:
         s = load_settings({**env, **extra}, role="web")
         server = make_server("127.0.0.1", 0, create_app(s, redis_conn or redis), threaded=True)
-        serve_in_thread(server)
+        run_in_thread(server)
         servers.append(server)
         return f"http://127.0.0.1:{server.server_port}"
 

@@ -16,8 +16,9 @@ from redis import Redis
 from bot.core.record import LoopRecord, Status, Usage
 from bot.core.settings import Settings, load_settings
 from bot.io.store import Store
+from bot.standins.serving import run_in_thread
 from bot.web.app import create_app
-from tests.helpers import CHROMIUM_ARGS, chromium_or_skip, serve_in_thread
+from tests.helpers import CHROMIUM_ARGS, chromium_or_skip
 
 LOOPBOT = str(Path(sys.executable).parent / "loopbot")
 
@@ -265,7 +266,7 @@ def test_dashboard_in_a_real_browser(
     seed_loops(redis)
     s = load_settings({**env, "LOOPBOT_DASHBOARD_TOKEN": "s3cret-token"}, role="web")
     server = make_server("127.0.0.1", 0, create_app(s, redis), threaded=True)
-    serve_in_thread(server)
+    run_in_thread(server)
     base = f"http://127.0.0.1:{server.server_port}"
     # LOOPBOT_SCREENSHOT_DIR=docs/screenshots refreshes the pictures in the README.
     shots = Path(os.environ.get("LOOPBOT_SCREENSHOT_DIR", tmp_path))

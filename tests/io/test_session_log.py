@@ -19,9 +19,10 @@ from werkzeug.serving import make_server
 from bot.core.record import LoopRecord, Status
 from bot.core.settings import load_settings
 from bot.io.store import Store
+from bot.standins.serving import run_in_thread
 from bot.web.app import create_app
 from bot.web.dashboard import turn_rows
-from tests.helpers import CHROMIUM_ARGS, chromium_or_skip, serve_in_thread
+from tests.helpers import CHROMIUM_ARGS, chromium_or_skip
 from tests.io.test_operator import LOOPBOT, cli, seed_loops
 
 TOKEN = "s3cret-token"
@@ -347,7 +348,7 @@ def browser_on(env: dict[str, str], redis: Redis, tmp_path: Path) -> Iterator[tu
 
     s = load_settings({**env, "LOOPBOT_DASHBOARD_TOKEN": TOKEN}, role="web")
     server = make_server("127.0.0.1", 0, create_app(s, redis), threaded=True)
-    serve_in_thread(server)
+    run_in_thread(server)
     base = f"http://127.0.0.1:{server.server_port}"
     try:
         with sync_playwright() as p:

@@ -305,6 +305,25 @@ def test_every_room_is_a_package_on_disk() -> None:
     )
 
 
+# A folder of more than this many modules has stopped drawing itself: its concerns want
+# rooms of their own (the flat jobs/ of 45 modules was the case in point).
+MAX_ROOM_MODULES = 15
+
+
+def test_no_room_outgrows_itself() -> None:
+    """Each room, and the modules directly in jobs/, at most ``MAX_ROOM_MODULES``."""
+    sizes: dict[str, int] = {}
+    for name in JOBS_MODULES:
+        if modules()[name].path.endswith("__init__.py"):
+            continue
+        parts = name.split(".")
+        where = ".".join(parts[:2]) if len(parts) > 2 else "jobs (directly)"
+        sizes[where] = sizes.get(where, 0) + 1
+    big = {where: n for where, n in sizes.items() if n > MAX_ROOM_MODULES}
+    assert not big, f"rooms past {MAX_ROOM_MODULES} modules (split them): {big}"
+    assert sizes["jobs.loop"] >= 10 and sizes["jobs (directly)"] >= 10, sizes  # it counted
+
+
 @pytest.mark.parametrize(
     ("name", "expected"),
     [

@@ -35,6 +35,7 @@ from bot.io.store import Store
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
+from bot.standins.serving import run_in_thread
 from jobs.sandbox import cgroups
 from jobs.sandbox.bwrap import Sandbox
 from jobs.tree.worktree import Checkout, GitError, Worktrees, git
@@ -45,7 +46,6 @@ from tests.helpers import (
     label,
     open_issue,
     sample_repo,
-    serve_in_thread,
     worker_settings,
 )
 
@@ -335,7 +335,7 @@ def test_network_on_reaches_neither_redis_nor_other_loopback_services(
     wt, mirror, _token = _repo(github, hostile, {})
     co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
     service = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    serve_in_thread(service)
+    run_in_thread(service)
     port, rport = service.server_address[1], redis_server.port
     plant = (
         "import socket\n"

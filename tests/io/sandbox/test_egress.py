@@ -19,7 +19,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ import pytest
 from redis import Redis
 
 from bot.standins.redis_server import RedisServer
+from bot.standins.serving import run_in_thread
 from jobs.sandbox import egress, egress_policy
 from jobs.sandbox.egress import (
     PROXY_ENV,
@@ -145,10 +145,7 @@ class Server:
         self.httpd = http.server.ThreadingHTTPServer((host, 0), _Recorder)
         self.httpd.seen = []  # type: ignore[attr-defined]
         self.port: int = self.httpd.server_address[1]
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self.thread.start()
+        run_in_thread(self.httpd, "egress-test-server")
 
     @property
     def seen(self) -> list[str]:

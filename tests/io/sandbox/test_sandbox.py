@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from bot.core.settings import Settings
+from bot.standins.serving import run_in_thread
 from jobs.sandbox.bwrap import Sandbox, SandboxUnavailable
-from tests.helpers import serve_in_thread, worker_settings
+from tests.helpers import worker_settings
 
 
 @pytest.fixture
@@ -85,7 +86,7 @@ def test_a_listed_host_is_reached_through_the_proxy(box_settings: Settings, work
         httpd = http.server.ThreadingHTTPServer(("127.0.0.2", 80), _Index)
     except OSError as exc:
         pytest.skip(f"cannot listen on 127.0.0.2:80 here: {exc}")
-    serve_in_thread(httpd)
+    run_in_thread(httpd)
     try:
         settings = box_settings.model_copy(update={"egress_allowed_networks": "127.0.0.2/32"})
         with Sandbox(worktree, settings=settings, network=("127.0.0.2",)) as box:
