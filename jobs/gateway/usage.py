@@ -42,6 +42,7 @@ class MessagesUsage(SseReader):
         self.model = model
         self.buffer = b""
         self.fields: dict[str, int] = {}
+        self.split: dict[str, Any] = {}
         self.stop_reason = ""
         self.done = False
         self.blocks: dict[int, dict[str, Any]] = {}
@@ -77,6 +78,9 @@ class MessagesUsage(SseReader):
             value = usage.get(name)
             if isinstance(value, int):
                 self.fields[name] = value  # cumulative: the latest figure is the total
+        split = usage.get("cache_creation")
+        if isinstance(split, dict):  # the writes by TTL: a 1-hour one costs 2x input
+            self.split = split
 
     def usage(self) -> Usage | None:
         if self.whole:
@@ -89,7 +93,7 @@ class MessagesUsage(SseReader):
             self._count(message.get("usage") or {})
         if not self.fields:
             return None
-        return usage_from(self.model, _Fields(self.fields))
+        return usage_from(self.model, _Fields({**self.fields, "cache_creation": self.split}))
 
     def content(self) -> list[dict[str, Any]]:
         out = []
@@ -106,5 +110,5 @@ class MessagesUsage(SseReader):
 class _Fields:
     """Usage figures as ``usage_from`` reads them (attributes)."""
 
-    def __init__(self, fields: dict[str, int]) -> None:
+    def __init__(self, fields: dict[str, Any]) -> None:
         self.__dict__.update(fields)
