@@ -63,6 +63,13 @@ MAX_BODY = 32 * 1024 * 1024  # the Messages API's own request size limit (32 MB)
 # its two bytes of JSON (a 32 MB body of ``{}`` took 2.7 GB); a real conversation holds
 # tens of thousands.
 MAX_NODES = 500_000
+# JSON values of any kind in one body (strings, numbers, keys too): a short string costs
+# the worker some 60 bytes parsed for its 4 or 5 of JSON (a 33.6 MB body of them grew it
+# by 732 MiB). Every value but a body's first follows a ``,`` or a ``:`` (or opens a
+# container), so their count bounds the values without parsing; commas and colons inside
+# strings count too, which only makes the bound safer. A conversation that fills a 1M
+# window holds a few hundred thousand.
+MAX_VALUES = 1_000_000
 # What a request may carry to the API. Anything else is dropped before it is sent: a
 # field that changes the price (``speed``, ``service_tier``, ``inference_geo``) or makes
 # the API reach out for the sandbox (``mcp_servers``, ``container``) is not the loop's to
@@ -478,8 +485,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if kind is None:
             self._error(404, "not_found_error", f"loopbot's gateway does not answer {path}")
             return
-        if raw.count(b"{") + raw.count(b"[") > MAX_NODES:
+        nodes = raw.count(b"{") + raw.count(b"[")
+        if nodes > MAX_NODES:
             self._error(413, "request_too_large", f"more than {MAX_NODES} JSON objects")
+            return
+        if nodes + raw.count(b",") + raw.count(b":") + 1 > MAX_VALUES:
+            self._error(413, "request_too_large", f"more than {MAX_VALUES} JSON values")
             return
         try:
             body = gw.shaped(json.loads(raw or b"null"))
