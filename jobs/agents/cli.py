@@ -318,6 +318,10 @@ class CliAgent:
             on_exchange=exchange,
             sandbox_uid=owner[0] if owner else None,
         )
+        # Every model call of the turn counts against its step cap at the gateway: a
+        # process in the sandbox may post its own requests with the placeholder key, which
+        # no CLI's own cap (``--max-turns``, opencode's steps) sees.
+        gw.max_calls = max(1, limits.step_cap)
         run = self.start(binary, home, gw, prompt, saved, limits)
         extra = replace(run.extra, env={**run.extra.env, **self.extra_env})
         state.session = run.session
@@ -334,6 +338,9 @@ class CliAgent:
             if gw.exhausted:
                 ended.append(("budget_exhausted", gw.exhausted))
                 return gw.exhausted
+            if gw.capped:
+                ended.append(("step_cap", f"{limits.step_cap} steps: {gw.capped}"))
+                return gw.capped
             try:  # HOME is on the worker's disk, outside the worktree's limit
                 over = disk_usage(home, home_limit) > home_limit
             except TreeError as exc:
@@ -373,6 +380,9 @@ class CliAgent:
         self._read(state, b"\n")
         if not self.stops_at_cap and max(state.steps, state.called) >= max(1, limits.step_cap):
             state.step_cap = True  # it stopped there: the loop treats it as a cap
+        if gw.capped and not any(end == "step_cap" for end, _ in ended):
+            # The CLI stopped by itself at the gateway's refusal, before the watch saw it.
+            ended.append(("step_cap", f"{limits.step_cap} steps: {gw.capped}"))
         return Driven(state, result, ended, exchanges, gw.exhausted)
 
     def _charge(self, model: str, used: Any) -> None:

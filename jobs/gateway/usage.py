@@ -43,6 +43,9 @@ class MessagesUsage(SseReader):
         self.buffer = b""
         self.fields: dict[str, int] = {}
         self.split: dict[str, Any] = {}
+        # The request asked for a 1-hour cache write: an answer whose usage does not split
+        # its writes by TTL has every write priced as a 1-hour one, never less.
+        self.long_cache = False
         self.stop_reason = ""
         self.done = False
         self.blocks: dict[int, dict[str, Any]] = {}
@@ -93,7 +96,10 @@ class MessagesUsage(SseReader):
             self._count(message.get("usage") or {})
         if not self.fields:
             return None
-        return usage_from(self.model, _Fields({**self.fields, "cache_creation": self.split}))
+        split = self.split
+        if not split and self.long_cache:
+            split = {"ephemeral_1h_input_tokens": self.fields.get("cache_creation_input_tokens", 0)}
+        return usage_from(self.model, _Fields({**self.fields, "cache_creation": split}))
 
     def content(self) -> list[dict[str, Any]]:
         out = []
