@@ -8,12 +8,52 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from jobs.tree.git import Checkout, FileState, _remove, defuse_tree, files_under, mirror_lock
+from jobs.tree.git import (
+    Checkout,
+    FileState,
+    GitError,
+    _remove,
+    defuse_tree,
+    files_under,
+    mirror_lock,
+    walk_lstat,
+)
 
 LEFTOVERS = "loopbot-leftovers"  # a worktree's exclude file, in its git directory
+# What stands on disk for each mode of an index entry. A gitlink (a submodule) is a
+# directory git never enters: a fresh checkout leaves it empty, and so must a reused one.
+_KINDS = {"100644": "file", "100755": "file", "120000": "link", "160000": "gitlink"}
+
+
+def index_shape(listing: str) -> tuple[dict[str, str], bool]:
+    """From ``git ls-files -z -v -s``: what each path may be on disk ("file", "link",
+    "gitlink", or "dir" for every directory above an entry), and whether an entry carries
+    a bit that makes git look away from the file (skip-worktree, assume-unchanged: any
+    tag but ``H``)."""
+    shape: dict[str, str] = {}
+    flagged = False
+    for item in (e for e in listing.split("\0") if e):
+        meta, _, path = item.partition("\t")
+        fields = meta.split()  # tag, mode, object, stage
+        flagged |= fields[0] != "H"
+        shape[path] = _KINDS.get(fields[1], "other")
+        parent = path.rpartition("/")[0]
+        while parent and shape.get(parent) != "dir":
+            shape[parent] = "dir"
+            parent = parent.rpartition("/")[0]
+    return shape, flagged
+
+
+def _fits(kind: str | None, mode: int) -> bool:
+    if kind in ("dir", "gitlink"):
+        return stat.S_ISDIR(mode)
+    if kind == "file":
+        return stat.S_ISREG(mode)
+    return kind == "link" and stat.S_ISLNK(mode)
 
 
 def _literal_pattern(rel: str) -> str:
@@ -27,7 +67,9 @@ def _literal_pattern(rel: str) -> str:
 class TreeFiles:
     """Ignored files and leftovers of a worktree (a part of ``Worktrees``)."""
 
-    def _git(self, path: Path, mirror: Path, *args: str, check: bool = True) -> str:
+    def _git(
+        self, path: Path, mirror: Path, *args: str, check: bool = True, errors: str = "replace"
+    ) -> str:
         raise NotImplementedError  # Worktrees'
 
     def _restore_gitfile(self, path: Path, mirror: Path) -> None:
@@ -47,6 +89,51 @@ class TreeFiles:
             removed = defuse_tree(checkout.path)
             self._restore_gitfile(checkout.path, checkout.mirror)
             yield removed
+
+    def remove_unseen(self, path: Path, mirror: Path) -> list[str]:
+        """Make the worktree at ``path`` hold exactly what its index names, as a fresh
+        checkout would: everything else removed, wherever git looks away from it. After
+        ``reset --hard`` and ``clean -ffdx`` that is what lies inside a submodule's
+        directory (git never enters a gitlink, ``is_clean`` ignores submodules), what
+        stands at a gitlink's path that is no directory, names git will not track, and a
+        tracked file the index says to skip. A spare is reused by another loop, whose
+        setup runs with ``setup_network`` and the repository's cache: nothing the agent
+        hid may be there. Returns the removed paths. Call with the mirror's lock held."""
+        listing = self._git(path, mirror, "ls-files", "-z", "-v", "-s", errors="surrogateescape")
+        shape, flagged = index_shape(listing)
+        if flagged:
+            # A skip-worktree or assume-unchanged bit: ``reset --hard`` leaves that file
+            # as it is. An index rebuilt from HEAD has no bits, and the reset rewrites it.
+            admin = self._admin_dir(path, mirror)
+            if admin is None:
+                raise GitError(f"{path} is not a worktree of {mirror}")
+            (admin / "index").unlink(missing_ok=True)
+            self._git(path, mirror, "reset", "-q", "--hard")
+            listing = self._git(
+                path, mirror, "ls-files", "-z", "-v", "-s", errors="surrogateescape"
+            )
+            shape, flagged = index_shape(listing)
+            if flagged:
+                raise GitError("the worktree's index keeps skip-worktree bits")
+        removed: list[str] = []
+        base = len(str(path)) + 1
+
+        def descend(p: Path, _st: os.stat_result) -> bool:
+            # Into tracked directories, and into gitlinks, to empty them.
+            return shape.get(str(p)[base:]) in ("dir", "gitlink")
+
+        for found, st in walk_lstat(path, descend=descend, strict=True):
+            rel = str(found)[base:]
+            if rel == ".git":
+                continue  # the worktree's own pointer: _restore_gitfile wrote it
+            kind = shape.get(rel)
+            if _fits(kind, st.st_mode):
+                continue
+            _remove(found)
+            removed.append(rel)
+            if kind == "gitlink":
+                found.mkdir()  # empty, as git checks a submodule out
+        return removed
 
     def _others(self, checkout: Checkout, *flags: str) -> list[str]:
         """Untracked paths, a wholly untracked directory as one ``dir/`` entry (call with
