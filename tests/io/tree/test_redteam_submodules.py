@@ -177,3 +177,23 @@ def test_what_reaches_a_spare_after_its_release_is_removed_when_it_is_taken(
     nxt = wt.checkout(REPO, 2, "loop/issue-2", "main", mirror)
     assert everything(nxt.path) == FRESH
     assert git(nxt.path, "rev-parse", "--abbrev-ref", "HEAD").strip() == "loop/issue-2"
+
+
+def test_a_tracked_name_that_is_not_utf8_is_kept_and_the_spare_with_it(
+    setup: tuple[Worktrees, Path], github: GitHubServer
+) -> None:
+    """The index and the file system are compared byte for byte: a tracked file whose
+    name is not UTF-8 (Latin-1 ``café.py``) is the index's, not something to remove, and
+    its worktree stays a spare; an untracked neighbour differing in that byte goes."""
+    wt, mirror = setup
+    tracked = os.fsdecode(b"caf\xe9.py")
+    gitrepo.seed(github.repos[REPO].path, "main", {tracked: "y = 1\n"})
+    iid = github.repos[REPO].installation_id
+    assert iid is not None
+    wt.sync_mirror(REPO, f"{github.url}/git/{REPO}.git", github.app_token_for(iid))
+    co = first_loop(wt, mirror)
+    (co.path / os.fsdecode(b"caf\xe8.py")).write_text("hidden\n")
+    (co.path / SUB / os.fsdecode(b"caf\xe9.py")).write_text("hidden\n")
+    nxt = next_loop(wt, mirror)
+    assert everything(nxt.path) == FRESH | {tracked}
+    assert (nxt.path / tracked).read_text() == "y = 1\n"
