@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from jobs.tree.git import (
@@ -20,7 +19,6 @@ from jobs.tree.git import (
     defuse_tree,
     files_under,
     mirror_lock,
-    walk_lstat,
 )
 
 LEFTOVERS = "loopbot-leftovers"  # a worktree's exclude file, in its git directory
@@ -33,27 +31,54 @@ def index_shape(listing: str) -> tuple[dict[str, str], bool]:
     """From ``git ls-files -z -v -s``: what each path may be on disk ("file", "link",
     "gitlink", or "dir" for every directory above an entry), and whether an entry carries
     a bit that makes git look away from the file (skip-worktree, assume-unchanged: any
-    tag but ``H``)."""
+    tag but ``H``). Slices, not splits: a spare's index has one entry a file."""
     shape: dict[str, str] = {}
     flagged = False
-    for item in (e for e in listing.split("\0") if e):
-        meta, _, path = item.partition("\t")
-        fields = meta.split()  # tag, mode, object, stage
-        flagged |= fields[0] != "H"
-        shape[path] = _KINDS.get(fields[1], "other")
-        parent = path.rpartition("/")[0]
-        while parent and shape.get(parent) != "dir":
+    for item in listing.split("\0"):
+        tab = item.find("\t")  # "<tag> <mode> <object> <stage>\t<path>"
+        if tab < 0:
+            continue
+        flagged |= item[0] != "H"
+        path = item[tab + 1 :]
+        shape[path] = _KINDS.get(item[2:8], "other")
+        cut = path.rfind("/")
+        while cut > 0 and shape.get(parent := path[:cut]) != "dir":
             shape[parent] = "dir"
-            parent = parent.rpartition("/")[0]
+            cut = parent.rfind("/")
     return shape, flagged
 
 
-def _fits(kind: str | None, mode: int) -> bool:
-    if kind in ("dir", "gitlink"):
-        return stat.S_ISDIR(mode)
-    if kind == "file":
-        return stat.S_ISREG(mode)
-    return kind == "link" and stat.S_ISLNK(mode)
+# What each kind of index path is on disk (``other``, a mode git does not write, fits none).
+_ON_DISK = {"dir": "dir", "gitlink": "dir", "file": "file", "link": "link", "other": ""}
+
+
+def _kinds_on_disk(root: Path, descend: Callable[[str], bool]) -> Iterator[tuple[str, str]]:
+    """Everything under ``root`` as (path from the root, "dir"/"file"/"link"/"other")
+    from the directory entries' types, never a link followed (``lstat`` only where the
+    file system gives no type). A directory is entered after it was yielded when
+    ``descend`` says so. Strings, not ``Path`` objects and a ``stat`` a file: this walks
+    every file of a spare on the way to a loop's start, ten times faster so."""
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        try:
+            with os.scandir(os.path.join(root, rel_dir) if rel_dir else root) as entries:
+                listed = list(entries)
+        except OSError as exc:
+            raise GitError(f"{rel_dir or root} cannot be read ({exc.strerror})") from None
+        for entry in listed:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            if entry.is_symlink():
+                kind = "link"
+            elif entry.is_dir(follow_symlinks=False):
+                kind = "dir"
+            elif entry.is_file(follow_symlinks=False):
+                kind = "file"
+            else:
+                kind = "other"  # a FIFO, a socket, a device
+            yield rel, kind
+            if kind == "dir" and descend(rel):
+                stack.append(rel)
 
 
 def _literal_pattern(rel: str) -> str:
@@ -116,23 +141,19 @@ class TreeFiles:
             if flagged:
                 raise GitError("the worktree's index keeps skip-worktree bits")
         removed: list[str] = []
-        base = len(str(path)) + 1
 
-        def descend(p: Path, _st: os.stat_result) -> bool:
-            # Into tracked directories, and into gitlinks, to empty them.
-            return shape.get(str(p)[base:]) in ("dir", "gitlink")
+        def descend(rel: str) -> bool:
+            # Into tracked directories, and into gitlinks to empty them.
+            return shape.get(rel) in ("dir", "gitlink")
 
-        for found, st in walk_lstat(path, descend=descend, strict=True):
-            rel = str(found)[base:]
-            if rel == ".git":
-                continue  # the worktree's own pointer: _restore_gitfile wrote it
-            kind = shape.get(rel)
-            if _fits(kind, st.st_mode):
-                continue
-            _remove(found)
+        for rel, kind in _kinds_on_disk(path, descend):
+            expected = shape.get(rel)
+            if rel == ".git" or (expected is not None and _ON_DISK[expected] == kind):
+                continue  # the worktree's own ``.git`` is _restore_gitfile's
+            _remove(path / rel)
             removed.append(rel)
-            if kind == "gitlink":
-                found.mkdir()  # empty, as git checks a submodule out
+            if expected == "gitlink":
+                (path / rel).mkdir()  # empty, as git checks a submodule out
         return removed
 
     def _others(self, checkout: Checkout, *flags: str) -> list[str]:

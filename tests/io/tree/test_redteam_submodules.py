@@ -165,9 +165,11 @@ def test_a_tracked_file_the_index_says_to_skip_is_restored(
 def test_what_reaches_a_spare_after_its_release_is_removed_when_it_is_taken(
     setup: tuple[Worktrees, Path],
 ) -> None:
-    """A spare waits on disk between loops: whatever appeared in it meanwhile (inside the
-    submodule's directory, where ``checkout -f`` does not look, or beside it) is
-    removed when the next loop takes it."""
+    """The reaper releases a worktree once its loop is marked completed, which comes
+    before the loop's job closes its sandbox: a process the agent left running writes on
+    into the spare (its bind mount follows the directory). Whatever appeared in the spare
+    after its release (inside the submodule's directory, where ``checkout -f`` does not
+    look, or beside it) is removed when the next loop takes it."""
     wt, mirror = setup
     first_loop(wt, mirror)
     wt.release(REPO, 1)
