@@ -204,15 +204,21 @@ class TreeFiles:
         return found
 
     def ignored_files(self, checkout: Checkout) -> dict[str, FileState]:
-        """Every file git ignores in the worktree, with (ctime_ns, inode, size, mode):
-        what verify sees but a commit never carries (dependencies, build output,
-        caches). The change time and inode, not the modification time: the agent can set
-        a file's mtime (``touch -r``) but not its ctime, which any write or ``utime``
-        moves to now. Without the mirror's lock, as ``untracked``: it reads only this
-        worktree and its index (at a turn's start the last turn's push may be running)."""
+        """Every file git ignores in the worktree, and every file in a submodule's
+        directory, with (ctime_ns, inode, size, mode): what verify sees but a commit
+        never carries (dependencies, build output, caches). The change time and inode, not
+        the modification time: the agent can set a file's mtime (``touch -r``) but not its
+        ctime, which any write or ``utime`` moves to now. Without the mirror's lock, as
+        ``untracked``: it reads only this worktree and its index (at a turn's start the
+        last turn's push may be running)."""
+        return self._hidden_files(checkout)[0]
+
+    def _hidden_files(self, checkout: Checkout) -> tuple[dict[str, FileState], list[str]]:
+        """``ignored_files``, and the submodules' directories."""
         path = checkout.path
         with self._tree(checkout, lock=False):
-            listed = self._others(checkout, "--ignored")
+            links = self._gitlinks(checkout)
+            listed = self._others(checkout, "--ignored") + links
         found: dict[str, FileState] = {}
         for rel in listed:
             top = path / rel
@@ -224,19 +230,33 @@ class TreeFiles:
                     st.st_size,
                     st.st_mode,
                 )
-        return found
+        return found, links
+
+    def _gitlinks(self, checkout: Checkout) -> list[str]:
+        """The submodules' directories: git never looks into them, so what they hold
+        counts with the ignored files (call with ``_tree`` held)."""
+        listing = self._git(
+            checkout.path, checkout.mirror, "ls-files", "-z", "-s", errors="surrogateescape"
+        )
+        if "160000 " not in listing:
+            return []  # most repositories: no submodule, nothing to parse
+        shape, _ = index_shape("H " + listing.replace("\0", "\0H "))
+        return [rel for rel, kind in shape.items() if kind == "gitlink"]
 
     def missing_ignored(self, checkout: Checkout, before: dict[str, FileState]) -> list[str]:
         """Ignored files of ``before`` that are gone (the agent deleted what setup made)."""
         return sorted(rel for rel in before if not os.path.lexists(checkout.path / rel))
 
     def purge_ignored(self, checkout: Checkout, before: dict[str, FileState]) -> list[str]:
-        """Remove the ignored files that are new or changed since ``before``: files the
-        agent left where git does not look. verify would see them and the commit would
-        not, so a verify that passes only because of them proves nothing about the
-        commit (a ``calc/`` package in an ignored directory shadowing ``calc.py``)."""
+        """Remove the ignored files (and files in submodules' directories) that are new
+        or changed since ``before``: files the agent left where git does not look. verify
+        would see them and the commit would not, so a verify that passes only because of
+        them proves nothing about the commit (a ``calc/`` package in an ignored directory
+        shadowing ``calc.py``)."""
         removed = []
-        for rel, state in self.ignored_files(checkout).items():
+        found, links = self._hidden_files(checkout)
+        keep = {checkout.path, *(checkout.path / rel for rel in links)}  # as checked out
+        for rel, state in found.items():
             if before.get(rel) == state:
                 continue
             target = checkout.path / rel
@@ -248,7 +268,7 @@ class TreeFiles:
             removed.append(rel)
             # Directories the removal emptied go too (an empty package dir can matter).
             parent = target.parent
-            while parent != checkout.path and checkout.path in parent.parents:
+            while parent not in keep and checkout.path in parent.parents:
                 try:
                     parent.rmdir()
                 except OSError:

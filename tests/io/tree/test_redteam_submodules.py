@@ -199,3 +199,22 @@ def test_a_tracked_name_that_is_not_utf8_is_kept_and_the_spare_with_it(
     nxt = next_loop(wt, mirror)
     assert everything(nxt.path) == FRESH | {tracked}
     assert (nxt.path / tracked).read_text() == "y = 1\n"
+
+
+def test_what_the_agent_writes_in_a_submodule_s_directory_is_gone_before_verify(
+    setup: tuple[Worktrees, Path],
+) -> None:
+    """Within a loop, too: verify must judge the commit. A module the agent wrote into a
+    submodule's directory would count for verify and never reach the pull request, as an
+    ignored file would (``purge_ignored`` before verify); what was there before the turn
+    (setup's) stays."""
+    wt, mirror = setup
+    co = first_loop(wt, mirror)
+    (co.path / SUB / "setup-made.js").write_text("module.exports = 1\n")
+    before = wt.ignored_files(co)
+    assert f"{SUB}/setup-made.js" in before
+    (co.path / SUB / "index.js").write_text("module.exports = () => true\n")
+    (co.path / SUB / "setup-made.js").write_text("changed by the agent\n")
+    assert wt.commit_all(co, "loop(turn-1): nothing visible") is None
+    assert wt.purge_ignored(co, before) == [f"{SUB}/index.js", f"{SUB}/setup-made.js"]
+    assert everything(co.path) == FRESH
