@@ -1,8 +1,10 @@
 """What a worktree holds beside its commits: the files git ignores (dependencies that
-``setup`` installed, build output, caches), which verify sees and a commit never
-carries, and what ``setup`` and ``verify`` leave behind that the repository does not
-ignore, which a commit must not carry either. ``Worktrees`` (jobs/tree/worktree.py) has these
-as methods; they are kept here, apart from checkouts, commits and pushes."""
+``setup`` installed, build output, caches) and what lies in a submodule's directory,
+which verify sees and a commit never carries; what ``setup`` and ``verify`` leave
+behind that the repository does not ignore, which a commit must not carry either; and
+the sweep that leaves a reused worktree holding exactly its index (``remove_unseen``).
+``Worktrees`` (jobs/tree/worktree.py) has these as methods; they are kept here, apart
+from checkouts, commits and pushes."""
 
 from __future__ import annotations
 
@@ -236,11 +238,11 @@ class TreeFiles:
         """The submodules' directories: git never looks into them, so what they hold
         counts with the ignored files (call with ``_tree`` held)."""
         listing = self._git(
-            checkout.path, checkout.mirror, "ls-files", "-z", "-s", errors="surrogateescape"
+            checkout.path, checkout.mirror, "ls-files", "-z", "-v", "-s", errors="surrogateescape"
         )
-        if "160000 " not in listing:
+        if " 160000 " not in listing:
             return []  # most repositories: no submodule, nothing to parse
-        shape, _ = index_shape("H " + listing.replace("\0", "\0H "))
+        shape, _ = index_shape(listing)
         return [rel for rel, kind in shape.items() if kind == "gitlink"]
 
     def missing_ignored(self, checkout: Checkout, before: dict[str, FileState]) -> list[str]:
