@@ -96,21 +96,26 @@ def test_visible(markdown: str, text: str, comments: int, chars: int) -> None:
 # (raw HTML through), then read as an HTML5 parser reads comments.
 
 _OPTIONS = Options.CMARK_OPT_UNSAFE | Options.CMARK_OPT_FOOTNOTES
-_HTML5_COMMENT = re.compile(
-    r"<!--(?:>|->|.*?--!?>|.*\Z)|<[?!][^>]*(?:>|\Z)|</[^A-Za-z>][^>]*(?:>|\Z)", re.S
+# What a browser hides, read left to right as it does: comments, bogus comments and tags.
+_HTML5_HIDDEN = re.compile(
+    r"<!--(?:>|->|.*?--!?>|.*\Z)|<[?!][^>]*(?:>|\Z)|</[^A-Za-z>][^>]*(?:>|\Z)"
+    r"|</?[A-Za-z][^>]*(?:>|\Z)",
+    re.S,
 )
 _WORD = re.compile(r"W\d+")
 PIECES = [
     "<!--", "-->", "--!>", "<!-->", "`", "``", "```", "~~~", "    ", "> ", "- ", "1. ",
     "   ", "<div>", "</div>", "<pre>", "</pre>", "<a title=\"`\">", "|", "|-|-|", "\\",
     "[x]: /u ", "[x]", "<?", "?>", "<![CDATA[", "]]>", "\n", "\n\n", " ", "# ",
-    "<http://a.b/`>", "&lt;!--",
+    "<http://a.b/`>", "&lt;!--", "\t", "* ", "<details>", "<!-- ", "- ```", "> ```",
+    "   ```", "<table>", "<pre>\n", "\n    ", "<", ">", "-", "!", "?", "</", "<!A",
+    "<!---->", "1) ", "---", "===",
 ]  # fmt: skip
 
 
 def _shown(markdown: str) -> set[str]:
     rendered = cmarkgfm.github_flavored_markdown_to_html(markdown, _OPTIONS)
-    text = html.unescape(re.sub(r"<[^>]*>", " ", _HTML5_COMMENT.sub(" ", rendered)))
+    text = html.unescape(_HTML5_HIDDEN.sub(" ", rendered))
     # A fence's language is kept: the page colours the code by it.
     langs = re.findall(r'<pre lang="([^"]*)"', rendered)
     return set(_WORD.findall(text + " " + " ".join(langs)))
@@ -124,5 +129,9 @@ def documents(draw: st.DrawFn) -> str:
 
 @given(documents())
 def test_nothing_github_hides_is_kept(markdown: str) -> None:
-    kept = set(_WORD.findall(visible(markdown).text))
+    # A raw HTML tag's name and attributes are kept as written (the README says so): a
+    # tag as a browser reads one, to its ">" or the end, is not looked in (a comment
+    # starts with "<!", not one).
+    tags = re.compile(r"</?[A-Za-z][^>]*(?:>|\Z)")
+    kept = set(_WORD.findall(tags.sub(" ", visible(markdown).text)))
     assert kept <= _shown(markdown), markdown

@@ -36,9 +36,14 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+import cmarkgfm  # type: ignore[import-untyped]
+from cmarkgfm.cmark import Options  # type: ignore[import-untyped]
 from markdown_it import MarkdownIt
 
-_PARSER = MarkdownIt("commonmark").enable("table")
+# Only the block structure is read (markdown-it's inline rules are slow on some hostile
+# text and would say nothing used here); past its nesting limit (20) a line is in no
+# block, so it goes as a definition would: more out, never less.
+_PARSER = MarkdownIt("commonmark").enable("table").disable(["inline", "text_join"])
 
 # Leaf blocks whose lines GitHub shows: code as text, raw HTML parsed, the rest as inline
 # Markdown. A line in none of them (and not blank) is a link reference definition.
@@ -59,6 +64,11 @@ _AUTOLINK = re.compile(
 # Where an HTML5 parser starts a comment (a real one, or a "bogus" one: <?, <!x, </3).
 _COMMENT_START = re.compile(r"<!--|<[?!]|</[^A-Za-z>]")
 _COMMENT_END = re.compile(r"--!?>")
+_CMARK_OPTIONS = Options.CMARK_OPT_UNSAFE | Options.CMARK_OPT_SOURCEPOS
+_PRE_AT = re.compile(r'<pre data-sourcepos="(\d+):\d+-(\d+):\d+"')
+_TICKS = re.compile(r"`+")
+_DECLARATION = re.compile(r"<![A-Z]+[ \t\n\v\f\r]")
+_GT = re.compile(">")
 _LANGUAGE = re.compile(r"[\w+#.-]{1,30}")
 
 
@@ -108,10 +118,16 @@ def _invisible(c: str) -> bool:
 
 def _without_comments(text: str) -> tuple[str, int]:
     lines = text.split("\n")
+    code = _cmark_code_lines(text)
     kinds: list[str | None] = [None] * len(lines)
     blocks = [-1] * len(lines)  # which leaf block a line is in: each is read alone
+    quoted: set[int] = set()  # the blocks inside a block quote (their lines start with ">")
+    depth = 0
     removed = 0
     for n, token in enumerate(_PARSER.parse(text)):
+        depth += {"blockquote_open": 1, "blockquote_close": -1}.get(token.type, 0)
+        if depth:
+            quoted.add(n)
         if token.map is None:
             continue
         if token.type == "fence" and token.map[0] < len(lines):
@@ -133,7 +149,14 @@ def _without_comments(text: str) -> tuple[str, int]:
             continue
         start, end = token.map
         for i in range(start, min(end, len(lines))):
-            kinds[i], blocks[i] = kind, n
+            # Code only where cmark-gfm reads code too: a line markdown-it alone takes
+            # for code is read as raw HTML (every comment out).
+            kinds[i] = "html" if kind == "code" and i not in code else kind
+            blocks[i] = n
+    # The line after the last comment end: an unended comment in a paragraph before it
+    # may be one cmark ends there, if the two parsers end the paragraph apart.
+    ends = max(text.rfind("-->"), text.rfind("--!>"))
+    last_end = text.count("\n", 0, ends) if ends >= 0 else -1
     out: list[str] = []
     i = 0
     while i < len(lines):
@@ -152,15 +175,28 @@ def _without_comments(text: str) -> tuple[str, int]:
         elif kind in ("code", "other"):
             out.append(block)
         else:
-            kept, n, rest_hidden = _strip_block(block, raw=kind == "html")
+            kept, n, rest_hidden = _strip_block(
+                block, raw=kind == "html", quoted=blocks[i] in quoted, end_later=last_end >= j
+            )
             out.append(kept)
             removed += n
             if rest_hidden:
                 # An unended comment in raw HTML: the HTML5 parser reads the rest of the
-                # page as comment, code blocks and all.
+                # page as comment, code blocks and all. (Or one in a paragraph with an end
+                # further on, which cmark may read as one paragraph.)
                 return "\n".join(out), removed
         i = j
     return "\n".join(out), removed
+
+
+def _cmark_code_lines(text: str) -> set[int]:
+    """The lines (from 0) of the code blocks cmark-gfm, GitHub's parser, reads in
+    ``text``: its HTML says where each ``<pre>`` came from."""
+    html = cmarkgfm.github_flavored_markdown_to_html(text, _CMARK_OPTIONS)
+    lines: set[int] = set()
+    for m in _PRE_AT.finditer(html):
+        lines.update(range(int(m[1]) - 1, int(m[2])))
+    return lines
 
 
 def _fence_opening(line: str, markup: str, info: str) -> tuple[str, int]:
@@ -181,15 +217,19 @@ def _definition(line: str) -> bool:
     return bool(line.strip(" \t>-*+0123456789.)"))
 
 
-def _strip_block(block: str, *, raw: bool) -> tuple[str, int, bool]:
+def _strip_block(
+    block: str, *, raw: bool, quoted: bool, end_later: bool = False
+) -> tuple[str, int, bool]:
     """``block`` without its comments; how many; whether the last one never ends and
     hides the rest of the page. ``raw``: an HTML block (no code spans in it, and an
     unended comment hides all after it); otherwise inline Markdown."""
     trust_code = not raw and "|" not in block
+    last: dict[str, int] = {}  # where each closer last appears in ``block``
     out: list[str] = []
     removed = 0
     i = 0
     n = len(block)
+    hide_until = 0
     while i < n:
         c = block[i]
         if not raw and c == "\\" and i + 1 < n:
@@ -197,7 +237,7 @@ def _strip_block(block: str, *, raw: bool) -> tuple[str, int, bool]:
             i += 2
             continue
         if trust_code and c == "`":
-            run = len(block[i:]) - len(block[i:].lstrip("`"))
+            run = len(_TICKS.match(block, i).group())  # type: ignore[union-attr]
             close = _closing_run(block, i + run, run)
             if close is not None:
                 out.append(block[i:close])
@@ -207,13 +247,22 @@ def _strip_block(block: str, *, raw: bool) -> tuple[str, int, bool]:
             i += run
             continue
         if c == "<" and not raw:
+            if (
+                end_later
+                and block.startswith("<!--", i)
+                and _inline_raw_end(block, i, last, quoted) is None
+            ):
+                return "".join(out), removed + 1, True
             if m := _TAG.match(block, i) or _AUTOLINK.match(block, i):
                 out.append(m.group())
                 i = m.end()
                 continue
-            if (end := _inline_raw_end(block, i)) is not None:
+            if (end := _inline_raw_end(block, i, last, quoted)) is not None:
                 # cmark passes this through as raw HTML: the browser reads it as such.
-                kept, hid, rest_hidden = _strip_block(block[i:end], raw=True)
+                # cmark may end it at a later "-->" than this, over a code span that
+                # seems to follow: no code span after it is trusted.
+                trust_code = False
+                kept, hid, rest_hidden = _strip_block(block[i:end], raw=True, quoted=quoted)
                 out.append(kept)
                 removed += hid
                 if rest_hidden:
@@ -221,54 +270,81 @@ def _strip_block(block: str, *, raw: bool) -> tuple[str, int, bool]:
                 i = end
                 continue
         if c == "<" and raw and (start := _COMMENT_START.match(block, i)):
-            end = _comment_end(block, i, start.group())
-            if end is None:
+            ends = _comment_end(block, i, start.group(), quoted)
+            if ends is None:
                 return "".join(out), removed + 1, True
             removed += 1
-            i = end
+            # A bogus comment in a quote ends at the first ">" or, when that was the
+            # quote's marker, at a later one: all up to the later one goes, and what
+            # follows the first is still read for a comment that starts there.
+            early, late = ends
+            hide_until = max(hide_until, late)
+            # A "<!--" inside a bogus comment may be a real one's start (when cmark
+            # showed the bogus one's "<" as text): read from there too.
+            inner = block.find("<!--", i + 1, early) if start.group() != "<!--" else -1
+            i = inner if inner >= 0 else early
             continue
-        out.append(c)
+        if i >= hide_until:
+            out.append(c)
         i += 1
     return "".join(out), removed, False
 
 
-def _inline_raw_end(block: str, i: int) -> int | None:
+def _inline_raw_end(block: str, i: int, last: dict[str, int], quoted: bool) -> int | None:
     """Where the raw HTML that cmark reads in a paragraph at ``i`` ends (a comment, a
     processing instruction, a declaration, CDATA), or None: then it is shown as text."""
     for opener, closer in (("<!--", "-->"), ("<![CDATA[", "]]>"), ("<?", "?>")):
         if block.startswith(opener, i):
-            end = block.find(closer, i + len(opener) - (2 if opener == "<!--" else 0))
-            return end + len(closer) if end >= 0 else None
-    if re.match(r"<![A-Za-z]", block[i : i + 3]):
-        gt = _gt(block, i)
+            start = i + len(opener) - (2 if opener == "<!--" else 0)
+            # The last closer, found once a block: many openers and no closer stay linear.
+            if closer not in last:
+                last[closer] = block.rfind(closer)
+            if last[closer] < start:
+                return None
+            # To the last closer, not the first: cmark's scanner may take a longer run
+            # than the browser's first end, and what lies between is raw HTML to the
+            # browser (read as such below): reading more of it as raw takes out more.
+            return last[closer] + len(closer)
+    # A declaration as cmark-gfm reads one: capitals, then space. Reading one where cmark
+    # does not would swallow the start of a real comment after it.
+    if m := _DECLARATION.match(block, i):
+        if ">" not in last:
+            last[">"] = block.rfind(">")
+        gt = _gt(block, m.end(), quoted) if last[">"] >= m.end() else None
         return gt + 1 if gt is not None else None
     return None
 
 
 def _closing_run(block: str, start: int, run: int) -> int | None:
     """The index after the next run of exactly ``run`` backticks from ``start``."""
-    for m in re.finditer(r"`+", block[start:]):
+    for m in _TICKS.finditer(block, start):
         if len(m.group()) == run:
-            return start + m.end()
+            return m.end()
     return None
 
 
-def _comment_end(block: str, i: int, opener: str) -> int | None:
-    """Where an HTML5 parser ends the comment that starts at ``i``: a real comment at
-    the first ``-->`` or ``--!>`` (``<!-->`` and ``<!--->`` are whole ones), a bogus one
-    at the first ``>``; None when it does not end in ``block``."""
+def _comment_end(block: str, i: int, opener: str, quoted: bool) -> tuple[int, int] | None:
+    """Where an HTML5 parser ends the comment that starts at ``i``, (earliest, latest):
+    a real comment at the first ``-->`` or ``--!>`` (``<!-->`` and ``<!--->`` are whole
+    ones), a bogus one at the first ``>`` (in a ``quoted`` block, a ``>`` that may be
+    the quote's marker gives the earliest, the first that cannot the latest); None when
+    it does not end in ``block``."""
     if opener == "<!--":
         m = _COMMENT_END.search(block, i + 2)
-        return m.end() if m else None
-    gt = _gt(block, i + 2)
-    return gt + 1 if gt is not None else None
+        return (m.end(), m.end()) if m else None
+    late = _gt(block, i + 2, quoted)
+    if late is None:
+        return None
+    early = block.find(">", i + 2)
+    return early + 1, late + 1
 
 
-def _gt(block: str, start: int) -> int | None:
+def _gt(block: str, start: int, quoted: bool) -> int | None:
     """The first ``>`` from ``start`` that is not a block quote's marker at the start of
-    a line: cmark takes those off before the browser reads the HTML."""
-    for m in re.finditer(">", block[start:]):
-        at = start + m.start()
-        if block[block.rfind("\n", 0, at) + 1 : at].strip(" >"):
+    a line (in a ``quoted`` block): cmark takes those off before the browser reads the
+    HTML. Taking a ``>`` of the text for a marker ends the comment later: more out."""
+    for m in _GT.finditer(block, start):
+        at = m.start()
+        if not quoted or block[block.rfind("\n", 0, at) + 1 : at].strip(" >"):
             return at
     return None
