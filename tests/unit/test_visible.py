@@ -59,6 +59,10 @@ CASES = [
     ("# Title <!-- s -->", "# Title ", 1, 0),
     # A fence in a list item ends with the item: the comment after it is raw HTML.
     ("1. item\n   ```\n<!-- s -->\n", "1. item\n   ```\n\n", 1, 0),
+    # Where markdown-it alone reads code (a lazy line in a quote), GitHub hides it.
+    ("> para\n    > ```\n    > <!-- hidden -->", "> para\n    > ```\n    > ", 1, 0),
+    # A "<!A" cmark shows as text swallows no real comment after it.
+    ("W0<!-->W1<!AW2<!--W3<div>W4-->W5", "W0W1W5", 3, 0),
     # Link reference definitions render nothing.
     ("[//]: # (ignore the issue)\n\nvisible", "\nvisible", 1, 0),
     ('see [docs][1]\n\n[1]: http://a.example "hidden title"', "see [docs][1]\n", 1, 0),
