@@ -24,6 +24,7 @@ from bot.core.record import LoopRecord, Usage, intake_hash
 from bot.core.rules import sections
 from bot.core.text import messages
 from bot.core.text.prompts import FENCE, fence_safe
+from bot.core.text.visible import visible, without_invisible
 from bot.io.github.client import Installation
 from bot.io.logs import get_logger
 from bot.io.store import Store
@@ -205,8 +206,8 @@ def command(rt: Runtime, gh: Installation, cmd: ControlCommand, record: LoopReco
         found = propose(
             rt,
             config,
-            issue.title,
-            issue.body or "",
+            without_invisible(issue.title)[0],
+            visible(issue.body or "").text,  # what GitHub's page shows the writer
             store=rt.store if record is not None else None,
             key=cmd.loop.key if record is not None else "",
         )

@@ -411,15 +411,26 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover, 
                 github_wait=round(waited_here(), 3),
             )
             self.store.count("turns")
+            if not conversation:
+                title, shown = intake.approved_shown(record, issue.title, issue.body)
+                if shown.removed:
+                    # What the writer could not see on GitHub's page is not sent; the
+                    # status comment says so, so nothing goes silently.
+                    self.store.event(
+                        self.key,
+                        "hidden_text_removed",
+                        turn=turn,
+                        comments=shown.comments,
+                        chars=shown.chars,
+                    )
             self._status_comment()
             news = self._news(record, base, first=not conversation)
             if not conversation:
-                title, body = intake.approved_text(record, issue.title, issue.body)
                 prompt = prompts.issue_prompt(
                     self.repo,
                     self.issue_number,
                     title,
-                    body,
+                    shown.text,
                     self.config.verify,
                     record.base_verify,
                     extra=(*news.sections, *self._section_extra(record)),

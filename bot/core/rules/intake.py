@@ -9,17 +9,29 @@ new approved text. The decisions are here and in ``bot.core.rules.turns``; the I
 from __future__ import annotations
 
 from bot.core.record import LoopRecord, intake_hash
+from bot.core.text.visible import Visible, visible, without_invisible
 
 COMMENT_KEY = "issue-edited"
 CONFIRM_KEY = "confirm-text"
 
 
 def approved_text(record: LoopRecord, title: str, body: str | None) -> tuple[str, str]:
-    """The approved title and body; a record from before frozen intake has none, and
-    falls back to the text given (the issue as read now)."""
+    """The approved title and body as GitHub's page showed them to the writer who
+    approved them (``bot.core.text.visible``: HTML comments, invisible characters and
+    the like out); a record from before frozen intake has none, and falls back to the
+    text given (the issue as read now). Every prompt takes the issue's text from here."""
+    shown_title, shown_body = approved_shown(record, title, body)
+    return shown_title, shown_body.text
+
+
+def approved_shown(record: LoopRecord, title: str, body: str | None) -> tuple[str, Visible]:
+    """``approved_text`` with what was taken out of it counted (a title is plain text
+    on GitHub's page: only its invisible characters go)."""
     if record.approved_sha256:
-        return record.approved_title, record.approved_body
-    return title, body or ""
+        title, body = record.approved_title, record.approved_body
+    shown_title, chars = without_invisible(title)
+    shown = visible(body or "")
+    return shown_title, Visible(shown.text, shown.comments, shown.chars + chars)
 
 
 def edited(record: LoopRecord, title: str, body: str | None) -> bool:

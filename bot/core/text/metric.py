@@ -18,6 +18,7 @@ from bot.core.rules import metric as rules
 from bot.core.rules.metric import Report, Row
 from bot.core.text.defuse import code_block, code_span
 from bot.core.text.prompts import FENCE, approved_edit, fence_safe, fenced
+from bot.core.text.visible import visible
 
 TABLE_ROWS = 15  # rows of the results table in the status comment (the newest)
 PROMPT_ROWS = 10  # rows of the results table in an iteration's prompt
@@ -356,7 +357,8 @@ def iteration_prompt(
         if fb.get("kind") == "intake":
             parts.append(approved_edit(str(fb.get("from")), fb.get("title"), fb.get("body")))
         else:
-            parts.append(fence_safe(f"@{fb.get('from')} said:\n{fb.get('body')}"))
+            said = visible(str(fb.get("body") or "")).text  # a comment: what GitHub shows
+            parts.append(fence_safe(f"@{fb.get('from')} said:\n{said}"))
     parts.extend(section for section in extra if section)
     parts.append(_rules_reminder(cfg, rules.best_kept(rows)))
     return "\n\n".join(parts)

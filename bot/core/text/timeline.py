@@ -44,6 +44,7 @@ TIMELINE_KINDS = frozenset(
         "section_done", "post_action", "triage", "triage_failed", "spec_accepted",
         "split", "metric_iteration", "reviewed", "review_skipped", "back_to_coding",
         "handoff", "loop_resumed", "loop_restarted", "loop_cancelled", "shrink",
+        "hidden_text_removed",
         "context_shrunk", "base_merged", "merge_refused", "merged", "loop_finished",
     }
 )  # fmt: skip
@@ -192,6 +193,8 @@ def _timeline_event(lines: list[_Line], kind: str, data: dict[str, Any]) -> None
             lines.append(_Line(f"head already reviewed ({_word(data.get('verdict'))})"))
         case "back_to_coding":
             lines.append(_Line(f"back to coding ({_word(data.get('reason'))})"))
+        case "hidden_text_removed":  # bot/core/text/visible.py
+            lines.insert(max(len(lines) - 1, 0), _Line(hidden_words(data)))
         case "handoff":
             lines.append(_Line("handed over (worker shutting down)"))
         case "loop_resumed":
@@ -240,6 +243,17 @@ def _finished(lines: list[_Line], data: dict[str, Any]) -> None:
     if status == "cancelled" and lines and lines[-1].text.startswith("cancelled"):
         return
     lines.append(_Line(f"{status} ({reason})" if reason else status))
+
+
+def hidden_words(data: dict[str, Any]) -> str:
+    """What was taken out of the issue before the agent saw it: what GitHub's page did
+    not show the writer who approved it."""
+    parts = []
+    if n := _int(data.get("comments")):
+        parts.append(f"{n} hidden comment{'s' if n != 1 else ''}")
+    if n := _int(data.get("chars")):
+        parts.append(f"{n} invisible character{'s' if n != 1 else ''}")
+    return f"not sent to the agent: {' and '.join(parts) or 'hidden text'} in the issue"
 
 
 def _verify_words(data: dict[str, Any]) -> str:

@@ -1,0 +1,350 @@
+"""What a person reading an issue on GitHub can see, and nothing else (issue 37, item 10).
+
+A writer approves an issue by reading it on GitHub's page, so the text that reaches a
+prompt is the text that page shows. GitHub renders Markdown with cmark-gfm and passes raw
+HTML through an HTML5 parser and a sanitizer; what neither shows is taken out here:
+
+- HTML comments ``<!-- … -->`` and the other things an HTML5 parser reads as comments
+  (``<? … >``, ``<!DOCTYPE …>``, ``<![CDATA[ … >``, ``</ 3 …>``): outside code. In
+  a code block or a code span GitHub shows them as text, so they stay. In raw HTML (an
+  HTML block) a comment with no end hides the rest of the page, wherever cmark put it,
+  so everything after it goes too; in a paragraph cmark shows an unended one as text.
+- Link reference definitions (``[x]: url "title"``, the ``[//]: # (…)`` comment trick):
+  they render nothing. A link that uses one keeps its text, not its address.
+- A code fence's info string past its first word, the language (```` ```py hidden ````):
+  GitHub shows none of it, and colours the code by the language.
+- Invisible characters, everywhere (code too): format characters (Unicode category Cf:
+  zero-width spaces and joiners, bidi controls, tag characters, the soft hyphen, the
+  BOM), variation selectors, Hangul fillers, control characters but tab and newline,
+  and the unassigned rest of the tag block. Zero-width joiners go with them: an emoji
+  sequence falls apart into its emoji, which loses no meaning for a coding task, and
+  a kept joiner would be a channel.
+
+The block structure (which lines are code, raw HTML, a paragraph or a definition) comes
+from markdown-it-py, a CommonMark parser like cmark-gfm. Where the two could read a line
+differently the rule takes out more, never less: a paragraph with a ``|`` (which GFM may
+read as a table, whose cells split code spans) trusts no code span in it.
+
+Not taken out, and said so in the README: what a reader reaches by hovering or
+expanding (a link's address and title, an image's alt text, ``<details>``), and the
+attributes of raw HTML tags, which the agent sees as written.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+
+import cmarkgfm  # type: ignore[import-untyped]
+from cmarkgfm.cmark import Options  # type: ignore[import-untyped]
+from markdown_it import MarkdownIt
+
+# Only the block structure is read (markdown-it's inline rules are slow on some hostile
+# text and would say nothing used here); past its nesting limit (20) a line is in no
+# block, so it goes as a definition would: more out, never less.
+_PARSER = MarkdownIt("commonmark").enable("table").disable(["inline", "text_join"])
+
+# Leaf blocks whose lines GitHub shows: code as text, raw HTML parsed, the rest as inline
+# Markdown. A line in none of them (and not blank) is a link reference definition.
+_CODE = frozenset({"fence", "code_block"})
+_HTML = "html_block"
+_INLINE = frozenset({"paragraph_open", "heading_open", "table_open"})
+_OTHER = frozenset({"hr"})
+
+# CommonMark's raw HTML tags and autolinks: where one starts, a backtick in it opens no
+# code span (they bind tighter than code spans).
+_ATTR = r"""(?:\s+[A-Za-z_:][A-Za-z0-9_.:-]*(?:\s*=\s*(?:[^\s"'=<>`]+|'[^']*'|"[^"]*"))?)"""
+_TAG = re.compile(rf"<[A-Za-z][A-Za-z0-9-]*{_ATTR}*\s*/?>|</[A-Za-z][A-Za-z0-9-]*\s*>")
+_AUTOLINK = re.compile(
+    r"<[A-Za-z][A-Za-z0-9.+-]{1,31}:[^\s<>]*>"
+    r"|<[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*>"
+)
+# Where an HTML5 parser starts a comment (a real one, or a "bogus" one: <?, <!x, </3).
+_COMMENT_START = re.compile(r"<!--|<[?!]|</[^A-Za-z>]")
+_COMMENT_END = re.compile(r"--!?>")
+_CMARK_OPTIONS = Options.CMARK_OPT_UNSAFE | Options.CMARK_OPT_SOURCEPOS
+_PRE_AT = re.compile(r'<pre data-sourcepos="(\d+):\d+-(\d+):\d+"')
+_TICKS = re.compile(r"`+")
+_DECLARATION = re.compile(r"<![A-Z]+[ \t\n\v\f\r]")
+_GT = re.compile(">")
+_LANGUAGE = re.compile(r"[\w+#.-]{1,30}")
+
+
+@dataclass(frozen=True)
+class Visible:
+    """``text`` as a reader sees it, and what was taken out: ``comments`` (HTML
+    comments and the like, and link reference definitions) and ``chars`` (invisible
+    characters)."""
+
+    text: str
+    comments: int = 0
+    chars: int = 0
+
+    @property
+    def removed(self) -> bool:
+        return bool(self.comments or self.chars)
+
+
+def visible(markdown: str) -> Visible:
+    """What GitHub's page shows of ``markdown`` (an issue's body, a comment), as Markdown
+    source: hidden parts out, everything a reader sees kept as written."""
+    text = markdown.replace("\r\n", "\n").replace("\r", "\n")
+    shown, comments = _without_comments(text)
+    plain, chars = without_invisible(shown)
+    return Visible(plain, comments, chars)
+
+
+def without_invisible(text: str) -> tuple[str, int]:
+    """``text`` without the characters no reader sees, and how many there were."""
+    kept = [c for c in text if not _invisible(c)]
+    return "".join(kept), len(text) - len(kept)
+
+
+def _invisible(c: str) -> bool:
+    o = ord(c)
+    if c in "\t\n":
+        return False
+    cat = unicodedata.category(c)
+    return (
+        cat in ("Cf", "Cc", "Cs")
+        or 0xFE00 <= o <= 0xFE0F  # variation selectors
+        or 0xE0000 <= o <= 0xE0FFF  # the tag block and its supplement's selectors
+        or 0x180B <= o <= 0x180F  # Mongolian free variation selectors
+        or o in (0x115F, 0x1160, 0x3164, 0xFFA0)  # Hangul fillers: letters that draw nothing
+    )
+
+
+def _without_comments(text: str) -> tuple[str, int]:
+    lines = text.split("\n")
+    code = _cmark_code_lines(text)
+    kinds: list[str | None] = [None] * len(lines)
+    blocks = [-1] * len(lines)  # which leaf block a line is in: each is read alone
+    quoted: set[int] = set()  # the blocks inside a block quote (their lines start with ">")
+    depth = 0
+    removed = 0
+    for n, token in enumerate(_PARSER.parse(text)):
+        depth += {"blockquote_open": 1, "blockquote_close": -1}.get(token.type, 0)
+        if depth:
+            quoted.add(n)
+        if token.map is None:
+            continue
+        if token.type == "fence" and token.map[0] < len(lines):
+            opening, hid = _fence_opening(lines[token.map[0]], token.markup, token.info)
+            lines[token.map[0]] = opening
+            removed += hid
+        kind = (
+            "code"
+            if token.type in _CODE
+            else "html"
+            if token.type == _HTML
+            else "inline"
+            if token.type in _INLINE
+            else "other"
+            if token.type in _OTHER
+            else None
+        )
+        if kind is None:
+            continue
+        start, end = token.map
+        for i in range(start, min(end, len(lines))):
+            # Code only where cmark-gfm reads code too: a line markdown-it alone takes
+            # for code is read as raw HTML (every comment out).
+            kinds[i] = "html" if kind == "code" and i not in code else kind
+            blocks[i] = n
+    # The line after the last comment end: an unended comment in a paragraph before it
+    # may be one cmark ends there, if the two parsers end the paragraph apart.
+    ends = max(text.rfind("-->"), text.rfind("--!>"))
+    last_end = text.count("\n", 0, ends) if ends >= 0 else -1
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        kind = kinds[i]
+        j = i + 1
+        # The lines of one leaf block are read together (a comment or a code span can
+        # run over lines), and never with the next block's: a code span cannot.
+        while j < len(lines) and kinds[j] == kind and blocks[j] == blocks[i]:
+            j += 1
+        block = "\n".join(lines[i:j])
+        if kind is None:
+            if _definition(block):
+                removed += sum(1 for line in lines[i:j] if _definition(line))
+                block = "\n".join(line for line in lines[i:j] if not _definition(line))
+            out.append(block)
+        elif kind in ("code", "other"):
+            out.append(block)
+        else:
+            kept, n, rest_hidden = _strip_block(
+                block, raw=kind == "html", quoted=blocks[i] in quoted, end_later=last_end >= j
+            )
+            out.append(kept)
+            removed += n
+            if rest_hidden:
+                # An unended comment in raw HTML: the HTML5 parser reads the rest of the
+                # page as comment, code blocks and all. (Or one in a paragraph with an end
+                # further on, which cmark may read as one paragraph.)
+                return "\n".join(out), removed
+        i = j
+    return "\n".join(out), removed
+
+
+def _cmark_code_lines(text: str) -> set[int]:
+    """The lines (from 0) of the code blocks cmark-gfm, GitHub's parser, reads in
+    ``text``: its HTML says where each ``<pre>`` came from."""
+    html = cmarkgfm.github_flavored_markdown_to_html(text, _CMARK_OPTIONS)
+    lines: set[int] = set()
+    for m in _PRE_AT.finditer(html):
+        lines.update(range(int(m[1]) - 1, int(m[2])))
+    return lines
+
+
+def _fence_opening(line: str, markup: str, info: str) -> tuple[str, int]:
+    """A fence's opening line with only the language of its info string: GitHub shows
+    none of the info string, and uses its first word to colour the code. Anything past
+    a plain language name is taken out (1), as a place to hide words."""
+    words = info.split(None, 1)
+    lang = words[0] if words and _LANGUAGE.fullmatch(words[0]) else ""
+    if lang == info.strip():
+        return line, 0
+    at = line.find(markup)
+    return line[: at + len(markup)] + lang, 1
+
+
+def _definition(line: str) -> bool:
+    """Whether a line outside every shown block says anything: a link reference
+    definition's line (blank lines and bare ``>`` or list markers say nothing)."""
+    return bool(line.strip(" \t>-*+0123456789.)"))
+
+
+def _strip_block(
+    block: str, *, raw: bool, quoted: bool, end_later: bool = False
+) -> tuple[str, int, bool]:
+    """``block`` without its comments; how many; whether the last one never ends and
+    hides the rest of the page. ``raw``: an HTML block (no code spans in it, and an
+    unended comment hides all after it); otherwise inline Markdown."""
+    trust_code = not raw and "|" not in block
+    last: dict[str, int] = {}  # where each closer last appears in ``block``
+    out: list[str] = []
+    removed = 0
+    i = 0
+    n = len(block)
+    hide_until = 0
+    while i < n:
+        c = block[i]
+        if not raw and c == "\\" and i + 1 < n:
+            out.append(block[i : i + 2])  # an escaped character is shown as itself
+            i += 2
+            continue
+        if trust_code and c == "`":
+            run = len(_TICKS.match(block, i).group())  # type: ignore[union-attr]
+            close = _closing_run(block, i + run, run)
+            if close is not None:
+                out.append(block[i:close])
+                i = close
+                continue
+            out.append(block[i : i + run])
+            i += run
+            continue
+        if c == "<" and not raw:
+            if (
+                end_later
+                and block.startswith("<!--", i)
+                and _inline_raw_end(block, i, last, quoted) is None
+            ):
+                return "".join(out), removed + 1, True
+            if m := _TAG.match(block, i) or _AUTOLINK.match(block, i):
+                out.append(m.group())
+                i = m.end()
+                continue
+            if (end := _inline_raw_end(block, i, last, quoted)) is not None:
+                # cmark passes this through as raw HTML: the browser reads it as such.
+                # cmark may end it at a later "-->" than this, over a code span that
+                # seems to follow: no code span after it is trusted.
+                trust_code = False
+                kept, hid, rest_hidden = _strip_block(block[i:end], raw=True, quoted=quoted)
+                out.append(kept)
+                removed += hid
+                if rest_hidden:
+                    return "".join(out), removed, True
+                i = end
+                continue
+        if c == "<" and raw and (start := _COMMENT_START.match(block, i)):
+            ends = _comment_end(block, i, start.group(), quoted)
+            if ends is None:
+                return "".join(out), removed + 1, True
+            removed += 1
+            # A bogus comment in a quote ends at the first ">" or, when that was the
+            # quote's marker, at a later one: all up to the later one goes, and what
+            # follows the first is still read for a comment that starts there.
+            early, late = ends
+            hide_until = max(hide_until, late)
+            # A "<!--" inside a bogus comment may be a real one's start (when cmark
+            # showed the bogus one's "<" as text): read from there too.
+            inner = block.find("<!--", i + 1, early) if start.group() != "<!--" else -1
+            i = inner if inner >= 0 else early
+            continue
+        if i >= hide_until:
+            out.append(c)
+        i += 1
+    return "".join(out), removed, False
+
+
+def _inline_raw_end(block: str, i: int, last: dict[str, int], quoted: bool) -> int | None:
+    """Where the raw HTML that cmark reads in a paragraph at ``i`` ends (a comment, a
+    processing instruction, a declaration, CDATA), or None: then it is shown as text."""
+    for opener, closer in (("<!--", "-->"), ("<![CDATA[", "]]>"), ("<?", "?>")):
+        if block.startswith(opener, i):
+            start = i + len(opener) - (2 if opener == "<!--" else 0)
+            # The last closer, found once a block: many openers and no closer stay linear.
+            if closer not in last:
+                last[closer] = block.rfind(closer)
+            if last[closer] < start:
+                return None
+            # To the last closer, not the first: cmark's scanner may take a longer run
+            # than the browser's first end, and what lies between is raw HTML to the
+            # browser (read as such below): reading more of it as raw takes out more.
+            return last[closer] + len(closer)
+    # A declaration as cmark-gfm reads one: capitals, then space. Reading one where cmark
+    # does not would swallow the start of a real comment after it.
+    if m := _DECLARATION.match(block, i):
+        if ">" not in last:
+            last[">"] = block.rfind(">")
+        gt = _gt(block, m.end(), quoted) if last[">"] >= m.end() else None
+        return gt + 1 if gt is not None else None
+    return None
+
+
+def _closing_run(block: str, start: int, run: int) -> int | None:
+    """The index after the next run of exactly ``run`` backticks from ``start``."""
+    for m in _TICKS.finditer(block, start):
+        if len(m.group()) == run:
+            return m.end()
+    return None
+
+
+def _comment_end(block: str, i: int, opener: str, quoted: bool) -> tuple[int, int] | None:
+    """Where an HTML5 parser ends the comment that starts at ``i``, (earliest, latest):
+    a real comment at the first ``-->`` or ``--!>`` (``<!-->`` and ``<!--->`` are whole
+    ones), a bogus one at the first ``>`` (in a ``quoted`` block, a ``>`` that may be
+    the quote's marker gives the earliest, the first that cannot the latest); None when
+    it does not end in ``block``."""
+    if opener == "<!--":
+        m = _COMMENT_END.search(block, i + 2)
+        return (m.end(), m.end()) if m else None
+    late = _gt(block, i + 2, quoted)
+    if late is None:
+        return None
+    early = block.find(">", i + 2)
+    return early + 1, late + 1
+
+
+def _gt(block: str, start: int, quoted: bool) -> int | None:
+    """The first ``>`` from ``start`` that is not a block quote's marker at the start of
+    a line (in a ``quoted`` block): cmark takes those off before the browser reads the
+    HTML. Taking a ``>`` of the text for a marker ends the comment later: more out."""
+    for m in _GT.finditer(block, start):
+        at = m.start()
+        if not quoted or block[block.rfind("\n", 0, at) + 1 : at].strip(" >"):
+            return at
+    return None
