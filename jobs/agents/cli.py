@@ -32,7 +32,7 @@ from typing import Any
 
 from bot.core.models import ModelSpec
 from bot.core.repo_config import McpServer
-from bot.core.rules import budget
+from bot.core.rules import budget, event_size
 from bot.io.logs import get_logger
 from bot.io.store import Store
 from jobs import precall
@@ -44,7 +44,16 @@ from jobs.sandbox.disk import TreeError, disk_usage
 
 OUTPUT_SHOWN = 2000  # characters of a tool result kept in its event
 log = get_logger("loopbot.agent")
-MAX_LINE = 8 << 20  # bytes of one line of the CLI's stream (an event with a large result)
+# Bytes of one line of the CLI's stream that is parsed; a longer one is dropped as it comes,
+# never held whole. A process in the sandbox can write lines of any length into this pipe;
+# the CLI's own are events with one model answer (at most the turn's max_tokens, 8,192 by
+# default: well under 100 KiB of JSON) or one tool result (the CLIs cut those to tens of
+# KiB). 1 MiB is ten times the largest of those.
+MAX_LINE = 1 << 20
+# Characters of the agent's closing words kept as the turn's text: what loopbot's own view
+# of the conversation saves each turn and the pull request's summary starts from (GitHub
+# takes 65,536 characters in a body).
+TEXT_KEPT = 16_000
 SYSTEM = """\
 You are working for loopbot, an autonomous GitHub bot, on one GitHub issue in this \
 repository. Make the smallest correct change that resolves the issue, with tests where \
@@ -249,7 +258,8 @@ class CliAgent:
         outcome.steps = state.steps
         outcome.tool_calls = state.steps
         outcome.charged = list(self._charged)
-        outcome.text = state.text
+        # The agent's closing words, whatever their length on its stream.
+        outcome.text = event_size.clip(state.text, TEXT_KEPT)
         outcome.model_seconds = time.monotonic() - started
         messages.append({"role": "assistant", "content": outcome.text or "(no summary)"})
         if ended:
@@ -384,23 +394,31 @@ class CliAgent:
     def _read(self, state: Turn, chunk: bytes) -> bool:
         """The JSON events in ``chunk`` (one per line), each to ``event``. True: read.
 
-        A line longer than ``MAX_LINE`` is dropped, not held: the CLI's stdout is a
-        pipe a process in the sandbox may write into too. Only whole lines count as
-        output for the stall check."""
+        A line longer than ``MAX_LINE`` is dropped as it comes, never held whole nor
+        parsed (and logged once): the CLI's stdout is a pipe a process in the sandbox may
+        write into too. Only whole lines count as output for the stall check."""
         if b"\n" not in chunk:
-            if len(state.buffer) + len(chunk) > MAX_LINE:
-                state.buffer, state.skipping = b"", True
+            if not state.skipping and len(state.buffer) + len(chunk) > MAX_LINE:
+                self._too_long(state)
             elif not state.skipping:
                 state.buffer += chunk
             return True
         state.last_output = time.monotonic()
         head, _, rest = chunk.partition(b"\n")
+        if not state.skipping and len(state.buffer) + len(head) > MAX_LINE:
+            self._too_long(state)
         lines = [b"" if state.skipping else state.buffer + head]
-        state.skipping = False
         *more, tail = rest.split(b"\n")
-        lines += more
-        state.buffer = tail if len(tail) <= MAX_LINE else b""
-        state.skipping = len(tail) > MAX_LINE
+        for line in more:
+            if len(line) > MAX_LINE:  # whole in one chunk (a test's; the pump's are 64 KiB)
+                self._too_long(state)
+            else:
+                lines.append(line)
+        state.buffer, state.skipping = b"", False
+        if len(tail) > MAX_LINE:
+            self._too_long(state)
+        else:
+            state.buffer = tail
         for line in lines:
             if not line.strip().startswith(b"{"):
                 continue
@@ -414,6 +432,12 @@ class CliAgent:
             except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
                 log.warning("agent.bad_line", backend=self.name, error=type(exc).__name__)
         return True
+
+    def _too_long(self, state: Turn) -> None:
+        """A line is past ``MAX_LINE``: drop what is held of it (and the rest of the line
+        being read as it comes), and log it."""
+        state.buffer, state.skipping = b"", True
+        log.warning("agent.long_line", backend=self.name, max_bytes=MAX_LINE)
 
     # -- reporting, for the backends ------------------------------------------------------
 
