@@ -54,6 +54,10 @@ MAX_LINE = 1 << 20
 # of the conversation saves each turn and the pull request's summary starts from (GitHub
 # takes 65,536 characters in a body).
 TEXT_KEPT = 16_000
+# Characters of a tool call's id and name kept to match its result (real ids are ~30), and
+# how many calls are remembered (a turn has at most 200 steps; a forged stream, any number).
+CALL_ID_CHARS = 200
+TOOLS_KEPT = 4096
 SYSTEM = """\
 You are working for loopbot, an autonomous GitHub bot, on one GitHub issue in this \
 repository. Make the smallest correct change that resolves the issue, with tests where \
@@ -116,7 +120,23 @@ class Turn:
     error: str = ""  # an error the stream reported
     step_cap: bool = False  # the CLI stopped at its step limit
     last_output: float = field(default_factory=time.monotonic)
-    tools: dict[str, str] = field(default_factory=dict)  # tool call id -> name
+    tools: dict[str, str] = field(default_factory=dict)  # tool call id -> name (call_key)
+
+    def note_tool(self, call_id: str, name: str) -> None:
+        """Remember a tool call's name for its result, within bounds: the ids and names
+        come from the stream (any length, any number), and a backend that stops at its
+        own step cap is not killed for the steps its stream claims."""
+        self.tools[call_key(call_id)] = name[:CALL_ID_CHARS]
+        while len(self.tools) > TOOLS_KEPT:
+            del self.tools[next(iter(self.tools))]  # the oldest: its result came long ago
+
+    def tool_of(self, call_id: str) -> str | None:
+        return self.tools.get(call_key(call_id))
+
+
+def call_key(call_id: str) -> str:
+    """A tool call's id as the turn keeps it."""
+    return call_id[:CALL_ID_CHARS]
 
 
 @dataclass(frozen=True)
@@ -449,7 +469,7 @@ class CliAgent:
         self, state: Turn, call_id: str, name: str, given: dict[str, Any], title: str
     ) -> None:
         state.steps += 1
-        state.tools[call_id] = name
+        state.note_tool(call_id, name)
         self.on_step(state.steps, name)
         self.on_event(
             "agent_tool",
@@ -467,7 +487,7 @@ class CliAgent:
             "agent_result",
             {
                 "backend": self.name,
-                "tool": state.tools.get(call_id, ""),
+                "tool": state.tool_of(call_id) or "",
                 "error": error,
                 "output": output[:OUTPUT_SHOWN],
             },

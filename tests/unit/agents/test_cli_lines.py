@@ -82,3 +82,30 @@ def test_a_long_line_whole_in_one_chunk_is_dropped_too() -> None:
     agent._read(state, ok + b"\n" + huge + b"\n" + ok + b"\n" + huge)
     agent._read(state, b"\n" + ok + b"\n")
     assert [d["text"] for _, d in seen] == ["ok", "ok", "ok"]
+
+
+@pytest.mark.parametrize("backend", ["claude_code", "codex"])
+def test_forged_tool_calls_leave_what_the_reader_remembers_bounded(backend: str) -> None:
+    """3,000 forged tool calls with 20 KiB ids and names (Claude Code stops at its own step
+    cap, so the harness does not kill it for steps its stream claims): the reader keeps at
+    most ``TOOLS_KEPT`` of them, each cut, where it kept all 117 MiB before; a result still
+    finds its call's name."""
+    agent, _ = reader(backend)
+    agent.on_event = lambda kind, data: None
+    state = cli.Turn()
+    for n in range(3000):
+        ident, name = f"{n}-" + "i" * (20 << 10), "n" * (20 << 10)
+        line = {
+            "claude_code": {
+                "type": "assistant",
+                "message": {"content": [{"type": "tool_use", "id": ident, "name": name}]},
+            },
+            "codex": {
+                "type": "item.started",
+                "item": {"type": "command_execution", "id": ident, "command": name},
+            },
+        }[backend]
+        agent._read(state, json.dumps(line).encode() + b"\n")
+    kept = sum(len(k) + len(v) for k, v in state.tools.items())
+    assert len(state.tools) <= 4096 and kept < 2 * MiB, (len(state.tools), kept)
+    assert state.tool_of("2999-" + "i" * (20 << 10)) is not None
