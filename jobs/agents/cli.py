@@ -47,8 +47,9 @@ log = get_logger("loopbot.agent")
 # Bytes of one line of the CLI's stream that is parsed; a longer one is dropped as it comes,
 # never held whole. A process in the sandbox can write lines of any length into this pipe;
 # the CLI's own are events with one model answer (at most the turn's max_tokens, 8,192 by
-# default: well under 100 KiB of JSON) or one tool result (the CLIs cut those to tens of
-# KiB). 1 MiB is ten times the largest of those.
+# default: well under 100 KiB of JSON) or one tool result (which Claude Code and opencode
+# cut to tens of KiB). A longer line of the CLI's own costs its session-log event only: the
+# steps are also counted at the gateway, and the turn's text comes from later lines.
 MAX_LINE = 1 << 20
 # Characters of the agent's closing words kept as the turn's text: what loopbot's own view
 # of the conversation saves each turn and the pull request's summary starts from (GitHub
