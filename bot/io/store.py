@@ -8,6 +8,7 @@ Keys (all under ``loopbot:``):
   conv:{repo}#{n}       JSON conversation (the agent's messages), large, kept apart
   events:{repo}#{n}     Redis Stream of this loop's events
   events                Redis Stream of all events (capped)
+  event-budget:{repo}#{n}  bytes of the agent's events this loop's stream took
   lease:{repo}#{n}      the worker holding the loop, with a TTL
   cancel:{repo}#{n}     set when a cancel was asked; the running loop polls it
 """
@@ -27,6 +28,7 @@ from redis.exceptions import LockError, LockNotOwnedError, WatchError
 from bot.core.formats import RECORD_FORMAT, check_record_format
 from bot.core.ids import LoopId
 from bot.core.record import ACTIVE, LoopRecord, Status, summarize
+from bot.core.rules import event_size
 from bot.core.rules.budget import alive_until
 from bot.io.logs import get_logger
 
@@ -234,15 +236,50 @@ class Store:
     # -- events -------------------------------------------------------------------------------
 
     def event(self, key: LoopKey, kind: str, **fields: Any) -> None:
-        data = {
-            "loop": str(key),
-            "kind": kind,
-            "at": f"{time.time():.3f}",
-            "data": json.dumps(fields, default=str),
-        }
+        """Append an event to the loop's stream and the global one. Every event is cut to
+        a bounded size first (``bot.core.rules.event_size``: its fields may come from the
+        agent, or from a process in its sandbox); the agent's own kinds also count against
+        the loop's budget, past which they are dropped and one ``events_capped`` says so."""
+        data = event_size.bound(fields, event_size.FIELD_CHARS, event_size.EVENT_BYTES)
+        if kind in event_size.BUDGETED and not self._charge(key, event_size.cost(data)):
+            return
+        self._append(key, kind, data, fields)
+
+    def _charge(self, key: LoopKey, cost: int) -> bool:
+        """Whether the loop's budget holds ``cost`` more bytes of the agent's events. The
+        count only rises (a dropped event is counted too): the one event that crosses the
+        budget is the only one to find the count below it before, so one notice is written
+        whichever worker is running the loop."""
+        used = int(self.redis.hincrby(_k("event-budget", key), "bytes", cost))
+        if used <= event_size.LOOP_BUDGET_BYTES:
+            return True
+        if used - cost <= event_size.LOOP_BUDGET_BYTES:
+            notice = {
+                "budget_bytes": event_size.LOOP_BUDGET_BYTES,
+                "kinds": sorted(event_size.BUDGETED),
+                "why": "the agent's events of this loop reached their budget; later ones "
+                "are not kept (the harness's still are)",
+            }
+            self._append(key, "events_capped", json.dumps(notice), notice)
+        return False
+
+    def _append(self, key: LoopKey, kind: str, data: str, fields: dict[str, Any]) -> None:
+        entry = {"loop": str(key), "kind": kind, "at": f"{time.time():.3f}", "data": data}
+        short = event_size.bound(
+            fields, event_size.GLOBAL_FIELD_CHARS, event_size.GLOBAL_EVENT_BYTES
+        )
+        stream, ttl = _k("events", key), event_size.EVENTS_TTL_SECONDS
         pipe = self.redis.pipeline()
-        pipe.xadd(_k("events", key), data, maxlen=LOOP_EVENTS_MAXLEN, approximate=True)
-        pipe.xadd(P + "events", data, maxlen=GLOBAL_EVENTS_MAXLEN, approximate=True)
+        pipe.xadd(stream, entry, maxlen=LOOP_EVENTS_MAXLEN, approximate=True)
+        # Kept while the loop writes, and for EVENTS_TTL_SECONDS after its last event.
+        pipe.expire(stream, ttl)
+        pipe.expire(_k("event-budget", key), ttl)
+        pipe.xadd(
+            P + "events",
+            {**entry, "data": short},
+            maxlen=GLOBAL_EVENTS_MAXLEN,
+            approximate=True,
+        )
         pipe.execute()
 
     def events(

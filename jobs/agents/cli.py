@@ -32,7 +32,7 @@ from typing import Any
 
 from bot.core.models import ModelSpec
 from bot.core.repo_config import McpServer
-from bot.core.rules import budget
+from bot.core.rules import budget, event_size
 from bot.io.logs import get_logger
 from bot.io.store import Store
 from jobs import precall
@@ -44,7 +44,21 @@ from jobs.sandbox.disk import TreeError, disk_usage
 
 OUTPUT_SHOWN = 2000  # characters of a tool result kept in its event
 log = get_logger("loopbot.agent")
-MAX_LINE = 8 << 20  # bytes of one line of the CLI's stream (an event with a large result)
+# Bytes of one line of the CLI's stream that is parsed; a longer one is dropped as it comes,
+# never held whole. A process in the sandbox can write lines of any length into this pipe;
+# the CLI's own are events with one model answer (at most the turn's max_tokens, 8,192 by
+# default: well under 100 KiB of JSON) or one tool result (which Claude Code and opencode
+# cut to tens of KiB). A longer line of the CLI's own costs its session-log event only: the
+# steps are also counted at the gateway, and the turn's text comes from later lines.
+MAX_LINE = 1 << 20
+# Characters of the agent's closing words kept as the turn's text: what loopbot's own view
+# of the conversation saves each turn and the pull request's summary starts from (GitHub
+# takes 65,536 characters in a body).
+TEXT_KEPT = 16_000
+# Characters of a tool call's id and name kept to match its result (real ids are ~30), and
+# how many calls are remembered (a turn has at most 200 steps; a forged stream, any number).
+CALL_ID_CHARS = 200
+TOOLS_KEPT = 4096
 SYSTEM = """\
 You are working for loopbot, an autonomous GitHub bot, on one GitHub issue in this \
 repository. Make the smallest correct change that resolves the issue, with tests where \
@@ -107,7 +121,23 @@ class Turn:
     error: str = ""  # an error the stream reported
     step_cap: bool = False  # the CLI stopped at its step limit
     last_output: float = field(default_factory=time.monotonic)
-    tools: dict[str, str] = field(default_factory=dict)  # tool call id -> name
+    tools: dict[str, str] = field(default_factory=dict)  # tool call id -> name (call_key)
+
+    def note_tool(self, call_id: str, name: str) -> None:
+        """Remember a tool call's name for its result, within bounds: the ids and names
+        come from the stream (any length, any number), and a backend that stops at its
+        own step cap is not killed for the steps its stream claims."""
+        self.tools[call_key(call_id)] = name[:CALL_ID_CHARS]
+        while len(self.tools) > TOOLS_KEPT:
+            del self.tools[next(iter(self.tools))]  # the oldest: its result came long ago
+
+    def tool_of(self, call_id: str) -> str | None:
+        return self.tools.get(call_key(call_id))
+
+
+def call_key(call_id: str) -> str:
+    """A tool call's id as the turn keeps it."""
+    return call_id[:CALL_ID_CHARS]
 
 
 @dataclass(frozen=True)
@@ -249,7 +279,8 @@ class CliAgent:
         outcome.steps = state.steps
         outcome.tool_calls = state.steps
         outcome.charged = list(self._charged)
-        outcome.text = state.text
+        # The agent's closing words, whatever their length on its stream.
+        outcome.text = event_size.clip(state.text, TEXT_KEPT)
         outcome.model_seconds = time.monotonic() - started
         messages.append({"role": "assistant", "content": outcome.text or "(no summary)"})
         if ended:
@@ -394,23 +425,31 @@ class CliAgent:
     def _read(self, state: Turn, chunk: bytes) -> bool:
         """The JSON events in ``chunk`` (one per line), each to ``event``. True: read.
 
-        A line longer than ``MAX_LINE`` is dropped, not held: the CLI's stdout is a
-        pipe a process in the sandbox may write into too. Only whole lines count as
-        output for the stall check."""
+        A line longer than ``MAX_LINE`` is dropped as it comes, never held whole nor
+        parsed (and logged once): the CLI's stdout is a pipe a process in the sandbox may
+        write into too. Only whole lines count as output for the stall check."""
         if b"\n" not in chunk:
-            if len(state.buffer) + len(chunk) > MAX_LINE:
-                state.buffer, state.skipping = b"", True
+            if not state.skipping and len(state.buffer) + len(chunk) > MAX_LINE:
+                self._too_long(state)
             elif not state.skipping:
                 state.buffer += chunk
             return True
         state.last_output = time.monotonic()
         head, _, rest = chunk.partition(b"\n")
+        if not state.skipping and len(state.buffer) + len(head) > MAX_LINE:
+            self._too_long(state)
         lines = [b"" if state.skipping else state.buffer + head]
-        state.skipping = False
         *more, tail = rest.split(b"\n")
-        lines += more
-        state.buffer = tail if len(tail) <= MAX_LINE else b""
-        state.skipping = len(tail) > MAX_LINE
+        for line in more:
+            if len(line) > MAX_LINE:  # whole in one chunk (a test's; the pump's are 64 KiB)
+                self._too_long(state)
+            else:
+                lines.append(line)
+        state.buffer, state.skipping = b"", False
+        if len(tail) > MAX_LINE:
+            self._too_long(state)
+        else:
+            state.buffer = tail
         for line in lines:
             if not line.strip().startswith(b"{"):
                 continue
@@ -425,6 +464,12 @@ class CliAgent:
                 log.warning("agent.bad_line", backend=self.name, error=type(exc).__name__)
         return True
 
+    def _too_long(self, state: Turn) -> None:
+        """A line is past ``MAX_LINE``: drop what is held of it (and the rest of the line
+        being read as it comes), and log it."""
+        state.buffer, state.skipping = b"", True
+        log.warning("agent.long_line", backend=self.name, max_bytes=MAX_LINE)
+
     # -- reporting, for the backends ------------------------------------------------------
 
     def said(self, state: Turn, text: str) -> None:
@@ -435,7 +480,7 @@ class CliAgent:
         self, state: Turn, call_id: str, name: str, given: dict[str, Any], title: str
     ) -> None:
         state.steps += 1
-        state.tools[call_id] = name
+        state.note_tool(call_id, name)
         self.on_step(state.steps, name)
         self.on_event(
             "agent_tool",
@@ -453,7 +498,7 @@ class CliAgent:
             "agent_result",
             {
                 "backend": self.name,
-                "tool": state.tools.get(call_id, ""),
+                "tool": state.tool_of(call_id) or "",
                 "error": error,
                 "output": output[:OUTPUT_SHOWN],
             },

@@ -296,7 +296,7 @@ class CodexAgent(CliAgent):
             self.said(state, str(item["text"]))
         elif kind == "command_execution":
             command_text = str(item.get("command", ""))
-            if call not in state.tools:
+            if state.tool_of(call) is None:
                 self.called(state, call, "exec_command", {"cmd": command_text}, command_text)
             if done:
                 failed = item.get("exit_code") not in (0, None) or item.get("status") == "failed"
@@ -304,12 +304,12 @@ class CodexAgent(CliAgent):
         elif kind == "file_change" and done:
             changes = [c for c in item.get("changes") or [] if isinstance(c, dict)]
             paths = ", ".join(f"{c.get('kind', '')} {c.get('path', '')}" for c in changes)
-            if call not in state.tools:
+            if state.tool_of(call) is None:
                 self.called(state, call, "apply_patch", {"changes": changes}, f"patch {paths}")
             self.answered(state, call, paths, item.get("status") == "failed")
         elif kind == "mcp_tool_call":
             name = f"mcp__{item.get('server', '')}__{item.get('tool', '')}"
-            if call not in state.tools:
+            if state.tool_of(call) is None:
                 given = item.get("arguments") if isinstance(item.get("arguments"), dict) else {}
                 self.called(state, call, name, given or {}, name)
             if done:
