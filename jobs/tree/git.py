@@ -16,6 +16,7 @@ import fcntl
 import os
 import resource
 import shutil
+import signal
 import stat
 import subprocess
 import threading
@@ -171,13 +172,45 @@ def git(
     try:
         out, err_bytes = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
+        _kill_tree(proc)
         raise GitError(f"git {args[0]} timed out after {timeout:.0f}s") from None
     if check and proc.returncode != 0:
         err = _scrub(err_bytes.decode(errors="replace").strip(), token)
         raise GitError(f"git {' '.join(args[:2])} failed: {err[-2000:]}")
     return out.decode(errors="replace")
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a git that ran past its timeout, with everything it started, and stop reading.
+
+    Killing git alone is not enough: its remote helper (``git-remote-http``, a child that
+    holds git's stdout and stderr) waits on as long as the server holds the connection,
+    and reading the pipes to their end waited with it, past any timeout: a push GitHub
+    held on the wire stalled the loop for as long (issue 37, item 9). Each process is
+    stopped before its children are read, so none forks one that escapes; then all die.
+    Not a process group of its own: the work horse's group is what a cancel kills.
+    """
+    stopped: list[int] = []
+    todo = [proc.pid]
+    while todo:
+        pid = todo.pop()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    todo += [int(c) for c in (task / "children").read_text().split()]
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    try:
+        proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:  # a process outside the tree holds the pipes: leave it
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()  # killed above: it ends at once
 
 
 def _bound(pid: int) -> None:
