@@ -85,6 +85,31 @@ AUTHOR = {
 }
 _thread_locks: dict[str, threading.RLock] = {}
 _held: dict[str, int] = {}
+_lock_fds: set[int] = set()  # the file locks' descriptors open now (``mirror_lock``)
+_fds_lock = threading.Lock()  # a fork waits while one is opened or closed: none is missed
+
+
+def _forget_locks() -> None:
+    """In a forked child (a work horse): none of the parent's mirror locks. A thread of
+    the parent (the reconciler, reaping a worktree) may hold one as it forks: the child
+    would wait on a thread lock whose owner it does not have, and its copy of the file
+    lock's descriptor would keep the mirror locked against every process, itself
+    included, for as long as it lives. Closing the copy leaves the parent's lock held."""
+    for fd in _lock_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _lock_fds.clear()
+    _thread_locks.clear()
+    _held.clear()
+    global _fds_lock
+    _fds_lock = threading.Lock()  # held by the forking thread: a fresh one
+
+
+os.register_at_fork(
+    before=lambda: _fds_lock.acquire(),
+    after_in_parent=lambda: _fds_lock.release(),
+    after_in_child=_forget_locks,
+)
 LOCK_TIMEOUT = GIT_TIMEOUT
 MAX_GITFILE = 4096
 
@@ -239,7 +264,9 @@ def mirror_lock(mirror: Path, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
     try:
         if _held.get(key, 0) == 0:
             mirror.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(str(mirror) + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            with _fds_lock:
+                fd = os.open(str(mirror) + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                _lock_fds.add(fd)
             deadline = time.monotonic() + timeout
             while True:
                 try:
@@ -256,10 +283,12 @@ def mirror_lock(mirror: Path, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
         try:
             yield
         finally:
-            _held[key] -= 1
+            _held[key] = _held.get(key, 1) - 1  # a fork inside the body cleared it there
     finally:
-        if fd >= 0:
-            os.close(fd)  # releases the flock
+        with _fds_lock:
+            if fd in _lock_fds:  # not when a fork inside the body closed it (the child's)
+                _lock_fds.discard(fd)
+                os.close(fd)  # releases the flock
         rlock.release()
 
 
