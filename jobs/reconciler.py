@@ -45,7 +45,7 @@ from bot.core.rules.lifecycle import Guard, Requeue
 from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
 from bot.io.pace import Pace
-from bot.io.queues import JobKind, fetch_job
+from bot.io.queues import JobKind, fetch_job, waits_where_it_says
 from jobs import lifecycle, merge_slot
 from jobs.dispatch import start_loop
 from jobs.runtime import Runtime
@@ -61,7 +61,9 @@ STRANDED_GRACE_SECONDS = 300
 def _job_state(rt: Runtime, record: LoopRecord) -> recovery.JobState:
     try:
         job = fetch_job(record.id.job_id, rt.redis)
-        return str(job.get_status(refresh=True).value)
+        state = str(job.get_status(refresh=True).value)
+        # Waiting as RQ says, or waiting nowhere: then it is lost, and its loop with it.
+        return state if waits_where_it_says(job, state, rt.redis) else None
     except Exception:  # noqa: BLE001 - a missing or unreadable job is a lost job
         return None
 

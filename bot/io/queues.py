@@ -244,6 +244,20 @@ def fetch_job(job_id: str, redis: Redis) -> LoopbotJob:
     return job
 
 
+def waits_where_it_says(job: Job, status: str, redis: Redis) -> bool:
+    """Whether a job RQ calls queued or scheduled is where that takes it: in its queue,
+    or in its queue's schedule. An entry lost in a failover, or a status written late by a
+    replaced job's worker, would otherwise leave its loop waiting for a job that never
+    comes. (A queued job a worker is just taking out of its queue looks the same for an
+    instant; the reconciler's graces outlast it.)"""
+    queue = make_queue(job.origin, redis)
+    if status == "queued":
+        return redis.lpos(queue.key, job.id) is not None
+    if status == "scheduled":
+        return redis.zscore(queue.scheduled_job_registry.key, job.id) is not None
+    return True
+
+
 def make_worker(queues: Sequence[str], redis: Redis, cls: type[W]) -> W:
     """An RQ worker of class ``cls`` that decodes JSON and runs only ``LoopbotJob``s."""
     return cls(

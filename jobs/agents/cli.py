@@ -107,6 +107,11 @@ def cli_extra(
     )
 
 
+def turn_limit(stall_timeout: float) -> float:
+    """The wall-clock limit of one CLI turn (one sandboxed command), past its stall check."""
+    return max(stall_timeout * 4, 3600.0)
+
+
 @dataclass
 class Turn:
     """What one CLI run said, read from its stream as it comes."""
@@ -396,7 +401,7 @@ class CliAgent:
         with gw:
             result = self.sandbox.run(
                 run.command,
-                timeout=max(limits.stall_timeout * 4, 3600.0),
+                timeout=turn_limit(limits.stall_timeout),
                 extra=extra,
                 watch=watch,
                 # Past the cap, the check comes at once, not at the next second.

@@ -30,6 +30,7 @@ from jobs.agents import mcp
 from jobs.agents.agent import MAX_TOKENS, Agent, Limits, Outcome, TurnAgent
 from jobs.agents.backends import CLI_BACKENDS
 from jobs.agents.cli import CliAgent
+from jobs.agents.cli import turn_limit as cli_turn_limit
 from jobs.agents.tools import ToolBox
 from jobs.drain import DRAIN
 from jobs.intake import triage
@@ -37,7 +38,7 @@ from jobs.loop import evidence, setup_phase
 from jobs.loop import metric as metric_loop
 from jobs.loop.base_verify import BaseVerify
 from jobs.loop.handover import Handover
-from jobs.loop.lease import Lease
+from jobs.loop.lease import Lease, silence_bound
 from jobs.loop.news import TurnNews
 from jobs.loop.post_action import PostAction
 from jobs.loop.pull_request import PullRequests
@@ -53,6 +54,7 @@ log = get_logger("loopbot.loop")
 
 
 MAX_ERRORS = 3
+DEFAULT_STEP_TIMEOUT = repo_config.SandboxConfig().timeout_seconds  # loop.yml's default
 
 
 @instrumented("loop")
@@ -69,7 +71,16 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover, 
         record = self.store.get(self.key)
         if record is None or record.status not in ACTIVE:
             return f"nothing to run ({record.status.value if record else 'no record'})"
-        lease = Lease(self.store, self.key, self.rt.settings.lease_ttl)
+        settings = self.rt.settings
+        lease = Lease(
+            self.store,
+            self.key,
+            settings.lease_ttl,
+            # Until loop.yml is read: the default step timeout (``_run`` sets the repo's).
+            max_silence=silence_bound(
+                DEFAULT_STEP_TIMEOUT, settings.stall_timeout, settings.lease_ttl
+            ),
+        )
         if not lease.acquire():
             return "another worker holds this loop"
         self.lease = lease
@@ -141,6 +152,11 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover, 
                 "`opencode` or `codex` starts them",
             ]
         self.config = config
+        stall = self.rt.settings.stall_timeout
+        step = float(config.sandbox.timeout_seconds)
+        if config.agent.backend in CLI_BACKENDS:  # a CLI's whole turn is one command
+            step = max(step, cli_turn_limit(stall))
+        self.lease.max_silence = silence_bound(step, stall, self.lease.ttl)
         # The repository's instructions, read once from the default branch: never from the
         # worktree, where the agent could write its own.
         self.guidance = prompts.guidance(

@@ -12,11 +12,20 @@ import uuid
 from bot.io.logs import get_logger
 from bot.io.store import LeaseLost, Store
 from jobs import status_comment
+from jobs.tree.git import GIT_TIMEOUT
 
 log = get_logger("loopbot.loop")
 
 
 LEASE_TTL = 60.0
+
+
+def silence_bound(step_timeout: float, stall_timeout: float, ttl: float) -> float:
+    """How long the job that holds a lease may go without a single write before it is
+    presumed stuck. Between two writes a loop runs at most a few steps each bounded by its
+    own timeout (a sandboxed command's ``step_timeout``, git's 600 s and its lock's, a
+    model call's ``stall_timeout``): three times the longest, and the lease's TTL."""
+    return 3 * max(step_timeout, GIT_TIMEOUT, stall_timeout) + ttl
 
 
 class Lease:
@@ -29,10 +38,21 @@ class Lease:
     last renewal that succeeded, whatever the reason renewals failed (Redis unreachable, a
     network partition, a paused VM): by then Redis may have let another worker take it.
     ``check()`` raises ``LeaseLost`` then, and every write the loop makes calls it first.
+
+    ``max_silence``: renewals alone do not prove the job alive. A job whose own thread is
+    stuck (a wait with no deadline) would keep its lease for ever, renewed by this thread,
+    and the reconciler would never resume the loop. So each ``check()`` by the thread that
+    took the lease counts as progress; after ``max_silence`` seconds without one, the
+    lease is given back and counted lost, and the reconciler resumes the loop elsewhere.
     """
 
-    def __init__(self, store: Store, key: str, ttl: float = LEASE_TTL) -> None:
+    def __init__(
+        self, store: Store, key: str, ttl: float = LEASE_TTL, max_silence: float | None = None
+    ) -> None:
         self.store, self.key, self.ttl = store, key, ttl
+        self.max_silence = max_silence
+        self._holder: threading.Thread | None = None  # the job's thread (``acquire``)
+        self._progress_at = time.monotonic()  # the holder's last ``check()``
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lost = threading.Event()
         self._stop = threading.Event()
@@ -54,6 +74,7 @@ class Lease:
             return False
         # The thread's first wake-up is due ttl/3 from now, not from before a slow take.
         self._renewed_at, self._done_at = sent, time.monotonic()
+        self._holder, self._progress_at = threading.current_thread(), sent
         self._thread = threading.Thread(target=self._renew, daemon=True, name="lease")
         self._thread.start()
         return True
@@ -61,6 +82,14 @@ class Lease:
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl / 3):
             sent = time.monotonic()  # measured before the call: Redis' TTL starts later
+            silent = sent - self._progress_at
+            if self.max_silence is not None and silent > self.max_silence:
+                self._mark_lost(f"the job wrote nothing for {silent:.0f}s: presumed stuck")
+                try:  # at once, not a TTL later: the reconciler resumes the loop now
+                    self.store.release_lease(self.key, self.owner)
+                except Exception:  # noqa: BLE001 - the TTL frees it anyway
+                    log.warning("lease.release_failed", loop=self.key)
+                return
             self._late = max(self._late, sent - self._done_at - self.ttl / 3)
             self._in_flight = sent
             renewed: bool | None = None  # None: the call failed
@@ -126,8 +155,11 @@ class Lease:
         """Raise ``LeaseLost`` if this worker may no longer hold the lease: call before a write.
 
         Asks Redis who holds the lease (one GET); when Redis cannot answer, the clock since
-        the last successful renewal decides.
+        the last successful renewal decides. Called by the job's own thread, it is also the
+        job's sign of progress (``max_silence``).
         """
+        if threading.current_thread() is self._holder:
+            self._progress_at = time.monotonic()
         if not self.is_lost():
             try:
                 holder: str | None = self.store.lease_holder(self.key)

@@ -16,6 +16,7 @@ import fcntl
 import os
 import resource
 import shutil
+import signal
 import stat
 import subprocess
 import threading
@@ -84,6 +85,31 @@ AUTHOR = {
 }
 _thread_locks: dict[str, threading.RLock] = {}
 _held: dict[str, int] = {}
+_lock_fds: set[int] = set()  # the file locks' descriptors open now (``mirror_lock``)
+_fds_lock = threading.Lock()  # a fork waits while one is opened or closed: none is missed
+
+
+def _forget_locks() -> None:
+    """In a forked child (a work horse): none of the parent's mirror locks. A thread of
+    the parent (the reconciler, reaping a worktree) may hold one as it forks: the child
+    would wait on a thread lock whose owner it does not have, and its copy of the file
+    lock's descriptor would keep the mirror locked against every process, itself
+    included, for as long as it lives. Closing the copy leaves the parent's lock held."""
+    for fd in _lock_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _lock_fds.clear()
+    _thread_locks.clear()
+    _held.clear()
+    global _fds_lock
+    _fds_lock = threading.Lock()  # held by the forking thread: a fresh one
+
+
+os.register_at_fork(
+    before=lambda: _fds_lock.acquire(),
+    after_in_parent=lambda: _fds_lock.release(),
+    after_in_child=_forget_locks,
+)
 LOCK_TIMEOUT = GIT_TIMEOUT
 MAX_GITFILE = 4096
 
@@ -174,13 +200,45 @@ def git(
     try:
         out, err_bytes = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
+        _kill_tree(proc)
         raise GitError(f"git {args[0]} timed out after {timeout:.0f}s") from None
     if check and proc.returncode != 0:
         err = _scrub(err_bytes.decode(errors="replace").strip(), token)
         raise GitError(f"git {' '.join(args[:2])} failed: {err[-2000:]}")
     return out.decode(errors=errors)
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a git that ran past its timeout, with everything it started, and stop reading.
+
+    Killing git alone is not enough: its remote helper (``git-remote-http``, a child that
+    holds git's stdout and stderr) waits on as long as the server holds the connection,
+    and reading the pipes to their end waited with it, past any timeout: a push GitHub
+    held on the wire stalled the loop for as long (issue 37, item 9). Each process is
+    stopped before its children are read, so none forks one that escapes; then all die.
+    Not a process group of its own: the work horse's group is what a cancel kills.
+    """
+    stopped: list[int] = []
+    todo = [proc.pid]
+    while todo:
+        pid = todo.pop()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    todo += [int(c) for c in (task / "children").read_text().split()]
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    try:
+        proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:  # a process outside the tree holds the pipes: leave it
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()  # killed above: it ends at once
 
 
 def _bound(pid: int) -> None:
@@ -209,7 +267,9 @@ def mirror_lock(mirror: Path, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
     try:
         if _held.get(key, 0) == 0:
             mirror.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(str(mirror) + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            with _fds_lock:
+                fd = os.open(str(mirror) + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                _lock_fds.add(fd)
             deadline = time.monotonic() + timeout
             while True:
                 try:
@@ -226,10 +286,12 @@ def mirror_lock(mirror: Path, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
         try:
             yield
         finally:
-            _held[key] -= 1
+            _held[key] = _held.get(key, 1) - 1  # a fork inside the body cleared it there
     finally:
-        if fd >= 0:
-            os.close(fd)  # releases the flock
+        with _fds_lock:
+            if fd in _lock_fds:  # not when a fork inside the body closed it (the child's)
+                _lock_fds.discard(fd)
+                os.close(fd)  # releases the flock
         rlock.release()
 
 

@@ -338,6 +338,39 @@ def test_lapsed_lease_is_resumed_then_stalled_after_the_limit(
     assert resume_lapsed(rt) == []
 
 
+@pytest.mark.parametrize("claim", ["queued", "scheduled"])
+def test_a_loop_whose_job_waits_nowhere_is_resumed(
+    claim: str, github: GitHubServer, redis: Redis, rt: Runtime
+) -> None:
+    """A running loop with no lease whose RQ job says it waits (queued, or scheduled for
+    a retry) but is in no queue and no schedule (an entry lost in a failover, a replaced
+    job's late status) waits for a job that never comes: the reconciler resumes it
+    (issue 37, item 9). Before, it was left alone for ever as "between RQ retries"."""
+    from bot.core.record import LoopRecord
+    from bot.io.queues import LOOP_QUEUE
+    from jobs.lifecycle import enqueue_loop
+
+    store = Store(redis)
+    store.put(
+        LoopRecord(repo=REPO, issue=1, installation_id=1, status=Status.RUNNING, updated_at=0),
+        touch=False,
+    )
+    loop = LoopId(REPO, 1)
+    enqueue_loop(redis, loop)
+    job = fetch_job(loop.job_id, redis)
+    assert redis.lrem(f"rq:queue:{LOOP_QUEUE}", 0, loop.job_id) == 1  # lost from its queue
+    if claim == "scheduled":
+        job.set_status(JobStatus.SCHEDULED)  # as a retry says, with no schedule entry
+    assert job.get_status(refresh=True) == claim
+    assert resume_lapsed(rt) == [KEY]
+    r = store.get(KEY)
+    assert r is not None and r.status == Status.QUEUED and r.auto_resumes == 1
+    assert redis.lpos(f"rq:queue:{LOOP_QUEUE}", loop.job_id) is not None  # its job again
+    # A job that does wait where it says is left to run.
+    store.put(r.model_copy(update={"status": Status.RUNNING, "updated_at": 0}), touch=False)
+    assert resume_lapsed(rt) == []
+
+
 def test_a_worker_that_lost_its_lease_leaves_the_loop_alone(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, env: dict[str, str]
 ) -> None:

@@ -80,6 +80,30 @@ def test_a_lease_whose_renewals_fail_is_lost_after_the_ttl(redis: Redis) -> None
     lease.release()
 
 
+def test_a_lease_whose_job_stops_making_progress_is_given_back(redis: Redis) -> None:
+    """Renewals alone do not keep a lease: a job whose own thread is stuck (a wait with no
+    deadline) gives it back after ``max_silence``, and the reconciler can resume the loop
+    (issue 37, item 9). Before, its renewal thread kept the lease for ever."""
+    from jobs.loop.job import Lease
+
+    store = Store(redis)
+    lease = Lease(store, KEY, ttl=1.5, max_silence=5.0)
+    assert lease.acquire()
+    started = time.monotonic()
+    while time.monotonic() - started < 7:  # a job writing often: held past max_silence
+        lease.check()
+        time.sleep(0.2)
+    assert store.lease_holder(KEY) == lease.owner
+    last = time.monotonic()
+    lease.check()  # then its thread is stuck: nothing more
+    assert lease.lost.wait(60), "the lease is kept by a job that makes no progress"
+    assert time.monotonic() - last >= 5.0  # never before max_silence
+    assert store.lease_holder(KEY) is None  # given back at once, not a TTL later
+    with pytest.raises(LeaseLost):
+        lease.check()
+    lease.release()
+
+
 @pytest.fixture
 def own_redis() -> Iterator[RedisServer]:
     """A redis-server of the test's own, to stop with SIGSTOP (a stalled disk, a paused VM)
