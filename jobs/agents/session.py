@@ -173,6 +173,8 @@ def unpack(
     base = os.open(home, _DIR)
     try:
         top = open_dirs(base, parts_of(root), create=True)
+    except (OSError, ValueError) as exc:
+        raise BadSession(f"the session's directory cannot be made: {exc}") from None
     finally:
         os.close(base)
     try:

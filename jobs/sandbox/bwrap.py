@@ -644,7 +644,7 @@ class Sandbox:
         if _READY in seen:
             pid = _child_pid(info, deadline)
             if pid is None:
-                raise HomeUnreachable(0, "bwrap did not say the sandbox's pid")
+                raise HomeUnreachable(0, "the sandbox's HOME: bwrap did not say its pid")
             home.reach(pid)
             with contextlib.suppress(BrokenPipeError):
                 proc.stdin.write(b"go\n")

@@ -57,38 +57,40 @@ class HomeLink:
         self.seed = Path(tempfile.mkdtemp(prefix="seed-", dir=parent))
         self.owner = owner
         self.fd: int | None = None
-        self.copied = 0  # bytes of the seed copied in
 
     def reach(self, pid: int) -> None:
         """Open the HOME of the sandbox whose (host) process ``pid`` is set up and waiting,
-        and copy the seed into it. The seed is removed then: nothing of HOME stays on disk."""
+        and copy the seed into it. The seed is removed then: nothing of HOME stays on
+        disk. Raises ``HomeUnreachable``."""
         try:
-            root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise HomeUnreachable(exc.errno, f"the sandbox's root: {exc.strerror}") from None
-        try:
-            self.fd = open_dirs(root, INSIDE_PARTS)
+            root = os.open(f"/proc/{pid}/root", _DIR & ~os.O_NOFOLLOW)  # a magic link
+            try:
+                self.fd = open_dirs(root, INSIDE_PARTS)
+            finally:
+                os.close(root)
+            self._copy_in(self.fd)
+        except HomeUnreachable:
+            raise
         except OSError as exc:
             raise HomeUnreachable(exc.errno, f"the sandbox's HOME: {exc.strerror}") from None
         finally:
-            os.close(root)
-        try:
-            seed = os.open(self.seed, _DIR)
-            try:
-                if self.owner is None:
-                    self.copied = copy_tree(seed, self.fd)
-                else:
-                    # The tmpfs belongs to the sandbox's user namespace, where root is not
-                    # mapped (its files would be EOVERFLOW): this thread writes as the
-                    # sandbox's uid, from a seed that uid can read.
-                    for path in [self.seed, *self.seed.rglob("*")]:
-                        os.chown(path, *self.owner, follow_symlinks=False)
-                    with _as(self.owner):
-                        self.copied = copy_tree(seed, self.fd)
-            finally:
-                os.close(seed)
-        finally:
             self.drop_seed()
+
+    def _copy_in(self, home: int) -> int:
+        """The seed into ``home``; the bytes copied."""
+        seed = os.open(self.seed, _DIR)
+        try:
+            if self.owner is None:
+                return copy_tree(seed, home)
+            # The tmpfs belongs to the sandbox's user namespace, where root is not mapped
+            # (its files would be EOVERFLOW): this thread writes as the sandbox's uid,
+            # from a seed that uid can read.
+            for path in [self.seed, *self.seed.rglob("*")]:
+                os.chown(path, *self.owner, follow_symlinks=False)
+            with _as(self.owner):
+                return copy_tree(seed, home)
+        finally:
+            os.close(seed)
 
     def drop_seed(self) -> None:
         shutil.rmtree(self.seed, ignore_errors=True)
@@ -117,7 +119,7 @@ def _as(owner: tuple[int, int]) -> Iterator[None]:
     old_uid = libc.setfsuid(uid)
     try:
         if libc.setfsuid(-1) != uid or libc.setfsgid(-1) != gid:
-            raise HomeUnreachable(errno.EPERM, "could not write as the sandbox's user")
+            raise HomeUnreachable(errno.EPERM, "the sandbox's HOME: cannot write as its user")
         yield
     finally:
         libc.setfsuid(old_uid)

@@ -12,6 +12,7 @@ again as an unprivileged user.
 
 from __future__ import annotations
 
+import gzip
 import http.server
 import multiprocessing
 import os
@@ -36,6 +37,7 @@ from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from bot.standins.serving import run_in_thread
+from jobs.agents import session
 from jobs.sandbox import cgroups
 from jobs.sandbox.bwrap import Extra, Sandbox
 from jobs.sandbox.home import HomeLink
@@ -493,6 +495,37 @@ def test_a_cli_home_is_a_bounded_tmpfs_and_never_the_worker_s_disk(
     assert "half=0" in r.output and "more=1" in r.output, r.output  # the bound: 64 MiB
     assert half.st_size == 24 << 20
     assert on_disk < 16 << 20, on_disk  # the worktree and the mirror, not HOME's 24 MiB
+
+
+def test_links_fifos_and_hard_links_planted_in_a_cli_home_never_reach_its_saved_session(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    """Issue 37, item 4, from inside a real sandbox: the agent links its CLI's session
+    directories (at the first component, the last and deeper) to host paths, plants a
+    FIFO and tries hard links to host files; the session packed from HOME afterwards
+    holds none of the host's files, and packing does not block."""
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    vault = hostile.other_mirror  # a host directory holding a secret (SECRET)
+    plant = (
+        f"ln -s {vault} ~/.codex; mkdir -p ~/.local/share; ln -s {vault} ~/.local/share/opencode; "
+        f"mkdir -p ~/.c/s/d; ln -s {vault} ~/.c/s/deep; ln -s {vault}/SECRET ~/.c/s/f; "
+        "mkfifo ~/.c/s/fifo; echo own > ~/.c/s/d/own; "
+        "ln /etc/hostname ~/.c/s/hard 2>&1; ln /usr/bin/env ~/.c/s/env 2>&1; echo planted"
+    )
+    with _box(hostile, co) as box, HomeLink(hostile.settings.data_dir, box.file_owner) as home:
+        r = box.run(plant, extra=Extra(home=home))
+        assert home.fd is not None
+        started = time.monotonic()
+        packs = [
+            gzip.decompress(session.pack(home.fd, root, "/w"))
+            for root in (".codex/sessions", ".local/share/opencode", ".c/s")
+        ]
+        took = time.monotonic() - started
+    assert "planted" in r.output, r.output
+    assert "Invalid cross-device link" in r.output or "Operation not permitted" in r.output
+    assert not any(hostile.leaked(p.decode(errors="replace")) for p in packs)
+    assert b"own\n" in packs[2] and took < 10
 
 
 def test_keyrings_dev_and_kernel_interfaces_are_closed(
