@@ -117,6 +117,7 @@ _HELPERS = ("bwrap", "prlimit", "unshare", "setpriv", "mount")
 # harness to have seeded HOME (a line on stdin) before anything else runs.
 _READY = b"loopbot-sandbox-ready\n"
 _HOME_PRELUDE = f"echo {_READY.decode().strip()}; read -r _ || exit 125; exec </dev/null"
+READY_WITHIN = 120.0  # seconds a sandbox with a HOME link has to say it is set up
 _STAGE_PARENT = "/tmp"
 
 
@@ -633,6 +634,9 @@ class Sandbox:
         assert proc.stdout is not None and proc.stdin is not None
         seen = b""
         out = proc.stdout.fileno()
+        # bwrap's set-up takes milliseconds; one stuck is not waited for all the command's
+        # time limit (nothing else is watched meanwhile: a cancel is not).
+        deadline = min(deadline, time.monotonic() + READY_WITHIN)
         while _READY not in seen and len(seen) < 1 << 16:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([out], [], [], left)[0]:

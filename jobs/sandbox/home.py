@@ -54,7 +54,8 @@ class HomeLink:
     def __init__(self, data_dir: Path, owner: tuple[int, int] | None) -> None:
         parent = data_dir / SEED_PARENT
         parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.seed = Path(tempfile.mkdtemp(prefix="seed-", dir=parent))
+        _sweep(parent)
+        self.seed = Path(tempfile.mkdtemp(prefix=f"seed-{os.getpid()}-", dir=parent))
         self.owner = owner
         self.fd: int | None = None
 
@@ -107,6 +108,16 @@ class HomeLink:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _sweep(parent: Path) -> None:
+    """Seeds left by a process that is gone (a worker killed between staging and the
+    sandbox's start): they would stay on the disk for good."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(parent):
+            pid = entry.name.split("-")[1] if entry.name.startswith("seed-") else ""
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                shutil.rmtree(entry.path, ignore_errors=True)
 
 
 @contextlib.contextmanager
