@@ -84,37 +84,39 @@ def pack(
 
 def _walk(tar: tarfile.TarFile, top: int, pick: Callable[[str], bool] | None, limit: int) -> None:
     """Every directory and regular file below ``top`` into ``tar``: a walk of its own (no
-    recursion a deep tree could exhaust), each directory opened relative to its parent."""
+    recursion a deep tree could exhaust, no descriptor held per directory waiting its
+    turn), each directory opened again from ``top`` one component at a time with
+    ``O_NOFOLLOW``, and listed as it is read (a million names are never held)."""
     total = entries = 0
-    todo: list[tuple[int, str, int]] = [(os.dup(top), "", 0)]  # (dir fd, its name, depth)
-    try:
-        while todo:
-            fd, prefix, depth = todo.pop()
-            try:
-                names = sorted(os.listdir(fd))
-                for name in names:
-                    if not prefix and pick is not None and not pick(name):
+    todo: list[tuple[str, ...]] = [()]
+    while todo:
+        parts = todo.pop()
+        try:
+            fd = open_dirs(top, parts)
+        except OSError:
+            continue  # turned into a link or a file meanwhile: not followed
+        try:
+            with os.scandir(fd) as listing:
+                for entry in listing:
+                    name = entry.name
+                    if not parts and pick is not None and not pick(name):
                         continue
-                    if not prefix and name.startswith(META):
+                    if not parts and name.startswith(META):
                         continue  # the harness's name: a file the agent planted is not saved
-                    try:
-                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
                     entries += 1
-                    if entries > MAX_SESSION_ENTRIES or depth >= MAX_SESSION_DEPTH:
+                    if entries > MAX_SESSION_ENTRIES or len(parts) >= MAX_SESSION_DEPTH:
                         raise SessionTooLarge(
                             f"the agent's session files passed {MAX_SESSION_ENTRIES} entries "
                             f"or {MAX_SESSION_DEPTH} levels"
                         )
-                    member = prefix + name
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    member = "/".join((*parts, name))
                     if stat.S_ISDIR(st.st_mode):
-                        try:
-                            child = os.open(name, _DIR, dir_fd=fd)
-                        except OSError:
-                            continue  # turned into a link or a file meanwhile: not followed
-                        tar.addfile(_info(member, os.fstat(child), tarfile.DIRTYPE))
-                        todo.append((child, member + "/", depth + 1))
+                        tar.addfile(_info(member, st, tarfile.DIRTYPE))
+                        todo.append((*parts, name))
                     elif stat.S_ISREG(st.st_mode):
                         total += st.st_size
                         if total > limit:
@@ -123,10 +125,7 @@ def _walk(tar: tarfile.TarFile, top: int, pick: Callable[[str], bool] | None, li
                             )
                         _add_file(tar, fd, name, member, st)
                     # never a link, a device or a FIFO the agent planted
-            finally:
-                os.close(fd)
-    finally:
-        for fd, _, _ in todo:
+        finally:
             os.close(fd)
 
 

@@ -10,6 +10,7 @@ import contextlib
 import gzip
 import io
 import os
+import resource
 import shutil
 import stat
 import tarfile
@@ -213,3 +214,23 @@ def test_unpacking_never_writes_through_a_link_in_the_seed(tmp_path: Path, victi
     seed.mkdir()
     assert session.unpack(data, seed, ".codex/sessions") == "/w"
     assert (seed / ".codex" / "sessions" / "d" / "t.jsonl").read_text() == "turn\n"
+
+
+def test_a_session_of_many_directories_is_packed_without_a_descriptor_each(
+    tmp_path: Path,
+) -> None:
+    """2,000 directories under 256 open files: the walk holds no descriptor per directory
+    waiting its turn (it did: past the limit, the open failed and those directories were
+    left out of the session)."""
+    home = tmp_path / "home"
+    root = home / ".codex" / "sessions"
+    for i in range(2000):
+        (root / f"d{i}").mkdir(parents=True)
+        (root / f"d{i}" / "s.jsonl").write_text(f"{i}\n")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        got = names(home, ".codex/sessions")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert len([n for n in got if n.endswith("s.jsonl")]) == 2000
