@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.agents import session
+from jobs.agents import claude_code, session
 
 SECRET = b"host-secret-0b1d"
 
@@ -234,3 +234,29 @@ def test_a_session_of_many_directories_is_packed_without_a_descriptor_each(
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert len([n for n in got if n.endswith("s.jsonl")]) == 2000
+
+
+@pytest.mark.parametrize("link", [".claude", ".claude/projects", "project"])
+def test_claude_code_s_session_is_never_read_through_a_planted_link(
+    tmp_path: Path, link: str
+) -> None:
+    """The same attack on Claude Code's HOME: its transcripts sit under
+    ``~/.claude/projects/<the worktree's path>/``."""
+    cwd, sid = "/data/wt/acme-1", "5f0c7a9e-0000-4000-8000-000000000001"
+    project = claude_code.project_dir(cwd)
+    victim = tmp_path / "victim"
+    (victim / "projects" / project).mkdir(parents=True)
+    (victim / "projects" / project / f"{sid}.jsonl").write_bytes(SECRET)
+    home = tmp_path / "home"
+    home.mkdir()
+    if link == ".claude":
+        (home / ".claude").symlink_to(victim)
+    elif link == ".claude/projects":
+        (home / ".claude").mkdir()
+        (home / ".claude" / "projects").symlink_to(victim / "projects")
+    else:
+        (home / ".claude" / "projects").mkdir(parents=True)
+        (home / ".claude" / "projects" / project).symlink_to(victim / "projects" / project)
+    with opened(home) as fd:
+        data = gzip.decompress(claude_code.pack(fd, cwd, sid))
+    assert SECRET not in data
