@@ -48,7 +48,8 @@ def guard(
     model, max_tokens = str(request["model"]), int(request["max_tokens"])
     limits = Budget.stored(record, Ceilings.of(settings)) if record is not None else None
     if record is None or limits is None:
-        return budget.worst_call(model, budget.input_bound(request), max_tokens)
+        rate = budget.write_rate(request)
+        return budget.worst_call(model, budget.input_bound(request), max_tokens, rate)
     out, worst = check_worst(client, request, limits, Spent.of(record), count=count)
     if out is not None:
         raise OverBudget(out.detail)
@@ -155,7 +156,8 @@ def check_worst(
     model, max_tokens = str(request["model"]), int(request["max_tokens"])
     if bound is None:
         bound = budget.input_bound(request)
-    worst = budget.worst_call(model, bound, max_tokens)
+    rate = budget.write_rate(request)  # 2x input when it asks for a 1-hour cache write
+    worst = budget.worst_call(model, bound, max_tokens, rate)
     out = budget.before_call(limits, spent, worst)
     if out is None:
         return None, worst
@@ -167,7 +169,7 @@ def check_worst(
         counted = count_input(client, request) if client is not None else None
     if counted is None or counted >= bound:
         return out, worst  # no better number: the bound stands, and the call is not made
-    worst = budget.worst_call(model, counted, max_tokens)
+    worst = budget.worst_call(model, counted, max_tokens, rate)
     return budget.before_call(limits, spent, worst), worst
 
 

@@ -1,7 +1,9 @@
 """USD per million tokens for the models loopbot supports, as Anthropic's pricing page
 listed them on ``PRICES_TAKEN`` (``PRICES_URL``). Each model has its own cache prices:
-a 5-minute cache write is 1.25x input everywhere, a cache read 0.1x input on most models
-but less on some (Opus 5.5: 0.05x; Fable and Mythos 5.1: 0.025x).
+a 5-minute cache write is 1.25x input everywhere, a 1-hour cache write 2x input
+(``cache_write_1h``), a cache read 0.1x input on most models but less on some (Opus 5.5:
+0.05x; Fable and Mythos 5.1: 0.025x). An answer's usage says how many of its cache writes
+were of each TTL (``cache_creation``), and each is priced at its own rate.
 
 A model that is not in the table is priced as the most expensive one listed, field by
 field: spend is never under-counted, and a budget never lets through a call it cannot
@@ -22,6 +24,8 @@ PRICES_URL = "https://platform.claude.com/docs/en/about-claude/pricing"
 # Haiku 5.5 bills a request whose prompt (input, cache reads and writes) is longer than
 # this at its ``long`` prices, every token of it, output included.
 LONG_PROMPT = 100_000
+# A 1-hour cache write's price, as a multiple of the model's input price.
+CACHE_WRITE_1H = 2.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,12 @@ class Price:
     @property
     def highest(self) -> Price:
         return self.long or self
+
+    @property
+    def cache_write_1h(self) -> float:
+        """A 1-hour cache write: 2x input on every model (an agent in the sandbox may ask
+        for one through the gateway; loopbot's own requests never do)."""
+        return self.input * CACHE_WRITE_1H
 
 
 _FABLE_51 = Price(10.0, 50.0, 12.5, 0.25)
@@ -147,15 +157,24 @@ def price_of(model: str) -> tuple[float, float]:
 
 
 def usage_from(model: str, u: object) -> Usage:
-    """A ``Usage`` with cost, from the SDK's usage object."""
+    """A ``Usage`` with cost, from the SDK's usage object (or the same fields read from a
+    stream). Its ``cache_creation`` (an object or a dict) splits the cache writes by TTL:
+    the 1-hour ones are priced at ``cache_write_1h``, the rest at ``cache_write``."""
     inp = int(getattr(u, "input_tokens", 0) or 0)
     out = int(getattr(u, "output_tokens", 0) or 0)
     cw = int(getattr(u, "cache_creation_input_tokens", 0) or 0)
     cr = int(getattr(u, "cache_read_input_tokens", 0) or 0)
+    long_writes = min(_one_hour(getattr(u, "cache_creation", None)), cw)
     p = price(model)
     if p.long is not None and inp + cw + cr > p.long_above:
         p = p.long
-    cost = (inp * p.input + out * p.output + cw * p.cache_write + cr * p.cache_read) / 1_000_000
+    cost = (
+        inp * p.input
+        + out * p.output
+        + (cw - long_writes) * p.cache_write
+        + long_writes * p.cache_write_1h
+        + cr * p.cache_read
+    ) / 1_000_000
     return Usage(
         input_tokens=inp,
         output_tokens=out,
@@ -164,6 +183,16 @@ def usage_from(model: str, u: object) -> Usage:
         messages=1,
         cost_usd=cost,
     )
+
+
+def _one_hour(split: object) -> int:
+    """The 1-hour cache writes of a usage's ``cache_creation`` (an SDK object or a dict)."""
+    value = (
+        split.get("ephemeral_1h_input_tokens")
+        if isinstance(split, dict)
+        else getattr(split, "ephemeral_1h_input_tokens", 0)
+    )
+    return value if isinstance(value, int) and value > 0 else 0
 
 
 def usage_from_responses(model: str, usage: dict[str, object]) -> Usage:

@@ -56,6 +56,22 @@ def seed(bare: Path, branch: str, files: dict[str, str], message: str = "Initial
     return commit
 
 
+def seed_gitlink(bare: Path, branch: str, path: str, url: str, commit: str = "1" * 40) -> str:
+    """One more commit on ``branch`` that makes ``path`` a submodule: a gitlink (mode
+    160000, naming ``commit`` of another repository, which need not exist here) and its
+    ``.gitmodules`` entry, as ``git submodule add`` would push."""
+    parent = resolve(bare, f"refs/heads/{branch}")
+    if parent is None:
+        raise GitFailed(f"{branch} does not exist")
+    current = show(bare, parent, ".gitmodules") or b""
+    modules = current.decode() + f'[submodule "{path}"]\n\tpath = {path}\n\turl = {url}\n'
+    blob = git(bare, "hash-object", "-w", "--stdin", input=modules.encode()).strip()
+    tree = _amend_tree(bare, parent, [(".gitmodules", "100644", blob), (path, "160000", commit)])
+    sha = git(bare, "commit-tree", tree, "-p", parent, "-m", f"Add submodule {path}").strip()
+    git(bare, "update-ref", f"refs/heads/{branch}", sha)
+    return sha
+
+
 def _amend_tree(bare: Path, parent: str, entries: list[tuple[str, str, str]]) -> str:
     index = bare / f"seed-index-{os.getpid()}"
     env = {**os.environ, **_ENV, "HOME": str(bare), "GIT_INDEX_FILE": str(index)}

@@ -325,6 +325,10 @@ class CliAgent:
             on_exchange=exchange,
             sandbox_uid=owner[0] if owner else None,
         )
+        # Every model call of the turn counts against its step cap at the gateway: a
+        # process in the sandbox may post its own requests with the placeholder key, which
+        # no CLI's own cap (``--max-turns``, opencode's steps) sees.
+        gw.max_calls = max(1, limits.step_cap)
         home = HomeLink(self.sandbox.settings.data_dir, owner)
         try:
             run = self.start(binary, home, gw, prompt, saved, limits)
@@ -351,6 +355,9 @@ class CliAgent:
             if gw.exhausted:
                 ended.append(("budget_exhausted", gw.exhausted))
                 return gw.exhausted
+            if gw.capped:
+                ended.append(("step_cap", f"{limits.step_cap} steps: {gw.capped}"))
+                return gw.capped
             if not self.stops_at_cap and max(state.steps, state.called) > limits.step_cap:
                 why = f"{limits.step_cap} steps"
                 ended.append(("step_cap", why))
@@ -382,6 +389,9 @@ class CliAgent:
         self._read(state, b"\n")
         if not self.stops_at_cap and max(state.steps, state.called) >= max(1, limits.step_cap):
             state.step_cap = True  # it stopped there: the loop treats it as a cap
+        if gw.capped and not any(end == "step_cap" for end, _ in ended):
+            # The CLI stopped by itself at the gateway's refusal, before the watch saw it.
+            ended.append(("step_cap", f"{limits.step_cap} steps: {gw.capped}"))
         return Driven(state, result, ended, exchanges, gw.exhausted, home)
 
     def _charge(self, model: str, used: Any) -> None:

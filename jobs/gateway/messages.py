@@ -15,6 +15,9 @@ gateway runs in the worker, outside the sandbox, and for each request:
 * checks the issue's lifetime budget against the call's worst case before it is sent
   (``precall``); once a budget is spent it answers 400 with a message the CLI shows,
   and every later request gets the same (the turn then ends ``budget_exhausted``);
+* counts the model calls it sends against the turn's step cap (``max_calls``), whoever
+  in the sandbox makes them; past the cap it answers 400 the same way (``capped``, the
+  turn then ends ``step_cap``);
 * sends the request with the real key (the worker's ``anthropic`` client, no retries:
   the backend retries what the API refuses), streams the answer back as it arrives,
   reads its usage from the stream (``message_start`` and ``message_delta``, read by
@@ -63,6 +66,13 @@ MAX_BODY = 32 * 1024 * 1024  # the Messages API's own request size limit (32 MB)
 # its two bytes of JSON (a 32 MB body of ``{}`` took 2.7 GB); a real conversation holds
 # tens of thousands.
 MAX_NODES = 500_000
+# JSON values of any kind in one body (strings, numbers, keys too): a short string costs
+# the worker some 60 bytes parsed for its 4 or 5 of JSON (a 33.6 MB body of them grew it
+# by 732 MiB). Every value but a body's first follows a ``,`` or a ``:`` (or opens a
+# container), so their count bounds the values without parsing; commas and colons inside
+# strings count too, which only makes the bound safer. A conversation that fills a 1M
+# window holds a few hundred thousand.
+MAX_VALUES = 1_000_000
 # What a request may carry to the API. Anything else is dropped before it is sent: a
 # field that changes the price (``speed``, ``service_tier``, ``inference_geo``) or makes
 # the API reach out for the sandbox (``mcp_servers``, ``container``) is not the loop's to
@@ -225,6 +235,13 @@ class ModelGateway:
         self.exhausted = ""  # the budget's sentence, once a request was refused for it
         # Set by the harness (a step cap reached): every later request is refused.
         self.closed = ""
+        # The turn's step cap, counted here (set by the harness): model calls sent to the
+        # API, whoever in the sandbox made them (the CLI, or a process of its own with the
+        # placeholder key, which the CLI's own cap never counts). Past it every request is
+        # refused and ``capped`` says why.
+        self.max_calls: int | None = None
+        self.admitted = 0
+        self.capped = ""
         self.calls = 0
         self.first_request: float | None = None  # monotonic, for the benchmark
         self._server: _Server | None = None
@@ -383,11 +400,16 @@ class ModelGateway:
             raise Refused(400, "invalid_request_error", f"loopbot: {self.exhausted}")
         if self.closed:
             raise Refused(400, "invalid_request_error", f"loopbot: {self.closed}")
+        if self.max_calls is not None and self.admitted >= self.max_calls:
+            self.capped = f"the turn's step cap ({self.max_calls} model calls) is reached"
+            raise Refused(400, "invalid_request_error", f"loopbot: {self.capped}")
         try:
-            return self.guard(self.budgeted(body))
+            worst = self.guard(self.budgeted(body))
         except precall.OverBudget as exc:
             self.exhausted = f"the issue's budget is spent: {exc}"
             raise Refused(400, "invalid_request_error", f"loopbot: {self.exhausted}") from None
+        self.admitted += 1  # sent: it counts against the cap whatever the API answers
+        return worst
 
     def forward(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
         """The request sent with the real key: the API's answer, streaming, whatever its
@@ -478,8 +500,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if kind is None:
             self._error(404, "not_found_error", f"loopbot's gateway does not answer {path}")
             return
-        if raw.count(b"{") + raw.count(b"[") > MAX_NODES:
+        nodes = raw.count(b"{") + raw.count(b"[")
+        if nodes > MAX_NODES:
             self._error(413, "request_too_large", f"more than {MAX_NODES} JSON objects")
+            return
+        if nodes + raw.count(b",") + raw.count(b":") + 1 > MAX_VALUES:
+            self._error(413, "request_too_large", f"more than {MAX_VALUES} JSON values")
             return
         try:
             body = gw.shaped(json.loads(raw or b"null"))
@@ -542,6 +568,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 gw.on_exchange(Exchange(model, http_resp.status_code, error=text))
             return
         reader = gw.reader()
+        reader.long_cache = budget.write_rate(body) > budget.CACHE_WRITE
         complete = False
         try:
             self.send_response(http_resp.status_code)

@@ -42,6 +42,10 @@ class MessagesUsage(SseReader):
         self.model = model
         self.buffer = b""
         self.fields: dict[str, int] = {}
+        self.split: dict[str, Any] = {}
+        # The request asked for a 1-hour cache write: an answer whose usage does not split
+        # its writes by TTL has every write priced as a 1-hour one, never less.
+        self.long_cache = False
         self.stop_reason = ""
         self.done = False
         self.blocks: dict[int, dict[str, Any]] = {}
@@ -77,6 +81,9 @@ class MessagesUsage(SseReader):
             value = usage.get(name)
             if isinstance(value, int):
                 self.fields[name] = value  # cumulative: the latest figure is the total
+        split = usage.get("cache_creation")
+        if isinstance(split, dict):  # the writes by TTL: a 1-hour one costs 2x input
+            self.split = split
 
     def usage(self) -> Usage | None:
         if self.whole:
@@ -89,7 +96,10 @@ class MessagesUsage(SseReader):
             self._count(message.get("usage") or {})
         if not self.fields:
             return None
-        return usage_from(self.model, _Fields(self.fields))
+        split = self.split
+        if not split and self.long_cache:
+            split = {"ephemeral_1h_input_tokens": self.fields.get("cache_creation_input_tokens", 0)}
+        return usage_from(self.model, _Fields({**self.fields, "cache_creation": split}))
 
     def content(self) -> list[dict[str, Any]]:
         out = []
@@ -106,5 +116,5 @@ class MessagesUsage(SseReader):
 class _Fields:
     """Usage figures as ``usage_from`` reads them (attributes)."""
 
-    def __init__(self, fields: dict[str, int]) -> None:
+    def __init__(self, fields: dict[str, Any]) -> None:
         self.__dict__.update(fields)

@@ -132,11 +132,14 @@ def git(
     timeout: float = GIT_TIMEOUT,
     check: bool = True,
     git_dir: Path | None = None,
+    errors: str = "replace",
 ) -> str:
     """Run git with loopbot's safety settings; a timeout on every call.
 
     ``git_dir`` names the repository explicitly (a worktree's admin directory in the
     mirror) so that git never discovers one from ``cwd``, where the agent writes.
+    ``errors="surrogateescape"`` keeps file names that are not UTF-8 exactly as
+    ``os.fsdecode`` gives them, to compare with the file system's.
     """
     env = {
         "PATH": safe_path(),
@@ -177,7 +180,7 @@ def git(
     if check and proc.returncode != 0:
         err = _scrub(err_bytes.decode(errors="replace").strip(), token)
         raise GitError(f"git {' '.join(args[:2])} failed: {err[-2000:]}")
-    return out.decode(errors="replace")
+    return out.decode(errors=errors)
 
 
 def _bound(pid: int) -> None:

@@ -112,14 +112,16 @@ class Worktrees(TreeFiles):
         )
         return out.strip() or None
 
-    def _git(self, path: Path, mirror: Path, *args: str, check: bool = True) -> str:
+    def _git(
+        self, path: Path, mirror: Path, *args: str, check: bool = True, errors: str = "replace"
+    ) -> str:
         """git on the worktree at ``path``, with its git directory named explicitly, and
         what setup and verify left there ignored (``exclude_leftovers``)."""
         admin = self._admin_dir(path, mirror)
         if admin is None:
             raise GitError(f"{path} is not a worktree of {mirror}")
         excludes = f"core.excludesFile={admin / LEFTOVERS}"
-        return git(path, "-c", excludes, *args, git_dir=admin, check=check)
+        return git(path, "-c", excludes, *args, git_dir=admin, check=check, errors=errors)
 
     def checkout(
         self, repo: str, issue: int, branch: str, default_branch: str, mirror: Path
@@ -144,11 +146,7 @@ class Worktrees(TreeFiles):
             git(mirror, "worktree", "prune")
             path.parent.mkdir(parents=True, exist_ok=True)
             start = f"refs/remotes/origin/{branch}" if pushed else base_sha
-            spare = self._take_spare(repo, mirror, path)
-            if spare:
-                # Recycled (cleaned when released): only the files that differ are written.
-                self._git(path, mirror, "checkout", "-q", "-f", "-B", branch, start)
-            else:
+            if not self._reuse_spare(repo, mirror, path, branch, start):
                 git(mirror, "worktree", "add", "-q", "-f", "-B", branch, str(path), start)
             admin = self._admin_dir(path, mirror)
             if admin is not None:
@@ -193,6 +191,8 @@ class Worktrees(TreeFiles):
                 self._git(path, mirror, "checkout", "-q", "-f", "--detach", *[park][: bool(park)])
                 self._git(path, mirror, "reset", "-q", "--hard")
                 self._git(path, mirror, "clean", "-q", "-ffdx")
+                if unseen := self.remove_unseen(path, mirror):  # where git looks away
+                    log.warning("worktree.unseen_removed", removed=unseen[:20], count=len(unseen))
                 if not self.is_clean(Checkout(path, mirror, "", "", resumed=False)):
                     raise GitError("git clean left files behind")
                 spares.mkdir(parents=True, exist_ok=True)
@@ -204,6 +204,24 @@ class Worktrees(TreeFiles):
             # whole worktree goes, however it was made.
             log.warning("worktree.release_failed", path=str(path), error=str(exc)[:300])
             self.remove(repo, issue)
+
+    def _reuse_spare(self, repo: str, mirror: Path, path: Path, branch: str, start: str) -> bool:
+        """A spare moved to ``path`` and checked out at ``start``; False when there is
+        none, or it cannot be made to hold exactly the commit (then it is gone)."""
+        if not self._take_spare(repo, mirror, path):
+            return False
+        try:
+            # Recycled (cleaned when released): only the files that differ are written.
+            # Whatever reached it while it waited goes, as at its release.
+            self._git(path, mirror, "checkout", "-q", "-f", "-B", branch, start)
+            if unseen := self.remove_unseen(path, mirror):
+                log.warning("worktree.unseen_removed", removed=unseen[:20], count=len(unseen))
+        except (GitError, OSError) as exc:
+            log.warning("worktree.spare_unusable", spare=str(path), output=str(exc)[-200:])
+            _remove(path)
+            git(mirror, "worktree", "prune")
+            return False
+        return True
 
     def _take_spare(self, repo: str, mirror: Path, path: Path) -> bool:
         spares = self.spares_dir(repo)

@@ -13,6 +13,7 @@ import pytest
 
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer, ModelSpec, Reply
+from bot.standins.anthropic.billing import billed_usd
 
 Json = dict[str, Any]
 LONG = "The quick brown fox jumps over the lazy dog. " * 200  # ~9,000 chars: ~2,250 tokens
@@ -461,3 +462,54 @@ def test_the_count_tokens_endpoint_checks_the_model(model: AnthropicServer) -> N
     assert httpx.post(url, json=haiku, headers=headers).status_code == 200
     wrong = {**haiku, "model": "claude-test"}  # adaptive only
     assert httpx.post(url, json=wrong, headers=headers).status_code == 400
+
+
+def test_mixed_ttls_split_the_writes_as_the_api_bills_them(
+    client: anthropic.Anthropic, model: AnthropicServer
+) -> None:
+    """A 1-hour breakpoint before a 5-minute one: the prefix up to the 1-hour one is a
+    1-hour write, the rest up to the last breakpoint a 5-minute one (usage's
+    ``cache_creation``), and the bill prices each at its rate (2x and 1.25x input). A
+    1-hour breakpoint after a 5-minute one is refused, as the API refuses it."""
+    model.responder = lambda body: m.text("ok")
+    long_ttl = [{"type": "text", "text": LONG, "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    first = ask(client, system=long_ttl, messages=[user(LONG + "?", cached=True)])
+    created = first.usage.cache_creation
+    assert created is not None
+    hour, five = created.ephemeral_1h_input_tokens, created.ephemeral_5m_input_tokens
+    assert hour > 2000 and five > 2000
+    assert hour + five == first.usage.cache_creation_input_tokens
+    # Read back next time up to the last breakpoint; a new tail is a 5-minute write only.
+    again = ask(
+        client,
+        system=long_ttl,
+        messages=[
+            user(LONG + "?"),
+            {"role": "assistant", "content": "ok"},
+            user("more " * 1000, cached=True),
+        ],
+    )
+    assert again.usage.cache_creation is not None
+    assert again.usage.cache_creation.ephemeral_1h_input_tokens == 0
+    assert again.usage.cache_read_input_tokens == hour + five
+    # claude-test is unlisted: priced at the table's highest, $10 input and $50 output.
+    u = first.usage
+    expected = (u.input_tokens * 10 + hour * 10 * 2 + five * 10 * 1.25 + u.output_tokens * 50) / 1e6
+    assert abs(billed_usd("claude-test", model.responses[0]["usage"]) - expected) < 1e-12
+    five_first = [{"type": "text", "text": LONG, "cache_control": {"type": "ephemeral"}}]
+    assert "must not come after" in rejected(
+        client,
+        system=five_first,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "text",
+                        "text": "q",
+                        "cache_control": {"type": "ephemeral", "ttl": "1h"},
+                    }
+                ],
+            }
+        ],
+    )

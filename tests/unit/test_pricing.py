@@ -108,3 +108,52 @@ def test_budget_bounds_use_the_model_price() -> None:
     cheap = budget.worst_call("claude-sonnet-5-5", 10_000, 1000)
     assert cheap.usd == pytest.approx((10_000 * 2.0 * 1.25 + 1000 * 10.0) / 1e6)
     assert budget.worst_call("claude-test", 10_000, 1000).usd > cheap.usd
+
+
+def test_one_hour_cache_writes_are_priced_at_2x_input_from_the_usage_split() -> None:
+    """An answer's ``cache_creation`` says how many writes were 1-hour ones (2x input,
+    issue 37 item 2): each TTL at its own rate, an SDK object or a dict alike."""
+    split = {"ephemeral_1h_input_tokens": 600_000, "ephemeral_5m_input_tokens": 400_000}
+    for given in (split, SimpleNamespace(**split)):
+        u = usage(cw=1_000_000)
+        u.cache_creation = given
+        assert usage_from("claude-sonnet-4-6", u).cost_usd == pytest.approx(
+            0.6 * 3.0 * 2 + 0.4 * 3.75
+        )
+    # A split that claims more 1-hour writes than writes is held to the writes.
+    u = usage(cw=1000)
+    u.cache_creation = {"ephemeral_1h_input_tokens": 10**9}
+    assert usage_from("claude-sonnet-4-6", u).cost_usd == pytest.approx(1000 * 6.0 / 1e6)
+
+
+def test_a_request_asking_for_a_one_hour_write_anywhere_is_judged_at_2x_input() -> None:
+    """The worst case of a call is judged at the dearest rate the request can incur:
+    a 1-hour ``cache_control`` (or any TTL but the default), wherever it sits (a tool
+    result's block inside a message), makes it 2x input; none, 1.25x."""
+    plain = {"messages": [{"role": "user", "content": [{"type": "text", "text": "q"}]}]}
+    five = {"system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}]}
+    nested = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t",
+                        "content": [
+                            {
+                                "type": "text",
+                                "text": "x",
+                                "cache_control": {"type": "ephemeral", "ttl": "1h"},
+                            }
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
+    odd = {"tools": [{"name": "t", "cache_control": {"type": "ephemeral", "ttl": "24h"}}]}
+    assert budget.write_rate(plain) == budget.write_rate(five) == budget.CACHE_WRITE
+    assert budget.write_rate(nested) == budget.write_rate(odd) == 2.0
+    worst = budget.worst_call("claude-sonnet-4-6", 10_000, 0, budget.write_rate(nested))
+    assert worst.usd == pytest.approx(10_000 * 3.0 * 2 / 1e6)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bot.core import repo_config
-from bot.core.pricing import price_of
+from bot.core.pricing import CACHE_WRITE_1H, price_of
 from bot.core.record import ACTIVE, LoopRecord
 from bot.core.repo_config import Ceilings, RepoConfig
 from bot.core.text.numbers import duration
@@ -35,7 +35,9 @@ KEYS: dict[str, tuple[str, str]] = {
 # Tokens the API adds to a request that its JSON does not show: the built-in tools'
 # own system prompts (a few hundred tokens each) and message framing.
 HIDDEN_TOKENS = 2000
-# A cache write costs 1.25x input: the most any input token of a call can cost.
+# A 5-minute cache write costs 1.25x input: the most any input token of a call that asks
+# for no longer cache can cost. A request asking for a 1-hour cache write anywhere
+# (``write_rate``) may pay 2x input (``CACHE_WRITE_1H``) for every input token.
 CACHE_WRITE = 1.25
 
 
@@ -172,11 +174,31 @@ class Call:
     usd: float
 
 
-def worst_call(model: str, input_tokens: int, max_tokens: int) -> Call:
-    """Every input token priced as a cache write, every output token the call may write."""
+def worst_call(model: str, input_tokens: int, max_tokens: int, write: float = CACHE_WRITE) -> Call:
+    """Every input token priced as a cache write (``write`` times input: ``write_rate``
+    of the request), every output token the call may write."""
     pin, pout = price_of(model)
-    usd = (input_tokens * pin * CACHE_WRITE + max_tokens * pout) / 1_000_000
+    usd = (input_tokens * pin * write + max_tokens * pout) / 1_000_000
     return Call(tokens=input_tokens + max_tokens, usd=usd)
+
+
+def write_rate(request: Any) -> float:
+    """The most one input token of ``request`` can cost, as a multiple of the input
+    price: ``CACHE_WRITE_1H`` when any ``cache_control`` in it (at any depth, wherever the
+    API would take one) asks for a TTL other than the default 5 minutes, else
+    ``CACHE_WRITE``. An unknown TTL counts as the dearest: the API refuses it, but a
+    bound must not depend on that."""
+    stack = [request]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            cache = item.get("cache_control")
+            if isinstance(cache, dict) and cache.get("ttl", "5m") != "5m":
+                return CACHE_WRITE_1H
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return CACHE_WRITE
 
 
 def size(payload: Any) -> int:

@@ -18,8 +18,10 @@ context window (``prompt is too long``, checked before the script is used), outp
 thinking types and effort levels; one deterministic token count (``count_tokens``) for the
 window, ``/v1/messages/count_tokens`` and usage; usage computed unless a ``Reply`` sets it,
 split by a prompt-cache simulation (``PromptCache``: breakpoints, the 20-block lookback,
-the minimum cacheable prefix, TTLs); and thinking blocks signed for their text and model,
-which must come back unchanged, to the same model, before the message's other blocks.
+the minimum cacheable prefix, TTLs, writes split by TTL as the API bills them), and what
+the API would bill for it (``AnthropicServer.billed_usd``); and thinking blocks signed
+for their text and model, which must come back unchanged, to the same model, before the
+message's other blocks.
 Where unsure, it is harsher than the API, never kinder.
 
 loopbot's readiness triage call (known by its schema, ``is_triage``) has a script and a
@@ -31,8 +33,8 @@ Layout: ``server`` (``AnthropicServer``: the app, its routes, the test's hands),
 ``replies`` (``Reply``, ``Fail`` and the helpers that script them), ``validate`` (the
 request's 400s), ``models`` (the catalogue), ``tokens`` (the token count), ``thinking``
 (signatures and the thinking rules), ``cache`` (``PromptCache`` and breakpoints),
-``triage`` (the readiness triage's own script), ``sse`` (streaming) and ``wire``
-(``Json``, content blocks, the error answer).
+``billing`` (an answer's bill), ``triage`` (the readiness triage's own script), ``sse``
+(streaming) and ``wire`` (``Json``, content blocks, the error answer).
 """
 
 from bot.standins.anthropic.cache import MAX_CACHE_POINTS

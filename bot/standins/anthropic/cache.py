@@ -84,12 +84,18 @@ class PromptCache:
         with self.lock:
             self.entries.clear()
 
-    def use(self, model: ModelSpec, body: Json) -> tuple[int, int, str | None]:
-        """(cache read tokens, cache creation tokens, the 5m/1h TTL written) for ``body``."""
+    def use(self, model: ModelSpec, body: Json) -> tuple[int, int, int]:
+        """(cache read tokens, 5-minute writes, 1-hour writes) for ``body``.
+
+        Billed as Anthropic's prompt-caching page says of mixed TTLs: A is the prefix of
+        the longest hit, B the prefix at the last 1-hour breakpoint after A (else A), C
+        the prefix at the last breakpoint; A is read, B - A written at the 1-hour rate
+        and C - B at the 5-minute rate (the request's order puts every 1-hour breakpoint
+        before any 5-minute one)."""
         units = _units(body)
         points, why = _breakpoints(body, units)
         if why is not None or not points:
-            return 0, 0, None
+            return 0, 0, 0
         digest = hashlib.sha256(model.id.encode()).digest()
         hashes: list[str] = []
         prefix: list[int] = []
@@ -113,13 +119,20 @@ class PromptCache:
                 entry.expires = now + entry.ttl
             read = prefix[hit] if hit >= 0 else 0
             for b in points:
-                cache = units[b].cache or {}
-                ttl = CACHE_TTL[cache.get("ttl", "5m")]
+                ttl = CACHE_TTL[_ttl(units[b].cache)]
                 if prefix[b] >= model.min_cache_tokens:
                     old = self.entries.get(hashes[b])
                     ttl = max(ttl, old.ttl if old else 0.0)  # a 1h entry stays 1h
                     self.entries[hashes[b]] = _Entry(prefix[b], ttl, now + ttl)
         last = points[-1]
         if prefix[last] < model.min_cache_tokens or hit >= last:
-            return read, 0, None
-        return read, prefix[last] - read, (units[last].cache or {}).get("ttl", "5m")
+            return read, 0, 0
+        long = [b for b in points if b > hit and _ttl(units[b].cache) == "1h"]
+        upto_1h = prefix[long[-1]] if long else read
+        return read, prefix[last] - upto_1h, upto_1h - read
+
+
+def _ttl(cache: object) -> str:
+    """A breakpoint's TTL: ``5m`` unless it asks for ``1h`` (``_breakpoints`` refuses
+    any other value before the cache is used)."""
+    return str(cache.get("ttl", "5m")) if isinstance(cache, dict) else "5m"

@@ -13,6 +13,7 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.serving import BaseWSGIServer
 
 from bot.standins import serving
+from bot.standins.anthropic.billing import billed_usd
 from bot.standins.anthropic.cache import PromptCache, _breakpoints
 from bot.standins.anthropic.models import ModelSpec, default_models, model_info
 from bot.standins.anthropic.replies import Fail, Item, Reply, Responder, _ids, _with_cwd
@@ -83,6 +84,13 @@ class AnthropicServer:
             self.responder = None
         self.cache.clear()
 
+    def billed_usd(self) -> float:
+        """What the API would have billed for every message answered so far
+        (``responses``), each priced from its own usage (``billing``)."""
+        with self.lock:
+            answered = list(self.responses)
+        return sum(billed_usd(str(r["model"]), r["usage"]) for r in answered)
+
     def add_model(self, spec: ModelSpec) -> ModelSpec:
         """Add ``spec`` to the catalogue, or replace the model of the same id."""
         with self.lock:
@@ -145,17 +153,17 @@ class AnthropicServer:
                 if item.redacted:
                     opening.append({"type": "redacted_thinking", "data": redacted_data(model)})
                 content = opening + content
-        read, created, ttl = self.cache.use(spec, body)
+        read, short, long = self.cache.use(spec, body)
         if item.usage is None:
             total = count_tokens(body)
             usage: Json = {
-                "input_tokens": total - read - created,
+                "input_tokens": total - read - short - long,
                 "output_tokens": reply_tokens(content, thought),
-                "cache_creation_input_tokens": created,
+                "cache_creation_input_tokens": short + long,
                 "cache_read_input_tokens": read,
                 "cache_creation": {
-                    "ephemeral_5m_input_tokens": created if ttl == "5m" else 0,
-                    "ephemeral_1h_input_tokens": created if ttl == "1h" else 0,
+                    "ephemeral_5m_input_tokens": short,
+                    "ephemeral_1h_input_tokens": long,
                 },
             }
         else:

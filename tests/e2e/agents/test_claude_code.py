@@ -205,6 +205,100 @@ def test_a_backend_that_never_stops_is_cut_off_at_the_budget(
     assert events(redis, "agent_turn")[-1]["end"] == "budget_exhausted"
 
 
+# A command that posts its own model calls to the gateway with the placeholder key (the
+# red team's: 8 of a step-capped turn's 10 calls came from a Bash command).
+OWN_CALLS = """python3 - <<'PY'
+import json, os, urllib.request, urllib.error
+def post(i):
+    body = json.dumps({"model": "claude-sonnet-4-6", "max_tokens": 10,
+                       "messages": [{"role": "user", "content": f"own call {i}"}]}).encode()
+    req = urllib.request.Request(os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages", body,
+                                 {"x-api-key": os.environ["ANTHROPIC_API_KEY"],
+                                  "content-type": "application/json",
+                                  "anthropic-version": "2023-06-01"})
+    try:
+        return urllib.request.urlopen(req, timeout=10).status
+    except urllib.error.HTTPError as e:
+        return e.code
+print("OWN", [post(i) for i in range(8)])
+PY"""
+
+
+def test_calls_a_sandbox_process_makes_itself_count_against_the_step_cap(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """``max_steps: 2``: Claude Code's first call runs a command that posts eight model
+    calls of its own with the placeholder key. The gateway counts every call it sends,
+    whoever makes it: the command's first is the turn's second and last, every later
+    request is refused (400, the CLI stops), and the turn ends ``step_cap``. At most 2
+    calls reach the model server (issue 37, item 6: 10 did)."""
+
+    def answer(body: dict[str, Any]) -> m.Item:
+        said = json.dumps(body["messages"])
+        if "own call" in said:
+            return m.text("pong")
+        return m.text("done") if "tool_result" in said else m.cc_bash(OWN_CALLS)
+
+    model.responder = answer
+    start(github, drain, YML.replace("max_turns: 3", "max_turns: 1") + "max_steps: 2\n")
+    calls = agent_requests(model)
+    assert len(calls) <= 2, [json.dumps(c["messages"])[:120] for c in calls]
+    assert len(calls) == 2 and "own call 0" in json.dumps(calls[1]["messages"])
+    refused = [e for e in events(redis, "gateway_call") if e["status"] == 400]
+    assert refused and all("step cap" in e["error"] for e in refused), refused
+    turns = events(redis, "agent_turn")
+    assert turns and turns[0]["end"] == "step_cap", events(redis)
+
+
+# A command that posts its own calls asking for 1-hour cache writes (billed at 2x input),
+# each of a fresh prefix of about 20K tokens: the red team's budget overrun.
+HOUR_WRITES = """python3 - <<'PY'
+import json, os, urllib.request, urllib.error
+def post(i):
+    text = f"write {i}: " + "all work and no play makes a dull bot. " * 2000
+    body = json.dumps({"model": "claude-sonnet-4-6", "max_tokens": 10,
+                       "system": [{"type": "text", "text": text,
+                                   "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+                       "messages": [{"role": "user", "content": "own call"}]}).encode()
+    req = urllib.request.Request(os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages", body,
+                                 {"x-api-key": os.environ["ANTHROPIC_API_KEY"],
+                                  "content-type": "application/json",
+                                  "anthropic-version": "2023-06-01"})
+    try:
+        return urllib.request.urlopen(req, timeout=10).status
+    except urllib.error.HTTPError as e:
+        return e.code
+print("OWN", [post(i) for i in range(20)])
+PY"""
+
+
+def test_an_agent_s_own_one_hour_cache_writes_cannot_bill_past_the_budget(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """``max_cost_usd: 1.0``: a Bash command posts its own requests, each writing about
+    20K fresh tokens to the 1-hour cache (2x input). The gateway charges each write at
+    its TTL's rate, from the answer's usage, and judges each call at 2x input: what the
+    local API bills stays within $1.00 and is what the loop was charged (issue 37, item 2:
+    $0.96 charged, $1.54 billed)."""
+
+    def answer(body: dict[str, Any]) -> m.Item:
+        said = json.dumps(body["messages"])
+        if "own call" in said:
+            return m.text("pong")
+        return m.text("done") if "tool_result" in said else m.cc_bash(HOUR_WRITES)
+
+    model.responder = answer
+    start(github, drain, YML.replace("max_turns: 3", "max_turns: 1") + "max_cost_usd: 1.0\n")
+    r = Store(redis).get(KEY)
+    assert r is not None
+    own = [x for x in model.responses if x["usage"]["cache_creation"]["ephemeral_1h_input_tokens"]]
+    assert len(own) >= 5, events(redis)  # it ran up to the budget
+    billed = model.billed_usd()
+    assert billed <= 1.00, (billed, r.cost_usd)
+    assert r.cost_usd == pytest.approx(billed, abs=1e-5)  # the record keeps 6 places
+    assert (r.status, r.reason) == (Status.FAILED, "budget_exhausted"), events(redis)
+
+
 def test_a_cancel_during_a_claude_code_turn_stops_it_within_seconds_and_pushes_nothing(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:

@@ -273,14 +273,14 @@ def test_codex_stops_at_the_step_cap(
     drain: Any,
 ) -> None:
     """Codex has no step limit of its own: a model that never stops calling tools is
-    stopped by the harness past the loop's ``max_steps``; the gateway saw the call past
-    the cap and refused every request after it."""
+    stopped by the harness at the loop's ``max_steps``: the gateway sent that many model
+    calls and refused every request after them."""
     openai.responder = lambda body: o.cx_shell("true")
     start(github, drain, YML.replace("max_turns: 3", "max_turns: 1") + "max_steps: 3\n")
     turns = events(redis, "agent_turn")
     assert turns and turns[0]["end"] == "step_cap", events(redis)
-    assert turns[0]["tool_calls_seen"] == 4 and turns[0]["steps"] <= 4
-    assert len(openai.requests) == 4
+    assert turns[0]["tool_calls_seen"] == 3 and turns[0]["steps"] <= 3
+    assert len(openai.requests) == 3
 
 
 def test_doctor_runs_a_trial_codex_turn_through_the_gateway(

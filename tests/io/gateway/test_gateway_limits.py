@@ -360,6 +360,51 @@ def test_bodies_that_would_blow_up_when_parsed_are_refused_unparsed(tmp_path: Pa
     assert grown_mb < 400, grown_mb
 
 
+def test_a_body_of_short_strings_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    """A body just under the API's 32 MB of short strings passes the object count (one
+    array) but would grow the worker by some 60 bytes a string parsed (the red team's
+    33.6 MB body: +732 MiB, issue 37 item 5). It is refused by its count of values, with
+    the API's 413 error shape, and the worker grows by about the body's bytes; a body
+    within the bound is still parsed and judged."""
+    gw = start(tmp_path)
+    head, tail = b'{"model":"claude-x","messages":[{"role":"user","content":"hi"}],"x":[', b"]}"
+    n = (gateway.MAX_BODY - len(head) - len(tail)) // 5
+    data = head + b'"ab",' * (n - 1) + b'"ab"' + tail
+    assert len(data) > 33_000_000
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_kb("VmRSS")
+    try:
+        s = connect(gw)
+        s.settimeout(60)
+        s.sendall(
+            b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: "
+            + gw.placeholder.encode()
+            + b"\r\ncontent-length: "
+            + str(len(data)).encode()
+            + b"\r\n\r\n"
+            + data
+        )
+        refused = answer(s)
+        while b"}}" not in refused:
+            more = s.recv(4096)
+            if not more:
+                break
+            refused += more
+        s.close()
+        grown_mb = (_status_kb("VmHWM") - before) / 1024
+        # Within the bound: parsed, and judged for what it says (another model: 400).
+        small = post(gw, {"model": "claude-y", "messages": [USER], "x": ["ab"] * 1000})
+    finally:
+        gw.stop()
+    assert refused.startswith(b"HTTP/1.1 413"), refused[:200]
+    error = json.loads(refused.partition(b"\r\n\r\n")[2])
+    assert error["type"] == "error" and error["error"]["type"] == "request_too_large"
+    assert "JSON values" in error["error"]["message"]
+    assert grown_mb < 100, grown_mb
+    assert small.startswith(b"HTTP/1.1 400") and b"claude-y" in small
+    assert gw.calls == 0
+
+
 def _status_kb(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):

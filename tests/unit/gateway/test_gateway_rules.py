@@ -139,6 +139,44 @@ def opened(path: Path) -> Iterator[int]:
         os.close(fd)
 
 
+def test_the_step_cap_counts_every_call_sent_and_refuses_the_next() -> None:
+    """``max_calls`` (the turn's step cap): calls the guard lets through count, whoever
+    sends them; the next is refused with a 400 the CLI shows, and so is every later one.
+    A call refused for the budget is not counted (issue 37, item 6)."""
+    gw = make()
+    gw.max_calls = 2
+    body = {"model": "claude-x", "max_tokens": 10, "messages": []}
+    gw.admit(body)
+    gw.admit(body)
+    for _ in range(2):
+        with pytest.raises(gateway.Refused) as e:
+            gw.admit(body)
+        assert e.value.status == 400 and "step cap (2 model calls)" in e.value.message
+    assert gw.capped and gw.admitted == 2
+
+
+def test_unsplit_cache_writes_of_a_one_hour_request_are_priced_as_one_hour() -> None:
+    """An answer's usage that splits its cache writes by TTL is priced by the split; one
+    that does not, for a request that asked for a 1-hour write, has every write priced
+    at the 1-hour rate (2x input), never less (issue 37, item 2)."""
+    from jobs.gateway.usage import MessagesUsage
+
+    def read(usage: dict[str, Any], long_cache: bool) -> float:
+        reader = MessagesUsage("claude-sonnet-4-6")  # $3 input: a 1-hour write $6
+        reader.long_cache = long_cache
+        start = {"type": "message_start", "message": {"usage": usage}}
+        reader.feed(f"event: message_start\ndata: {json.dumps(start)}\n\n".encode(), stream=True)
+        used = reader.usage()
+        assert used is not None
+        return used.cost_usd
+
+    plain = {"input_tokens": 0, "cache_creation_input_tokens": 1_000_000}
+    split = {**plain, "cache_creation": {"ephemeral_1h_input_tokens": 250_000}}
+    assert read(split, True) == pytest.approx(0.25 * 6.0 + 0.75 * 3.75)
+    assert read(plain, True) == pytest.approx(6.0)
+    assert read(plain, False) == pytest.approx(3.75)
+
+
 def test_a_session_packs_and_unpacks_under_another_worktree_path(tmp_path: Path) -> None:
     home, cwd = tmp_path / "a", "/data/a/wt/acme-1"
     root = home / ".claude" / "projects" / claude_code.project_dir(cwd)
