@@ -5,6 +5,7 @@ The host's facts behind the sandbox check's fix are read in bot/ops/doctor_host.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -175,21 +176,52 @@ def _sandbox(settings: Settings, facts: HostFacts | None = None) -> Check:
     """Start a real sandbox: bubblewrap can be installed and still be refused user
     namespaces (sysctl, AppArmor, a container's seccomp profile), which only a trial run
     shows; the fix is read off the host's facts."""
-    from jobs.sandbox.bwrap import Sandbox, SandboxUnavailable
+    from jobs.sandbox.bwrap import Extra, Sandbox, SandboxUnavailable
+    from jobs.sandbox.home import HomeLink
 
     facts = facts or host_facts()
     where = f" (in a {facts.container} container)" if facts.container else ""
+    back = b""
     with tempfile.TemporaryDirectory(prefix="loopbot-doctor-") as tmp:
         try:
-            with Sandbox(Path(tmp), settings=settings, timeout=20) as box:
-                r = box.run("id -u; grep CapEff /proc/self/status")
+            with (
+                Sandbox(Path(tmp), settings=settings, timeout=20) as box,
+                HomeLink(Path(tmp), box.file_owner) as home,
+            ):
+                # A backend CLI's HOME: seeded by the harness through /proc/<pid>/root
+                # before the command runs, read back through its descriptor after.
+                (home.seed / "seeded").write_text("seeded\n")
+                r = box.run(
+                    "id -u; grep CapEff /proc/self/status; cat ~/seeded; stat -f -c %T ~; "
+                    "echo back > ~/back",
+                    extra=Extra(home=home),
+                )
+                if home.fd is not None:
+                    with contextlib.suppress(OSError):
+                        fd = os.open("back", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=home.fd)
+                        back = os.read(fd, 16)
+                        os.close(fd)
         except (SandboxUnavailable, OSError) as exc:
             return Check("sandbox", False, str(exc) + where, sandbox_fix(facts))
     if settings.allow_unsandboxed and box.bwrap is None:
         return Check("sandbox", True, "none: LOOPBOT_ALLOW_UNSANDBOXED=true", warn=True)
     lines = r.output.split()
-    if r.passed and lines[:1] == ["1000"] and "0000000000000000" in lines:
-        return Check("sandbox", True, "commands run as uid 1000 with no capabilities" + where)
+    trial_ok = r.passed and lines[:1] == ["1000"] and "0000000000000000" in lines
+    if trial_ok and lines[-2:] == ["seeded", "tmpfs"] and back == b"back\n":
+        return Check(
+            "sandbox",
+            True,
+            "commands run as uid 1000 with no capabilities; a CLI's HOME is the sandbox's "
+            f"/tmp, a {settings.sandbox_tmp_mb} MiB tmpfs (LOOPBOT_SANDBOX_TMP_MB)" + where,
+        )
+    if trial_ok or (r.exit_code == 126 and "HOME" in r.output):
+        return Check(
+            "sandbox",
+            False,
+            f"the worker cannot reach a sandbox's HOME{where}: {r.output.strip()[-300:]}",
+            "the worker opens /proc/<pid>/root of its sandboxes (as the same uid, or as "
+            "root): nothing (an LSM, a container profile) may deny it ptrace read access",
+        )
     return Check(
         "sandbox",
         False,

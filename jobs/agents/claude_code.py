@@ -43,6 +43,7 @@ from jobs.agents.session import pack as pack_files
 from jobs.agents.session import unpack as unpack_files
 from jobs.gateway import messages as gateway
 from jobs.sandbox.bwrap import INSIDE_HOME
+from jobs.sandbox.home import HomeLink
 
 log = get_logger("loopbot.claude_code")
 
@@ -80,26 +81,26 @@ def session_id(key: str) -> str:
     return str(uuid.uuid5(SESSION_NAMESPACE, key))
 
 
-def _projects(home: Path, cwd: str) -> Path:
-    return home / ".claude" / "projects" / project_dir(cwd)
+def _projects(cwd: str) -> str:
+    """Where the sessions of ``cwd`` are, relative to HOME."""
+    return f".claude/projects/{project_dir(cwd)}"
 
 
-def pack(home: Path, cwd: str, session: str, limit: int = MAX_SESSION) -> bytes:
-    """The session's transcript (and its subagents') out of ``home``, as a tar.gz."""
-    root = _projects(home, cwd)
-    paths = sorted(root.glob(f"{session}*")) if root.is_dir() else []
-    return pack_files(root, paths, cwd, limit)
+def pack(home: int, cwd: str, session: str, limit: int = MAX_SESSION) -> bytes:
+    """The session's transcript (and its subagents') out of the HOME open at ``home``,
+    as a tar.gz."""
+    return pack_files(home, _projects(cwd), cwd, pick=lambda n: n.startswith(session), limit=limit)
 
 
-def unpack(data: bytes, home: Path, cwd: str, owner: tuple[int, int] | None) -> str | None:
-    """``pack``'s archive back into a fresh ``home``, for the working directory ``cwd``
-    (another worker's worktree path may differ: the project directory follows it).
+def unpack(data: bytes, seed: Path, cwd: str) -> str | None:
+    """``pack``'s archive back into the seed of a fresh HOME, for the working directory
+    ``cwd`` (another worker's worktree path may differ: the project directory follows it).
     Returns the working directory the session ran in before (None: not recorded)."""
-    return unpack_files(data, _projects(home, cwd), home, owner)
+    return unpack_files(data, seed, _projects(cwd))
 
 
-def stage(home: Path, prompt: str, system: str, owner: tuple[int, int] | None) -> None:
-    stage_home(home, {"prompt.txt": prompt, "system.txt": system}, owner)
+def stage(seed: Path, prompt: str, system: str) -> None:
+    stage_home(seed, {"prompt.txt": prompt, "system.txt": system})
 
 
 def cli_command(model: str, max_turns: int, session_args: list[str]) -> str:
@@ -170,23 +171,22 @@ class ClaudeCodeAgent(CliAgent):
     def start(
         self,
         binary: Path,
-        home: Path,
+        home: HomeLink,
         gw: gateway.ModelGateway,
         prompt: str,
         saved: tuple[str, bytes] | None,
         limits: Limits,
     ) -> Run:
         cwd = str(self.sandbox.worktree)
-        owner = self.sandbox.file_owner
         session, note = session_id(self.key), ""
         if saved is not None:
             session = saved[0]
-            note = moved_note(unpack(saved[1], home, cwd, owner), cwd)
-        stage(home, note + prompt, self.system, owner)
+            note = moved_note(unpack(saved[1], home.seed, cwd), cwd)
+        stage(home.seed, note + prompt, self.system)
         more = ["--session-id", session] if saved is None else ["--resume", session]
         if self.mcp_servers:  # in HOME, never in the worktree: nothing to commit
             config = json.dumps(mcp.claude_code_config(self.mcp_servers))
-            stage_home(home, {"mcp.json": config}, owner)
+            stage_home(home.seed, {"mcp.json": config})
             more += ["--mcp-config", f"{INSIDE_HOME}/.loopbot/mcp.json"]
         command = cli_command(self.model, max(1, limits.step_cap), more)
         env = environment(gw, self.model)
@@ -197,7 +197,7 @@ class ClaudeCodeAgent(CliAgent):
         extra = cli_extra(binary, str(Path(INSIDE_CLI).parent), home, gw, env)
         return Run(command, extra, session, saved is not None)
 
-    def save(self, home: Path, session: str) -> bytes:
+    def save(self, home: int, session: str) -> bytes:
         return pack(home, str(self.sandbox.worktree), session)
 
     def event(self, state: Turn, event: dict[str, Any]) -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import platform
 import shlex
 import sys
@@ -43,6 +42,7 @@ from jobs.agents.session import pack, unpack
 from jobs.gateway import messages as gateway
 from jobs.gateway.responses import ResponsesGateway
 from jobs.sandbox.bwrap import INSIDE_HOME
+from jobs.sandbox.home import HomeLink
 
 VERSION = "0.169.0"  # the @openai/codex npm package, as tested (scripts/setup installs it)
 INSTALL_DIR = Path(sys.prefix) / "opt" / "codex"  # npm install --prefix (scripts/setup)
@@ -227,20 +227,19 @@ class CodexAgent(CliAgent):
     def start(
         self,
         binary: Path,
-        home: Path,
+        home: HomeLink,
         gw: gateway.ModelGateway,
         prompt: str,
         saved: tuple[str, bytes] | None,
         limits: Limits,
     ) -> Run:
-        owner = self.sandbox.file_owner
         session = ""
-        codex_home = home / CODEX_HOME
+        codex_home = home.seed / CODEX_HOME
         codex_home.mkdir(exist_ok=True)
         if saved is not None:
             session = saved[0]
             meta: dict[str, bytes] = {}
-            unpack(saved[1], codex_home / SESSIONS, home, owner, meta)
+            unpack(saved[1], home.seed, f"{CODEX_HOME}/{SESSIONS}", meta)
             with contextlib.suppress(ValueError, TypeError):
                 self.trusted = {str(d) for d in json.loads(meta.get("trusted") or b"null")}
             if isinstance(gw, ResponsesGateway) and self.trusted:
@@ -248,10 +247,7 @@ class CodexAgent(CliAgent):
         (codex_home / "config.toml").write_text(
             config(self.model, self.spec.window, self.effort, self.system, self.mcp_servers)
         )
-        if owner is not None:
-            os.chown(codex_home, *owner)
-            os.chown(codex_home / "config.toml", *owner)
-        stage_home(home, {"prompt.txt": prompt}, owner)
+        stage_home(home.seed, {"prompt.txt": prompt})
         env = environment(gw.placeholder)
         extra = cli_extra(
             binary,
@@ -265,12 +261,11 @@ class CodexAgent(CliAgent):
         extra = replace(extra, address_space=ADDRESS_SPACE)
         return Run(command(session or None), extra, session, saved is not None)
 
-    def save(self, home: Path, session: str) -> bytes:
-        root = home / CODEX_HOME / SESSIONS
+    def save(self, home: int, session: str) -> bytes:
         gw = self.gateway_of_turn
         trusted = getattr(gw, "trusted", None) or self.trusted
         meta = {"trusted": json.dumps(sorted(trusted)).encode()} if trusted else None
-        return pack(root, [root], INSIDE_WORKTREE, meta=meta)
+        return pack(home, f"{CODEX_HOME}/{SESSIONS}", INSIDE_WORKTREE, meta=meta)
 
     def event(self, state: Turn, event: dict[str, Any]) -> None:
         kind = event.get("type")

@@ -35,12 +35,13 @@ from jobs.agents.cli import CliAgent, Run, Turn, cli_extra, stage_home
 from jobs.agents.session import pack, unpack
 from jobs.gateway import messages
 from jobs.sandbox.bwrap import INSIDE_HOME
+from jobs.sandbox.home import HomeLink
 
 VERSION = "1.18.33"  # the opencode-ai npm package, as tested (scripts/setup installs it)
 INSTALL_DIR = Path(sys.prefix) / "opt" / "opencode"  # npm install --prefix (scripts/setup)
 INSIDE_CLI = "/opt/loopbot/opencode/opencode"
 INSIDE_WORKTREE = "/work/repo"
-DATA = Path(".local/share/opencode")  # under HOME: opencode's database
+DATA = ".local/share/opencode"  # under HOME: opencode's database
 SESSION_FILES = ("opencode.db", "opencode.db-wal", "opencode.db-shm")
 TITLE = "loopbot"  # a fixed session title: no model call to make one
 
@@ -146,17 +147,16 @@ class OpenCodeAgent(CliAgent):
     def start(
         self,
         binary: Path,
-        home: Path,
+        home: HomeLink,
         gw: messages.ModelGateway,
         prompt: str,
         saved: tuple[str, bytes] | None,
         limits: Limits,
     ) -> Run:
-        owner = self.sandbox.file_owner
         session = ""
         if saved is not None:
             session = saved[0]
-            unpack(saved[1], home / DATA, home, owner)
+            unpack(saved[1], home.seed, DATA)
         settings = config(
             self.model,
             self.spec.window,
@@ -166,22 +166,20 @@ class OpenCodeAgent(CliAgent):
             self.mcp_servers,
         )
         stage_home(
-            home,
+            home.seed,
             {
                 "prompt.txt": prompt,
                 "system.md": self.system,
                 "opencode.json": json.dumps(settings, indent=1),
             },
-            owner,
         )
         inside = str(Path(INSIDE_CLI).parent)
         env = environment(gw.placeholder)
         extra = cli_extra(binary, inside, home, gw, env, worktree_at=INSIDE_WORKTREE)
         return Run(command(session or None), extra, session, saved is not None)
 
-    def save(self, home: Path, session: str) -> bytes:
-        root = home / DATA
-        return pack(root, [root / name for name in SESSION_FILES], INSIDE_WORKTREE)
+    def save(self, home: int, session: str) -> bytes:
+        return pack(home, DATA, INSIDE_WORKTREE, pick=SESSION_FILES.__contains__)
 
     def event(self, state: Turn, event: dict[str, Any]) -> None:
         if not state.session and isinstance(event.get("sessionID"), str):

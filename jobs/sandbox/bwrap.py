@@ -31,7 +31,9 @@ worktree's walk and disk charge, ``jobs.sandbox.disk``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import select
 import shutil
 import subprocess
 import tempfile
@@ -45,7 +47,8 @@ from bot.core.settings import Settings
 from jobs.sandbox import cgroups, egress
 from jobs.sandbox.disk import TreeError, disk_usage, remove_tree, walk
 from jobs.sandbox.egress_policy import EgressPolicy
-from jobs.sandbox.process import HeadTail, become_subreaper, pump, reap_orphans
+from jobs.sandbox.home import HomeLink, HomeUnreachable
+from jobs.sandbox.process import HeadTail, become_subreaper, kill_group, pump, reap_orphans
 from jobs.sandbox.seccomp import memfd, seccomp_program
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
@@ -110,11 +113,37 @@ shift
 exec "$@"
 """
 _HELPERS = ("bwrap", "prlimit", "unshare", "setpriv", "mount")
+# With a HOME link, the command's first lines: say the sandbox is set up, then wait for the
+# harness to have seeded HOME (a line on stdin) before anything else runs.
+_READY = b"loopbot-sandbox-ready\n"
+_HOME_PRELUDE = f"echo {_READY.decode().strip()}; read -r _ || exit 125; exec </dev/null"
+READY_WITHIN = 120.0  # seconds a sandbox with a HOME link has to say it is set up
 _STAGE_PARENT = "/tmp"
 
 
 class SandboxUnavailable(RuntimeError):
     pass
+
+
+def _child_pid(info: int, deadline: float) -> int | None:
+    """The sandbox's pid (in the worker's pid namespace) from bwrap's ``--info-fd``."""
+    data = b""
+    while len(data) < 1 << 16:
+        try:
+            found = json.loads(data)
+        except ValueError:
+            pass
+        else:
+            pid = found.get("child-pid") if isinstance(found, dict) else None
+            return pid if isinstance(pid, int) and pid > 0 else None
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([info], [], [], left)[0]:
+            return None
+        chunk = os.read(info, 4096)
+        if not chunk:
+            return None
+        data += chunk
+    return None
 
 
 @dataclass(frozen=True)
@@ -141,6 +170,9 @@ class Extra:
     # reserves a V8 heap cage it never fills); the cgroup's memory.max, where there is
     # one, still bounds what is used.
     address_space: int = 0
+    # The command's HOME reached from the harness (``jobs.sandbox.home``): seeded before
+    # the command starts, read after it ends, all through a descriptor.
+    home: HomeLink | None = None
 
 
 @dataclass(frozen=True)
@@ -400,13 +432,19 @@ class Sandbox:
         return args, staged
 
     def _argv(
-        self, command: str, seccomp_fd: int | None = None, group: cgroups.Group | None = None
+        self,
+        command: str,
+        seccomp_fd: int | None = None,
+        group: cgroups.Group | None = None,
+        info_fd: int | None = None,
     ) -> list[str]:
         if self.bwrap is None:  # the operator opted out explicitly
             return ["/bin/sh", "-c", command]
         mounts, staged = self._binds()
         script = command
-        preludes = [egress.sandbox_prelude()] if self._egress is not None else []
+        preludes = [_HOME_PRELUDE] if info_fd is not None else []
+        if self._egress is not None:
+            preludes.append(egress.sandbox_prelude())
         if self._extra.prelude:
             preludes.append(self._extra.prelude)
         if preludes:
@@ -433,6 +471,8 @@ class Sandbox:
         ]
         if seccomp_fd is not None:
             bwrap += ["--seccomp", str(seccomp_fd)]
+        if info_fd is not None:  # the sandbox's pid, for its HOME (``_meet``)
+            bwrap += ["--info-fd", str(info_fd)]
         for k, v in self._env().items():
             bwrap += ["--setenv", k, v]
         bwrap += ["--chdir", self._extra.worktree_at or str(self.worktree), "/bin/sh", "-c", script]
@@ -531,31 +571,45 @@ class Sandbox:
             group = cgroups.create(self.limits.memory_bytes, self.limits.processes)
         program = seccomp_program() if self.bwrap is not None else None
         fd = memfd(program) if program is not None else None
+        home = self._extra.home if self.bwrap is not None else None
+        info_r, info_w = os.pipe() if home is not None else (None, None)
         out = HeadTail(self.max_output)
         become_subreaper()
         reap_orphans()  # an orphan of the command before, which died after it ended
+        unreachable = None
         try:
             proc = subprocess.Popen(
-                self._argv(command, fd, group),
-                stdin=subprocess.DEVNULL,
+                self._argv(command, fd, group, info_w),
+                stdin=subprocess.PIPE if home is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 cwd=self.worktree if self.bwrap is None else "/",
                 env=env,
                 start_new_session=True,
-                pass_fds=(fd,) if fd is not None else (),
+                pass_fds=tuple(f for f in (fd, info_w) if f is not None),
             )
-            if fd is not None:
-                os.close(fd)
-                fd = None
+            for passed in (fd, info_w):
+                if passed is not None:
+                    os.close(passed)
+            fd = info_w = None
+            if home is not None and info_r is not None:
+                try:
+                    early = self._meet(proc, info_r, home, started + limit)
+                except HomeUnreachable as exc:
+                    kill_group(proc)
+                    unreachable, early = str(exc), b""
+                out.feed(early)
+                if on_output is not None and early:
+                    on_output(early)
 
             def watched() -> str | None:
                 return (watch() if watch is not None else None) or self.worktree_problem()
 
             timed_out, over = pump(proc, out, started + limit, watched, on_output)
         finally:
-            if fd is not None:
-                os.close(fd)
+            for left in (fd, info_r, info_w):
+                if left is not None:
+                    os.close(left)
             if group is not None:
                 group.remove()
         reap_orphans()
@@ -565,8 +619,43 @@ class Sandbox:
             output += f"\n[loopbot: command timed out after {limit:.0f}s and was killed]"
         if over is not None:
             output += f"\n[loopbot: command killed: {over}]"
+        if unreachable is not None:
+            return Result(126, f"[loopbot: not run: {unreachable}]", seconds)
         code = 124 if timed_out else (137 if over else proc.returncode)
         return Result(code, output, seconds, timed_out, out.truncated, over)
+
+    def _meet(
+        self, proc: subprocess.Popen[bytes], info: int, home: HomeLink, deadline: float
+    ) -> bytes:
+        """Wait for the sandbox to say it is set up (``_READY``, before anything of the
+        command runs), seed its HOME from the harness through ``/proc/<pid>/root`` and let
+        it go on. Returns what it printed around its ready line. A sandbox that never says
+        it (bwrap failed) is not waited for: its stdin closes, and it exits."""
+        assert proc.stdout is not None and proc.stdin is not None
+        seen = b""
+        out = proc.stdout.fileno()
+        # bwrap's set-up takes milliseconds; one stuck is not waited for all the command's
+        # time limit (nothing else is watched meanwhile: a cancel is not).
+        deadline = min(deadline, time.monotonic() + READY_WITHIN)
+        while _READY not in seen and len(seen) < 1 << 16:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([out], [], [], left)[0]:
+                break
+            chunk = os.read(out, 1 << 16)
+            if not chunk:
+                break
+            seen += chunk
+        if _READY in seen:
+            pid = _child_pid(info, deadline)
+            if pid is None:
+                raise HomeUnreachable(0, "the sandbox's HOME: bwrap did not say its pid")
+            home.reach(pid)
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.write(b"go\n")
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+        before, _, after = seen.partition(_READY)
+        return before + after
 
     def close(self) -> None:
         """Stop the egress proxy and remove the staging directory."""

@@ -176,6 +176,39 @@ def _open_parent(
     return fd
 
 
+def open_dirs(
+    dir_fd: int,
+    parts: tuple[str, ...] | list[str],
+    *,
+    create: bool = False,
+    owner: tuple[int, int] | None = None,
+) -> int:
+    """An fd on the directory ``parts`` below ``dir_fd``, each component opened relative
+    to the one before with ``O_NOFOLLOW``: a symlink or a non-directory anywhere on the
+    way fails (ELOOP, ENOTDIR), it is never followed. ``create``: missing components are
+    made (0700, given to ``owner``). Raises ``OSError``; a bad name is ``ValueError``."""
+    fd = os.dup(dir_fd)
+    try:
+        for part in parts:
+            if part in ("", ".", "..") or "/" in part or "\0" in part:
+                raise ValueError(f"not a name: {part!r}")
+            try:
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.mkdir(part, 0o700, dir_fd=fd)
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                if owner is not None:
+                    os.fchown(nfd, *owner)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _open_dir(name: str, dir_fd: int, shown: Path | str) -> int:
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)

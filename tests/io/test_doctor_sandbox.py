@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from bot.core.settings import Settings
+from bot.ops.doctor import _sandbox
 from bot.ops.doctor_host import HostFacts, sandbox_fix
 from tests.helpers import ROOT
 
@@ -101,3 +103,23 @@ def test_a_host_that_refuses_user_namespaces_fails_with_the_sysctl_to_set(
     assert "[FAIL] sandbox:" in out, out
     assert "max_*_namespaces exceeded" in out
     assert "→ sysctl -w user.max_user_namespaces=15000" in out
+
+
+def test_the_sandbox_check_seeds_and_reads_back_a_cli_home_on_a_bounded_tmpfs(
+    tmp_path: Path,
+) -> None:
+    """A backend CLI's HOME is reached from the harness through /proc/<pid>/root (issue
+    37, items 4 and 7): the check runs it as a turn does and says where HOME is."""
+    key = "-----BEGIN RSA PRIVATE KEY-----\nx\n-----END RSA PRIVATE KEY-----"
+    settings = Settings.model_validate(
+        {
+            "GITHUB_APP_ID": "1",
+            "GITHUB_PRIVATE_KEY": key,
+            "GITHUB_WEBHOOK_SECRET": "s",
+            "LOOPBOT_DATA_DIR": str(tmp_path / "data"),
+            "LOOPBOT_SANDBOX_TMP_MB": "96",
+        }
+    )
+    check = _sandbox(settings)
+    assert check.ok, check.line()
+    assert "HOME is the sandbox's /tmp, a 96 MiB tmpfs" in check.detail

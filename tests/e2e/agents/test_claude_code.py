@@ -527,7 +527,7 @@ def test_a_claude_code_run_that_goes_quiet_is_killed_as_a_stall(
 def test_a_session_grown_past_its_limit_is_not_saved_and_ends_the_turn(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:
-    """The agent writes 70 MB into its session directory (HOME is the worker's disk):
+    """The agent writes 70 MB into its session directory (HOME is the sandbox's tmpfs):
     the turn ends ``resource_limit`` and the worker never holds or stores that session;
     the one saved before stays (red team F5)."""
     fill = (

@@ -12,6 +12,7 @@ again as an unprivileged user.
 
 from __future__ import annotations
 
+import gzip
 import http.server
 import multiprocessing
 import os
@@ -36,8 +37,10 @@ from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from bot.standins.serving import run_in_thread
+from jobs.agents import session
 from jobs.sandbox import cgroups
-from jobs.sandbox.bwrap import Sandbox
+from jobs.sandbox.bwrap import Extra, Sandbox
+from jobs.sandbox.home import HomeLink
 from jobs.tree.worktree import Checkout, GitError, Worktrees, git
 from tests.conftest import Web
 from tests.helpers import (
@@ -431,6 +434,98 @@ def test_memory_file_size_and_tmp_are_bounded(github: GitHubServer, hostile: Hos
     assert not sparse.passed and "MADE" not in sparse.output, sparse.output
     assert not (co.path / "big").exists() or (co.path / "big").stat().st_size <= 64 << 20
     assert "No space left" in tmp.output or "File size limit" in tmp.output
+
+
+def _allocated(root: Path) -> int:
+    """Bytes allocated on disk under ``root`` (what a command could have put there)."""
+    total = 0
+    for base, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(base, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
+def test_a_cli_home_is_a_bounded_tmpfs_and_never_the_worker_s_disk(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    """A backend CLI's HOME (issue 37, item 7: it was a directory in the host's /tmp, and
+    ``fallocate`` put 8 GiB there before a once-a-second check saw it) is the sandbox's
+    own /tmp tmpfs: the kernel refuses what passes LOOPBOT_SANDBOX_TMP_MB, nothing lands
+    on the worker's disk, and what the harness seeds (from its own directory under the
+    data directory) is there before the command starts and gone from the disk after. The
+    harness still reads HOME once the sandbox is killed."""
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    # The file size limit far above the tmpfs: only the file system bounds HOME here.
+    update = {"sandbox_tmp_mb": 64, "sandbox_max_file_mb": 16 << 10}
+    settings = hostile.settings.model_copy(update=update)
+    data = settings.data_dir
+    command = (
+        "cat ~/.cfg/seeded; stat -f -c %T ~; fallocate -l 8G ~/big; echo big=$?; "
+        "fallocate -l 24M ~/half; echo half=$?; fallocate -l 48M ~/more; echo more=$?; "
+        "echo kept > ~/kept; sleep 600"
+    )
+    with (
+        Sandbox(co.path, settings=settings, readonly=(mirror,)) as box,
+        HomeLink(data, box.file_owner) as home,
+    ):
+        assert home.seed.is_relative_to(data)  # the harness's side of HOME: the data dir
+        (home.seed / ".cfg").mkdir()
+        (home.seed / ".cfg" / "seeded").write_text("seeded by the harness\n")
+
+        def kept() -> str | None:  # the command got that far: end it (as a cancel does)
+            assert home.fd is not None
+            return "done" if "kept" in os.listdir(home.fd) else None
+
+        r = box.run(command, timeout=300, extra=Extra(home=home), watch=kept)
+        on_disk = _allocated(data) + _allocated(box._stage)
+        assert home.fd is not None and not home.seed.exists()
+        fd = os.open("kept", os.O_RDONLY, dir_fd=home.fd)  # the sandbox is gone; HOME is not
+        try:
+            assert os.read(fd, 100) == b"kept\n"
+        finally:
+            os.close(fd)
+        half = os.stat("half", dir_fd=home.fd, follow_symlinks=False)
+    assert r.over_limit == "done" and not r.timed_out, r.output
+    assert "seeded by the harness" in r.output and "\ntmpfs\n" in r.output, r.output
+    assert "big=1" in r.output and "No space left on device" in r.output, r.output
+    assert "half=0" in r.output and "more=1" in r.output, r.output  # the bound: 64 MiB
+    assert half.st_size == 24 << 20
+    assert on_disk < 16 << 20, on_disk  # the worktree and the mirror, not HOME's 24 MiB
+
+
+def test_links_fifos_and_hard_links_planted_in_a_cli_home_never_reach_its_saved_session(
+    github: GitHubServer, hostile: Hostile
+) -> None:
+    """Issue 37, item 4, from inside a real sandbox: the agent links its CLI's session
+    directories (at the first component, the last and deeper) to host paths, plants a
+    FIFO and tries hard links to host files; the session packed from HOME afterwards
+    holds none of the host's files, and packing does not block."""
+    wt, mirror, _token = _repo(github, hostile, {})
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    vault = hostile.other_mirror  # a host directory holding a secret (SECRET)
+    plant = (
+        f"ln -s {vault} ~/.codex; mkdir -p ~/.local/share; ln -s {vault} ~/.local/share/opencode; "
+        f"mkdir -p ~/.c/s/d; ln -s {vault} ~/.c/s/deep; ln -s {vault}/SECRET ~/.c/s/f; "
+        "mkfifo ~/.c/s/fifo; echo own > ~/.c/s/d/own; "
+        "ln /etc/hostname ~/.c/s/hard 2>&1; ln /usr/bin/env ~/.c/s/env 2>&1; echo planted"
+    )
+    with _box(hostile, co) as box, HomeLink(hostile.settings.data_dir, box.file_owner) as home:
+        r = box.run(plant, extra=Extra(home=home))
+        assert home.fd is not None
+        started = time.monotonic()
+        packs = [
+            gzip.decompress(session.pack(home.fd, root, "/w"))
+            for root in (".codex/sessions", ".local/share/opencode", ".c/s")
+        ]
+        took = time.monotonic() - started
+    assert "planted" in r.output, r.output
+    assert "Invalid cross-device link" in r.output or "Operation not permitted" in r.output
+    assert not any(hostile.leaked(p.decode(errors="replace")) for p in packs)
+    assert b"own\n" in packs[2] and took < 10
 
 
 def test_keyrings_dev_and_kernel_interfaces_are_closed(

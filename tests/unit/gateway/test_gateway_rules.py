@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +129,16 @@ def test_a_spent_budget_refuses_every_later_call() -> None:
     assert len(calls) == 2
 
 
+@contextlib.contextmanager
+def opened(path: Path) -> Iterator[int]:
+    """A directory's descriptor, as the harness holds the sandbox's HOME."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
 def test_the_step_cap_counts_every_call_sent_and_refuses_the_next() -> None:
     """``max_calls`` (the turn's step cap): calls the guard lets through count, whoever
     sends them; the next is refused with a 400 the CLI shows, and so is every later one.
@@ -173,9 +185,11 @@ def test_a_session_packs_and_unpacks_under_another_worktree_path(tmp_path: Path)
     (root / "s1" / "subagents" / "x.jsonl").write_text("sub\n")
     (root / "other.jsonl").write_text("another session\n")
     (root / "s1-link.jsonl").symlink_to("/etc/passwd")
-    data = claude_code.pack(home, cwd, "s1")
+    with opened(home) as fd:
+        data = claude_code.pack(fd, cwd, "s1")
     other, cwd2 = tmp_path / "b", "/data/b/wt/acme-1"
-    assert claude_code.unpack(data, other, cwd2, None) == cwd  # where it ran before
+    other.mkdir()
+    assert claude_code.unpack(data, other, cwd2) == cwd  # where it ran before
     note = session.moved_note(cwd, cwd2)
     assert f"now at {cwd2}" in note and cwd in note
     assert session.moved_note(cwd2, cwd2) == session.moved_note(None, cwd2) == ""
@@ -203,9 +217,9 @@ def test_a_forged_session_archive_cannot_write_outside_its_directory(
         member.size = 3
         tar.addfile(member, io.BytesIO(b"bad"))
     home = tmp_path / "home"
-    # Refused, or (an absolute name) stripped to a name inside the directory.
-    with contextlib.suppress(tarfile.TarError):
-        claude_code.unpack(buf.getvalue(), home, "/wt", None)
+    home.mkdir()
+    with pytest.raises(session.BadSession):
+        claude_code.unpack(buf.getvalue(), home, "/wt")
     assert not (tmp_path / "escape.jsonl").exists() and not Path("/etc/evil.jsonl").exists()
     assert [p for p in tmp_path.rglob("*.jsonl") if home / ".claude" not in p.parents] == []
 
@@ -337,21 +351,21 @@ def test_a_session_tree_too_deep_or_too_wide_is_refused_without_recursion(
     for _ in range(40):  # deeper than a session has
         path = path / "d"
     path.mkdir(parents=True)
-    with pytest.raises(session.SessionTooLarge):
-        session.pack(deep, [deep / "opencode.db-shm"], "/w")
+    with opened(deep) as fd, pytest.raises(session.SessionTooLarge):
+        session.pack(fd, ".", "/w", pick="opencode.db-shm".__eq__)
     wide = tmp_path / "wide" / "opencode.db-shm"
     wide.mkdir(parents=True)
     for i in range(session.MAX_SESSION_ENTRIES + 1):
         (wide / str(i)).touch()
-    with pytest.raises(session.SessionTooLarge):
-        session.pack(wide.parent, [wide], "/w")
+    with opened(wide.parent) as fd, pytest.raises(session.SessionTooLarge):
+        session.pack(fd, ".", "/w", pick="opencode.db-shm".__eq__)
     (wide.parent / "opencode.db").write_bytes(b"db")
     (wide.parent / "opencode.db-wal").symlink_to("/etc/passwd")
-    data = session.pack(
-        wide.parent, [wide.parent / "opencode.db", wide.parent / "opencode.db-wal"], "/w"
-    )
+    with opened(wide.parent) as fd:
+        data = session.pack(fd, ".", "/w", pick=("opencode.db", "opencode.db-wal").__contains__)
     out = tmp_path / "out"
-    session.unpack(data, out, out, None)
+    out.mkdir()
+    session.unpack(data, out, ".")
     assert (out / "opencode.db").read_bytes() == b"db" and not (out / "opencode.db-wal").exists()
 
 
