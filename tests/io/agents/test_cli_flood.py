@@ -52,12 +52,12 @@ class FloodingCli(ClaudeCodeAgent):
         return self.script
 
     def start(
-        self, binary: Path, home: Path, gw: Any, prompt: str, saved: Any, limits: Any
+        self, binary: Path, home: Any, gw: Any, prompt: str, saved: Any, limits: Any
     ) -> cli.Run:
         extra = cli.cli_extra(binary, "/opt/flood", home, gw, {})
         return cli.Run("python3 /opt/flood/flood.py", extra, "s-1", False)
 
-    def save(self, home: Path, session: str) -> bytes:
+    def save(self, home: int, session: str) -> bytes:
         return b""  # no session of Claude Code's in this HOME
 
 
@@ -99,13 +99,13 @@ def test_huge_lines_on_the_cli_s_stdout_leave_redis_bounded(tmp_path: Path, redi
         agent = flooding(box, store, script)
         done = agent.drive(
             script,
-            box.private_dir("agent-home"),
             "go",
             None,
             Limits(step_cap=10, tool_budget=10, stall_timeout=120),
             lambda model, used: None,
             time.monotonic(),
         )
+        done.home.close()
     assert done.result.exit_code == 0, done.result.output[-500:]
     assert done.state.text == "Done."  # the stream was read to its end
     events = store.events(KEY, count=100_000)
