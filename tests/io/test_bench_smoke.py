@@ -34,6 +34,7 @@ SMOKE = {
     "tokens.py": rf"cache share\s+{NUM}% on steps 2\+",
     "fleet.py": rf"merged {NUM}/{NUM}\n  time per loop .* p90 {NUM} s",
     "setup_cache.py": rf"second loop \(the first's cache\)\s+{NUM} s\s+\(0 downloads\)",
+    "chaos.py": rf"chaos merged {NUM}/{NUM} .*\n(.*\n)*invariants: all held",
 }
 
 # Modules in bench/ that are not scripts, and the smoke runs that exercise them.

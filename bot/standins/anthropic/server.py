@@ -45,6 +45,8 @@ class AnthropicServer:
         self.headers: list[dict[str, str]] = []
         self.input_tokens: list[int] = []  # ``count_tokens`` of each of ``requests``
         self.responses: list[Json] = []  # every message answered (a 200), usage and all
+        # Each answered request with its message: what was billed, and for what (a 200).
+        self.exchanges: list[tuple[Json, Json]] = []
         self.models: dict[str, ModelSpec] = default_models()
         self.window_override: int | None = None  # every model's window, when set
         # What /v1/models says the window is, when it should differ from the one enforced:
@@ -81,6 +83,7 @@ class AnthropicServer:
             self.headers.clear()
             self.input_tokens.clear()
             self.responses.clear()
+            self.exchanges.clear()
             self.responder = None
         self.cache.clear()
 
@@ -219,6 +222,7 @@ class AnthropicServer:
         if keep:
             with self.lock:
                 self.responses.append(message)
+                self.exchanges.append((body, message))
         if item.cut_after is not None:
             return _cut(message, body.get("stream") is True, item.cut_after), 200
         if body.get("stream") is True:
