@@ -817,6 +817,9 @@ def main() -> None:
         flush=True,
     )
     logging.getLogger("werkzeug").setLevel(logging.CRITICAL)  # the cut answers' tracebacks
+    # A SIGTERM (a CI timeout) unwinds through ``finally``: the deployment's processes run
+    # in sessions of their own and would outlive the soak.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rng = random.Random(seed)
     two_turns = [i for i in range(args.loops) if rng.random() < 0.5]
     root = Path(tempfile.mkdtemp(prefix="loopbot-chaos-"))
