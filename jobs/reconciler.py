@@ -255,7 +255,14 @@ def sweep(rt: Runtime) -> list[str]:
     started = []
     for iid in rt.github.installation_ids():
         gh = rt.github.installation(iid)
-        for repo in gh.repositories():
+        try:
+            repos = gh.repositories()
+        except GitHubError as exc:
+            # One installation GitHub refuses (paused, a token it will not mint) must not
+            # stop the sweep of the others: found by bench/chaos.py.
+            log.warning("reconciler.sweep_failed", installation=iid, error=str(exc))
+            continue
+        for repo in repos:
             try:
                 text = gh.file(repo, repo_config.CONFIG_PATH)
                 if text is None:

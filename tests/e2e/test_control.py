@@ -307,6 +307,22 @@ def test_sweep_picks_up_a_label_whose_webhook_never_arrived(
     assert sweep(rt) == []  # a second pass finds nothing new
 
 
+def test_one_installation_github_refuses_does_not_stop_the_sweep_of_the_others(
+    github: GitHubServer, redis: Redis, rt: Runtime
+) -> None:
+    """Found by bench/chaos.py (seed 406282): an installation GitHub had paused made the
+    whole sweep pass fail (reconciler.step_failed), so a lost label in every other
+    installation waited for a pass where none was paused."""
+    broken = github.add_installation("paused-org")  # listed first: the lower id
+    github.add_repo("paused-org/app", {".github/loop.yml": YML}, installation_id=broken)
+    sample_repo(github, loop_yml=YML)
+    github.webhooks_enabled = False  # the deliveries are lost
+    label(github, "writer", open_issue(github))
+    # Every token request of the first installation fails: it can list nothing.
+    github.inject("POST", rf"^/app/installations/{broken}/access_tokens$", 502, times=1000)
+    assert sweep(rt) == [KEY]
+
+
 def test_lapsed_lease_is_resumed_then_stalled_after_the_limit(
     github: GitHubServer, redis: Redis, rt: Runtime
 ) -> None:

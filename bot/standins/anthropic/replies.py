@@ -25,6 +25,10 @@ class Reply:
     # The thinking block's text when the request turns thinking on; None: a generated one.
     thinking: str | None = None
     redacted: bool = False  # also a ``redacted_thinking`` block, after the thinking one
+    # The connection is dropped after this many bytes of the answer (its Content-Length
+    # says the whole), as a connection cut mid-answer: the client gets a truncated body or
+    # stream and no error status. None: the answer is sent whole.
+    cut_after: int | None = None
 
 
 @dataclass

@@ -3,11 +3,12 @@ reads, and the answer to a request put together from the other modules."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.serving import BaseWSGIServer
@@ -45,6 +46,8 @@ class AnthropicServer:
         self.headers: list[dict[str, str]] = []
         self.input_tokens: list[int] = []  # ``count_tokens`` of each of ``requests``
         self.responses: list[Json] = []  # every message answered (a 200), usage and all
+        # Each answered request with its message: what was billed, and for what (a 200).
+        self.exchanges: list[tuple[Json, Json]] = []
         self.models: dict[str, ModelSpec] = default_models()
         self.window_override: int | None = None  # every model's window, when set
         # What /v1/models says the window is, when it should differ from the one enforced:
@@ -81,6 +84,7 @@ class AnthropicServer:
             self.headers.clear()
             self.input_tokens.clear()
             self.responses.clear()
+            self.exchanges.clear()
             self.responder = None
         self.cache.clear()
 
@@ -226,6 +230,9 @@ class AnthropicServer:
         if keep:
             with self.lock:
                 self.responses.append(message)
+                self.exchanges.append((body, message))
+        if item.cut_after is not None:
+            return _cut(message, body.get("stream") is True, item.cut_after), 200
         if body.get("stream") is True:
             return Response(sse_events(message), mimetype="text/event-stream"), 200
         return jsonify(message), 200
@@ -328,3 +335,23 @@ class AnthropicServer:
             ), 200
 
         return app
+
+
+class _Cut(ConnectionAbortedError):
+    """Raised inside a response's body to drop the connection (werkzeug closes it)."""
+
+
+def _cut(message: Json, stream: bool, after: int) -> Response:
+    """``message`` as it would be sent, but the connection dropped after ``after`` bytes:
+    the headers promise the whole body (Content-Length), so the client sees the answer end
+    early, as when a proxy or the network cuts it, and no error status."""
+    whole = ("".join(sse_events(message)) if stream else json.dumps(message)).encode()
+    kind = "text/event-stream" if stream else "application/json"
+
+    def body() -> Iterator[bytes]:
+        yield whole[: max(0, min(after, len(whole) - 1))]
+        raise _Cut("the local model cut its answer (a scripted fault)")
+
+    resp = Response(body(), mimetype=kind)
+    resp.headers["Content-Length"] = str(len(whole))
+    return resp
