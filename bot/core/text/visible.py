@@ -13,6 +13,11 @@ HTML through an HTML5 parser and a sanitizer; what neither shows is taken out he
   they render nothing. A link that uses one keeps its text, not its address.
 - A code fence's info string past its first word, the language (```` ```py hidden ````):
   GitHub shows none of it, and colours the code by the language.
+- Raw HTML tags' attributes but a link's or an image's address (``href``, ``src``): the
+  sanitizer drops most (``data-*``, ``hidden``, words that are only names) and draws the
+  rest nowhere (a ``title`` on an empty element, an ``alt`` of an image that loads). A
+  tag with no end in its HTML block (an unclosed quoted value) reads on into what cmark
+  renders after it, whole paragraphs, so everything after it goes too.
 - Invisible characters, everywhere (code too): format characters (Unicode category Cf:
   zero-width spaces and joiners, bidi controls, tag characters, the soft hyphen, the
   BOM), variation selectors, Hangul fillers, control characters but tab and newline,
@@ -26,8 +31,8 @@ differently the rule takes out more, never less: a paragraph with a ``|`` (which
 read as a table, whose cells split code spans) trusts no code span in it.
 
 Not taken out, and said so in the README: what a reader reaches by hovering or
-expanding (a link's address and title, an image's alt text, ``<details>``), and the
-attributes of raw HTML tags, which the agent sees as written.
+expanding (a Markdown link's address and title, a Markdown image's alt text,
+``<details>``), and a raw tag's ``href`` and ``src``.
 """
 
 from __future__ import annotations
@@ -69,6 +74,11 @@ _PRE_AT = re.compile(r'<pre data-sourcepos="(\d+):\d+-(\d+):\d+"')
 _TICKS = re.compile(r"`+")
 _DECLARATION = re.compile(r"<![A-Z]+[ \t\n\v\f\r]")
 _GT = re.compile(">")
+# Where an HTML5 parser starts a tag, and what it reads as space in one.
+_TAG_START = re.compile(r"</?[A-Za-z][^\t\n\f\r />]*")
+_HTML_SPACE = " \t\n\f\r"
+# The attributes a reader reaches on GitHub's page: a link's and an image's address.
+_SHOWN_ATTRIBUTES = frozenset({"href", "src"})
 _LANGUAGE = re.compile(r"[\w+#.-]{1,30}")
 
 
@@ -253,7 +263,15 @@ def _strip_block(
                 and _inline_raw_end(block, i, last, quoted) is None
             ):
                 return "".join(out), removed + 1, True
-            if m := _TAG.match(block, i) or _AUTOLINK.match(block, i):
+            if m := _TAG.match(block, i):
+                # A whole tag (CommonMark's grammar): the HTML5 parser ends it where
+                # cmark does; its attributes but an address are never shown.
+                kept, _, hid = _read_tag(m.group(), 0, quoted) or ("", 0, 1)
+                out.append(kept)
+                removed += hid
+                i = m.end()
+                continue
+            if m := _AUTOLINK.match(block, i):
                 out.append(m.group())
                 i = m.end()
                 continue
@@ -269,6 +287,20 @@ def _strip_block(
                     return "".join(out), removed, True
                 i = end
                 continue
+        if c == "<" and raw and _TAG_START.match(block, i):
+            # A tag as an HTML5 parser reads it: its attributes are never shown.
+            read = _read_tag(block, i, quoted)
+            if read is None:
+                # It does not end in this block: the browser reads on into what cmark
+                # renders after it (an unclosed quote takes whole paragraphs into a
+                # value), so the rest of the page may be hidden.
+                return "".join(out), removed + 1, True
+            kept, end, hid = read
+            if i >= hide_until:
+                out.append(kept)
+            removed += hid
+            i = end
+            continue
         if c == "<" and raw and (start := _COMMENT_START.match(block, i)):
             ends = _comment_end(block, i, start.group(), quoted)
             if ends is None:
@@ -288,6 +320,67 @@ def _strip_block(
             out.append(c)
         i += 1
     return "".join(out), removed, False
+
+
+def _read_tag(block: str, i: int, quoted: bool) -> tuple[str, int, int] | None:
+    """The tag that starts at ``i`` read as an HTML5 tokenizer reads it: what of it is
+    kept (its name and the attributes a reader can reach), where it ends, and how many
+    attributes were taken out; None when it does not end in ``block``.
+
+    GitHub's sanitizer drops most attributes (``data-*``, ``style``, ``hidden``, words
+    that are only attribute names) and what it keeps is drawn nowhere on the page
+    (``title`` on an element with nothing to hover, ``alt`` of an image that loads,
+    ``aria-label``): only a link's or an image's address is kept, as a Markdown link's
+    is. In a ``quoted`` block a ``>`` that may be the quote's marker does not end the
+    tag: the tag read longer takes out more."""
+    m = _TAG_START.match(block, i)
+    if m is None:
+        return None
+    kept = [m.group()]
+    removed = 0
+    j = m.end()
+    n = len(block)
+    while True:
+        while j < n and (block[j] in _HTML_SPACE or block[j] == "/"):
+            j += 1
+        if j >= n:
+            return None
+        if block[j] == ">" and not _marker(block, j, quoted):
+            kept.append(">")
+            return "".join(kept), j + 1, removed
+        start = j
+        j += 1  # the first character of a name may be "=" or a marker ">"
+        while j < n and block[j] not in _HTML_SPACE and block[j] not in "/>=":
+            j += 1
+        name = block[start:j].lower()
+        while j < n and block[j] in _HTML_SPACE:
+            j += 1
+        if j < n and block[j] == "=":
+            j += 1
+            while j < n and block[j] in _HTML_SPACE:
+                j += 1
+            if j < n and block[j] in "\"'":
+                close = block.find(block[j], j + 1)
+                if close < 0:
+                    return None
+                j = close + 1
+            else:
+                while (
+                    j < n
+                    and block[j] not in _HTML_SPACE
+                    and (block[j] != ">" or _marker(block, j, quoted))
+                ):
+                    j += 1
+        if name in _SHOWN_ATTRIBUTES:
+            kept.append(" " + block[start:j].strip(_HTML_SPACE))
+        else:
+            removed += 1
+
+
+def _marker(block: str, at: int, quoted: bool) -> bool:
+    """Whether the ``>`` at ``at`` may be a block quote's marker (cmark takes those off
+    before the browser reads the HTML)."""
+    return quoted and not block[block.rfind("\n", 0, at) + 1 : at].strip(" >")
 
 
 def _inline_raw_end(block: str, i: int, last: dict[str, int], quoted: bool) -> int | None:
