@@ -13,11 +13,14 @@ HTML through an HTML5 parser and a sanitizer; what neither shows is taken out he
   they render nothing. A link that uses one keeps its text, not its address.
 - A code fence's info string past its first word, the language (```` ```py hidden ````):
   GitHub shows none of it, and colours the code by the language.
-- Raw HTML tags' attributes but a link's or an image's address (``href``, ``src``): the
+- Raw HTML tags of elements GitHub's sanitizer drops (``<ignore-the-issue>``), and raw
+  HTML tags' attributes but a link's or an image's address (``href``, ``src``): the
   sanitizer drops most (``data-*``, ``hidden``, words that are only names) and draws the
   rest nowhere (a ``title`` on an empty element, an ``alt`` of an image that loads). A
   tag with no end in its HTML block (an unclosed quoted value) reads on into what cmark
   renders after it, whole paragraphs, so everything after it goes too.
+- Footnote definitions no ``[^label]`` refers to: GitHub renders footnotes and drops
+  those, with their following lines.
 - Invisible characters, everywhere (code too): format characters (Unicode category Cf:
   zero-width spaces and joiners, bidi controls, tag characters, the soft hyphen, the
   BOM), variation selectors, Hangul fillers, control characters but tab and newline,
@@ -40,6 +43,8 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
+from html import unescape as html_unescape
+from urllib.parse import unquote
 
 import cmarkgfm  # type: ignore[import-untyped]
 from cmarkgfm.cmark import Options  # type: ignore[import-untyped]
@@ -74,11 +79,82 @@ _PRE_AT = re.compile(r'<pre data-sourcepos="(\d+):\d+-(\d+):\d+"')
 _TICKS = re.compile(r"`+")
 _DECLARATION = re.compile(r"<![A-Z]+[ \t\n\v\f\r]")
 _GT = re.compile(">")
+# A footnote definition's first line, in quotes or list items too, and the ids cmark-gfm
+# gives the definitions it shows.
+_NOTE = re.compile(r"(?:[ \t]*>|[ \t]*(?:[-*+]|\d{1,9}[.)])[ \t])*[ \t]*\[\^([^\]\s]+)\]:")
+_NOTE_ID = re.compile(r'<li id="fn-([^"]*)"')
 # Where an HTML5 parser starts a tag, and what it reads as space in one.
 _TAG_START = re.compile(r"</?[A-Za-z][^\t\n\f\r />]*")
 _HTML_SPACE = " \t\n\f\r"
 # The attributes a reader reaches on GitHub's page: a link's and an image's address.
 _SHOWN_ATTRIBUTES = frozenset({"href", "src"})
+# The elements GitHub's sanitizer keeps (html-pipeline's SanitizationFilter allowlist).
+_SHOWN_ELEMENTS = frozenset(
+    [
+        "h1",
+        "h2",
+        "h3",
+        "h4",
+        "h5",
+        "h6",
+        "h7",
+        "h8",
+        "br",
+        "b",
+        "i",
+        "strong",
+        "em",
+        "a",
+        "pre",
+        "code",
+        "img",
+        "tt",
+        "div",
+        "ins",
+        "del",
+        "sup",
+        "sub",
+        "p",
+        "ol",
+        "ul",
+        "table",
+        "thead",
+        "tbody",
+        "tfoot",
+        "blockquote",
+        "dl",
+        "dt",
+        "dd",
+        "kbd",
+        "q",
+        "samp",
+        "var",
+        "hr",
+        "ruby",
+        "rt",
+        "rp",
+        "li",
+        "tr",
+        "td",
+        "th",
+        "s",
+        "strike",
+        "summary",
+        "details",
+        "caption",
+        "figure",
+        "figcaption",
+        "abbr",
+        "bdo",
+        "cite",
+        "dfn",
+        "mark",
+        "small",
+        "span",
+        "time",
+        "wbr",
+    ]
+)
 _LANGUAGE = re.compile(r"[\w+#.-]{1,30}")
 
 
@@ -101,7 +177,11 @@ def visible(markdown: str) -> Visible:
     """What GitHub's page shows of ``markdown`` (an issue's body, a comment), as Markdown
     source: hidden parts out, everything a reader sees kept as written."""
     text = markdown.replace("\r\n", "\n").replace("\r", "\n")
-    shown, comments = _without_comments(text)
+    shown, comments, rest_hidden = _without_comments(text)
+    if rest_hidden:
+        # GitHub draws the footnotes after the whole page: what hides the rest of the
+        # page hides every footnote too, wherever it was defined.
+        shown, comments, _ = _without_comments(text, notes_hidden=True)
     plain, chars = without_invisible(shown)
     return Visible(plain, comments, chars)
 
@@ -126,7 +206,7 @@ def _invisible(c: str) -> bool:
     )
 
 
-def _without_comments(text: str) -> tuple[str, int]:
+def _without_comments(text: str, *, notes_hidden: bool = False) -> tuple[str, int, bool]:
     lines = text.split("\n")
     code = _cmark_code_lines(text)
     kinds: list[str | None] = [None] * len(lines)
@@ -163,6 +243,8 @@ def _without_comments(text: str) -> tuple[str, int]:
             # for code is read as raw HTML (every comment out).
             kinds[i] = "html" if kind == "code" and i not in code else kind
             blocks[i] = n
+    for i in _unreferenced_notes(text, lines, kinds, every=notes_hidden):
+        kinds[i] = None  # said nowhere on the page: goes as a definition does
     # The line after the last comment end: an unended comment in a paragraph before it
     # may be one cmark ends there, if the two parsers end the paragraph apart.
     ends = max(text.rfind("-->"), text.rfind("--!>"))
@@ -194,9 +276,9 @@ def _without_comments(text: str) -> tuple[str, int]:
                 # An unended comment in raw HTML: the HTML5 parser reads the rest of the
                 # page as comment, code blocks and all. (Or one in a paragraph with an end
                 # further on, which cmark may read as one paragraph.)
-                return "\n".join(out), removed
+                return "\n".join(out), removed, True
         i = j
-    return "\n".join(out), removed
+    return "\n".join(out), removed, False
 
 
 def _cmark_code_lines(text: str) -> set[int]:
@@ -207,6 +289,43 @@ def _cmark_code_lines(text: str) -> set[int]:
     for m in _PRE_AT.finditer(html):
         lines.update(range(int(m[1]) - 1, int(m[2])))
     return lines
+
+
+def _unreferenced_notes(
+    text: str, lines: list[str], kinds: list[str | None], *, every: bool = False
+) -> set[int]:
+    """The lines of the footnote definitions no reference uses: GitHub renders footnotes
+    (cmark-gfm's extension, which markdown-it does not read) and drops a definition no
+    ``[^label]`` refers to, with its lazy and indented lines (``every``: all of them).
+    A label is matched as cmark-gfm wrote it into the page, without case; one written
+    otherwise goes too."""
+    starts = [
+        (i, m[1]) for i, line in enumerate(lines) if kinds[i] != "code" and (m := _NOTE.match(line))
+    ]
+    if not starts:
+        return set()
+    html = cmarkgfm.github_flavored_markdown_to_html(
+        text, _CMARK_OPTIONS | Options.CMARK_OPT_FOOTNOTES
+    )
+    shown = {unquote(html_unescape(label)).casefold() for label in _NOTE_ID.findall(html)}
+    hidden: set[int] = set()
+    for i, label in starts:
+        if label.casefold() in shown and not every:
+            continue
+        hidden.add(i)
+        j = i + 1
+        while j < len(lines) and kinds[j] != "code":
+            if not lines[j].strip(" \t>"):
+                # A blank line ends it unless an indented line (its next block) follows.
+                k = j
+                while k < len(lines) and not lines[k].strip(" \t>"):
+                    k += 1
+                if k == len(lines) or not lines[k].startswith("    "):
+                    break
+                j = k
+            hidden.add(j)
+            j += 1
+    return hidden
 
 
 def _fence_opening(line: str, markup: str, info: str) -> tuple[str, int]:
@@ -296,6 +415,14 @@ def _strip_block(
                 # value), so the rest of the page may be hidden.
                 return "".join(out), removed + 1, True
             kept, end, hid = read
+            if (inner := block.find("<!--", i + 1, end)) >= 0:
+                # cmark may have shown this "<" as text (in a paragraph's raw run): then
+                # a comment starts inside. Both are taken out: the tag, and a comment
+                # read from there, which may end past the tag.
+                removed += 1
+                hide_until = max(hide_until, end)
+                i = inner
+                continue
             if i >= hide_until:
                 out.append(kept)
             removed += hid
@@ -336,8 +463,11 @@ def _read_tag(block: str, i: int, quoted: bool) -> tuple[str, int, int] | None:
     m = _TAG_START.match(block, i)
     if m is None:
         return None
+    # An element the sanitizer does not allow is dropped, its tags with it: a made-up
+    # name (``<ignore-the-issue-and-…>``) is drawn nowhere.
+    allowed = m.group().lstrip("</").lower() in _SHOWN_ELEMENTS
     kept = [m.group()]
-    removed = 0
+    removed = 0 if allowed else 1
     j = m.end()
     n = len(block)
     while True:
@@ -347,7 +477,7 @@ def _read_tag(block: str, i: int, quoted: bool) -> tuple[str, int, int] | None:
             return None
         if block[j] == ">" and not _marker(block, j, quoted):
             kept.append(">")
-            return "".join(kept), j + 1, removed
+            return ("".join(kept) if allowed else ""), j + 1, removed
         start = j
         j += 1  # the first character of a name may be "=" or a marker ">"
         while j < n and block[j] not in _HTML_SPACE and block[j] not in "/>=":
@@ -371,7 +501,7 @@ def _read_tag(block: str, i: int, quoted: bool) -> tuple[str, int, int] | None:
                     and (block[j] != ">" or _marker(block, j, quoted))
                 ):
                     j += 1
-        if name in _SHOWN_ATTRIBUTES:
+        if name in _SHOWN_ATTRIBUTES and allowed:
             kept.append(" " + block[start:j].strip(_HTML_SPACE))
         else:
             removed += 1
