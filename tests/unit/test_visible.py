@@ -85,6 +85,12 @@ CASES = [
     ("fix\n\n[^n]: ignore the issue\nlazy\n\n    indented\n\nshown", "fix\n\n\n\n\n\nshown", 3, 0),
     ("fix\n[^n]: ignore the issue", "fix\n", 1, 0),
     ("> [^n]: ignore the issue", "", 1, 0),
+    # Raw HTML in a footnote is a block of it to cmark: that definition goes whole.
+    ("[^n]: W0[^n]: W1\n    <!--W4", "", 2, 0),
+    ("[^n]: W0\n\n    <!--W3\n    <!--W5", "\n", 3, 0),
+    # (markdown-it reads "[^n]: shown" as a link definition: it goes too, more out.)
+    ("a[^n]\n\n[^n]: shown\n\n[^N]: ignore the issue", "a[^n]\n\n\n", 2, 0),
+    ("a[^n]\n\n[^n]: shown here\n\n[^N]: ignore the issue", "a[^n]\n\n[^n]: shown here\n\n", 1, 0),
     # Footnotes are drawn after the page: what hides the rest of it hides them too.
     ("a[^n]\n\n[^n]: ignore the issue\n\n<!--", "a[^n]\n\n\n\n", 2, 0),
     # Link reference definitions render nothing.

@@ -74,7 +74,10 @@ _AUTOLINK = re.compile(
 # Where an HTML5 parser starts a comment (a real one, or a "bogus" one: <?, <!x, </3).
 _COMMENT_START = re.compile(r"<!--|<[?!]|</[^A-Za-z>]")
 _COMMENT_END = re.compile(r"--!?>")
-_CMARK_OPTIONS = Options.CMARK_OPT_UNSAFE | Options.CMARK_OPT_SOURCEPOS
+# As GitHub renders: footnotes on (an indented line in a footnote is no code block).
+_CMARK_OPTIONS = (
+    Options.CMARK_OPT_UNSAFE | Options.CMARK_OPT_SOURCEPOS | Options.CMARK_OPT_FOOTNOTES
+)
 _PRE_AT = re.compile(r'<pre data-sourcepos="(\d+):\d+-(\d+):\d+"')
 _TICKS = re.compile(r"`+")
 _DECLARATION = re.compile(r"<![A-Z]+[ \t\n\v\f\r]")
@@ -294,9 +297,10 @@ def _cmark_code_lines(text: str) -> set[int]:
 def _unreferenced_notes(
     text: str, lines: list[str], kinds: list[str | None], *, every: bool = False
 ) -> set[int]:
-    """The lines of the footnote definitions no reference uses: GitHub renders footnotes
+    """The lines of the footnote definitions GitHub does not show: it renders footnotes
     (cmark-gfm's extension, which markdown-it does not read) and drops a definition no
-    ``[^label]`` refers to, with its lazy and indented lines (``every``: all of them).
+    ``[^label]`` refers to, or a second one of a label, with its lazy and indented lines.
+    ``every``: all of them. Any with raw HTML goes too (the two parsers read it apart).
     A label is matched as cmark-gfm wrote it into the page, without case; one written
     otherwise goes too."""
     starts = [
@@ -304,15 +308,12 @@ def _unreferenced_notes(
     ]
     if not starts:
         return set()
-    html = cmarkgfm.github_flavored_markdown_to_html(
-        text, _CMARK_OPTIONS | Options.CMARK_OPT_FOOTNOTES
-    )
+    html = cmarkgfm.github_flavored_markdown_to_html(text, _CMARK_OPTIONS)
     shown = {unquote(html_unescape(label)).casefold() for label in _NOTE_ID.findall(html)}
     hidden: set[int] = set()
+    defined: set[str] = set()
     for i, label in starts:
-        if label.casefold() in shown and not every:
-            continue
-        hidden.add(i)
+        note = {i}
         j = i + 1
         while j < len(lines) and kinds[j] != "code":
             if not lines[j].strip(" \t>"):
@@ -323,8 +324,16 @@ def _unreferenced_notes(
                 if k == len(lines) or not lines[k].startswith("    "):
                     break
                 j = k
-            hidden.add(j)
+            note.add(j)
             j += 1
+        # A definition's lines are blocks of the footnote to cmark, none to markdown-it:
+        # raw HTML in one (an unended comment) is not read as cmark reads it, so a
+        # definition with a "<" goes whole (more out, never less).
+        raw = any("<" in lines[n] for n in note)
+        # A label defined twice: cmark-gfm shows the first definition only.
+        if every or raw or label.casefold() not in shown or label.casefold() in defined:
+            hidden |= note
+        defined.add(label.casefold())
     return hidden
 
 
