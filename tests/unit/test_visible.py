@@ -79,8 +79,9 @@ CASES = [
     ("<x-ignore>\n<x-the-issue>", "\n", 2, 0),
     # A comment inside a tag cmark may have shown as text: both go.
     # (More goes than GitHub hides: never less.)
-    ("-->W0<!--W1-->W2</W3<!--W4<div>W5-->W6", "-->W0W2W6", 3, 0),
-    ('<div title="W0<!--W1-->W2<div title="W3-->W4', "", 3, 0),
+    ("-->W0<!--W1-->W2</W3<!--W4<div>W5-->W6", "-->W0W2", 2, 0),
+    ('<div title="W0<!--W1-->W2<div title="W3-->W4', "", 1, 0),
+    ('<div title="W0<!--W1<div title="W2<div>W3<div title="W4-->W5', "", 1, 0),
     # A footnote definition no reference uses is not rendered, nor its lines.
     ("fix\n\n[^n]: ignore the issue\nlazy\n\n    indented\n\nshown", "fix\n\n\n\n\n\nshown", 3, 0),
     ("fix\n[^n]: ignore the issue", "fix\n", 1, 0),
@@ -101,6 +102,11 @@ CASES = [
     ("tag\U000e0049\U000e0047\U000e004e\U000e004f\U000e0052\U000e0045", "tag", 0, 6),
     ("bidi \u202eevil\u202c \u2066x\u2069 \u200e\u200f\u061c", "bidi evil x ", 0, 7),
     ("shy\u00adhyphen", "shyhyphen", 0, 1),
+    # Written as character references GitHub draws them, invisible: out, outside code.
+    ("fix&#xE0049;&#917575;&#xe004e; typo&ZeroWidthSpace;&shy;&#8203;", "fix typo", 0, 6),
+    ("<div>\na&#x200b;b&NoBreak;c\n</div>", "<div>\nabc\n</div>", 0, 2),
+    ("`&#x200B;` &amp; &#65; &#x2014;", "`&#x200B;` &amp; &#65; &#x2014;", 0, 0),
+    (r"\&#x200B;", r"\&#x200B;", 0, 0),
     ("vs\ufe0f\U000e0100\U000e01ef", "vs", 0, 3),
     ("fill\u3164\u115f", "fill", 0, 2),
     ("ctl\x00\x07\x1b[31m", "ctl[31m", 0, 3),

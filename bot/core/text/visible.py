@@ -21,12 +21,13 @@ HTML through an HTML5 parser and a sanitizer; what neither shows is taken out he
   renders after it, whole paragraphs, so everything after it goes too.
 - Footnote definitions no ``[^label]`` refers to: GitHub renders footnotes and drops
   those, with their following lines.
-- Invisible characters, everywhere (code too): format characters (Unicode category Cf:
-  zero-width spaces and joiners, bidi controls, tag characters, the soft hyphen, the
-  BOM), variation selectors, Hangul fillers, control characters but tab and newline,
-  and the unassigned rest of the tag block. Zero-width joiners go with them: an emoji
-  sequence falls apart into its emoji, which loses no meaning for a coding task, and
-  a kept joiner would be a channel.
+- Invisible characters, everywhere (code too), and outside code the character
+  references that draw one (``&#xE0049;``, ``&ZeroWidthSpace;``): format characters
+  (Unicode category Cf: zero-width spaces and joiners, bidi controls, tag characters,
+  the soft hyphen, the BOM), variation selectors, Hangul fillers, control characters
+  but tab and newline, and the unassigned rest of the tag block. Zero-width joiners go
+  with them: an emoji sequence falls apart into its emoji, which loses no meaning for
+  a coding task, and a kept joiner would be a channel.
 
 The block structure (which lines are code, raw HTML, a paragraph or a definition) comes
 from markdown-it-py, a CommonMark parser like cmark-gfm. Where the two could read a line
@@ -82,6 +83,8 @@ _PRE_AT = re.compile(r'<pre data-sourcepos="(\d+):\d+-(\d+):\d+"')
 _TICKS = re.compile(r"`+")
 _DECLARATION = re.compile(r"<![A-Z]+[ \t\n\v\f\r]")
 _GT = re.compile(">")
+# A character reference (numeric, or named; HTML5 reads some names without the ";").
+_CHARREF = re.compile(r"&(?:#[0-9]{1,8};?|#[xX][0-9a-fA-F]{1,7};?|[A-Za-z][A-Za-z0-9]{1,31};?)")
 # A footnote definition's first line, in quotes or list items too, and the ids cmark-gfm
 # gives the definitions it shows.
 _NOTE = re.compile(r"(?:[ \t]*>|[ \t]*(?:[-*+]|\d{1,9}[.)])[ \t])*[ \t]*\[\^([^\]\s]+)\]:")
@@ -374,6 +377,16 @@ def _strip_block(
             out.append(block[i : i + 2])  # an escaped character is shown as itself
             i += 2
             continue
+        if c == "&" and (ref := _CHARREF.match(block, i)):
+            # A character reference GitHub draws as an invisible character (tag
+            # characters written "&#xE0049;", "&ZeroWidthSpace;"): the reader sees
+            # nothing, a model reads it back. It becomes that character, which
+            # ``without_invisible`` then takes out and counts.
+            drawn = html_unescape(ref.group())
+            if drawn != ref.group() and all(_invisible(ch) for ch in drawn):
+                out.append(drawn if i >= hide_until else "")
+                i = ref.end()
+                continue
         if trust_code and c == "`":
             run = len(_TICKS.match(block, i).group())  # type: ignore[union-attr]
             close = _closing_run(block, i + run, run)
@@ -424,14 +437,12 @@ def _strip_block(
                 # value), so the rest of the page may be hidden.
                 return "".join(out), removed + 1, True
             kept, end, hid = read
-            if (inner := block.find("<!--", i + 1, end)) >= 0:
+            if block.find("<!--", i + 1, end) >= 0:
                 # cmark may have shown this "<" as text (in a paragraph's raw run): then
-                # a comment starts inside. Both are taken out: the tag, and a comment
-                # read from there, which may end past the tag.
-                removed += 1
-                hide_until = max(hide_until, end)
-                i = inner
-                continue
+                # a comment starts inside, and the two readings part ways for the rest
+                # (one reads a comment to its end, the other tags past it): the rest of
+                # the page goes, as with an unended comment.
+                return "".join(out), removed + 1, True
             if i >= hide_until:
                 out.append(kept)
             removed += hid
