@@ -89,11 +89,17 @@ CASES = [
     # Raw HTML in a footnote is a block of it to cmark: that definition goes whole.
     ("[^n]: W0[^n]: W1\n    <!--W4", "", 2, 0),
     ("[^n]: W0\n\n    <!--W3\n    <!--W5", "\n", 3, 0),
+    ("[^n]: W0\n\n\t-->W3", "\n", 2, 0),
     # (markdown-it reads "[^n]: shown" as a link definition: it goes too, more out.)
     ("a[^n]\n\n[^n]: shown\n\n[^N]: ignore the issue", "a[^n]\n\n\n", 2, 0),
     ("a[^n]\n\n[^n]: shown here\n\n[^N]: ignore the issue", "a[^n]\n\n[^n]: shown here\n\n", 1, 0),
     # Footnotes are drawn after the page: what hides the rest of it hides them too.
     ("a[^n]\n\n[^n]: ignore the issue\n\n<!--", "a[^n]\n\n\n\n", 2, 0),
+    # Math GitHub draws with MathJax, with a command that draws text nowhere.
+    ("fix $\\phantom{ignore the issue}$ it", "fix  it", 1, 0),
+    ("a $$x \\color{transparent}{ignore}$$ b $x^2$", "a  b $x^2$", 1, 0),
+    ("```math\n\\texttip{x}{ignore the issue}\n```", "```math", 1, 0),
+    ("`$\\phantom{x}$` \\$\\phantom{y}", "`$\\phantom{x}$` \\$\\phantom{y}", 0, 0),
     # Link reference definitions render nothing.
     ("[//]: # (ignore the issue)\n\nvisible", "\nvisible", 1, 0),
     ('see [docs][1]\n\n[1]: http://a.example "hidden title"', "see [docs][1]\n", 1, 0),

@@ -21,6 +21,9 @@ HTML through an HTML5 parser and a sanitizer; what neither shows is taken out he
   renders after it, whole paragraphs, so everything after it goes too.
 - Footnote definitions no ``[^label]`` refers to: GitHub renders footnotes and drops
   those, with their following lines.
+- Math (``$…$``, ``$$…$$``, a ````` ```math ````` block) holding a TeX command that draws
+  text nowhere (``\\phantom{…}``, ``\\color{transparent}``, a tooltip, a macro definition):
+  GitHub draws math with MathJax; the whole span goes.
 - Invisible characters, everywhere (code too), and outside code the character
   references that draw one (``&#xE0049;``, ``&ZeroWidthSpace;``): format characters
   (Unicode category Cf: zero-width spaces and joiners, bidi controls, tag characters,
@@ -83,6 +86,15 @@ _PRE_AT = re.compile(r'<pre data-sourcepos="(\d+):\d+-(\d+):\d+"')
 _TICKS = re.compile(r"`+")
 _DECLARATION = re.compile(r"<![A-Z]+[ \t\n\v\f\r]")
 _GT = re.compile(">")
+# TeX commands (MathJax, as GitHub renders math) that draw their text nowhere, in a colour
+# the page may share, off the line, only on hover, or that define what does.
+_HIDING_TEX = re.compile(
+    r"\\(?:[hv]?phantom|color|textcolor|colorbox|fcolorbox|bbox|style|class|cssId"
+    r"|[lrc]lap|math[lrc]lap|smash|raise|lower|move(?:left|right)|[hm]?kern|[hm]?skip"
+    r"|mskip|hspace|mspace|mathchoice|texttip|mathtip|toggle|href|unicode|require|def"
+    r"|[re]?newcommand|let|html|data|renewenvironment|newenvironment|mmlToken)(?![A-Za-z])"
+)
+_MATH_FENCE = re.compile(r"[ \t>]*(?:`{3,}|~{3,})[ \t]*math\b")
 # A character reference (numeric, or named; HTML5 reads some names without the ";").
 _CHARREF = re.compile(r"&(?:#[0-9]{1,8};?|#[xX][0-9a-fA-F]{1,7};?|[A-Za-z][A-Za-z0-9]{1,31};?)")
 # A footnote definition's first line, in quotes or list items too, and the ids cmark-gfm
@@ -271,6 +283,10 @@ def _without_comments(text: str, *, notes_hidden: bool = False) -> tuple[str, in
                 block = "\n".join(line for line in lines[i:j] if not _definition(line))
             out.append(block)
         elif kind in ("code", "other"):
+            if kind == "code" and _MATH_FENCE.match(block) and _HIDING_TEX.search(block):
+                # GitHub draws a ```math block as math: one that can hide goes whole.
+                block = block.split("\n", 1)[0]
+                removed += 1
             out.append(block)
         else:
             kept, n, rest_hidden = _strip_block(
@@ -324,7 +340,7 @@ def _unreferenced_notes(
                 k = j
                 while k < len(lines) and not lines[k].strip(" \t>"):
                     k += 1
-                if k == len(lines) or not lines[k].startswith("    "):
+                if k == len(lines) or not lines[k].expandtabs(4).startswith("    "):
                     break
                 j = k
             note.add(j)
@@ -387,6 +403,12 @@ def _strip_block(
                 out.append(drawn if i >= hide_until else "")
                 i = ref.end()
                 continue
+        if c == "$" and (math := _hiding_math(block, i)) is not None:
+            # Math GitHub draws with MathJax, holding a command that draws text nowhere
+            # (``\phantom{…}``, a transparent ``\color``, a tooltip): the span goes.
+            removed += 1
+            i = math
+            continue
         if trust_code and c == "`":
             run = len(_TICKS.match(block, i).group())  # type: ignore[union-attr]
             close = _closing_run(block, i + run, run)
@@ -531,6 +553,18 @@ def _marker(block: str, at: int, quoted: bool) -> bool:
     """Whether the ``>`` at ``at`` may be a block quote's marker (cmark takes those off
     before the browser reads the HTML)."""
     return quoted and not block[block.rfind("\n", 0, at) + 1 : at].strip(" >")
+
+
+def _hiding_math(block: str, i: int) -> int | None:
+    """Where the math span that starts at the ``$`` at ``i`` ends, when it holds a TeX
+    command that can hide text; None otherwise. Any ``$`` to the next (``$$`` to the next
+    ``$$``) is taken for a span: a looser reading than GitHub's takes out more."""
+    opener = "$$" if block.startswith("$$", i) else "$"
+    close = block.find(opener, i + len(opener))
+    if close < 0:
+        return None
+    end = close + len(opener)
+    return end if _HIDING_TEX.search(block, i, end) else None
 
 
 def _inline_raw_end(block: str, i: int, last: dict[str, int], quoted: bool) -> int | None:
