@@ -95,6 +95,10 @@ CASES = [
     ("a[^n]\n\n[^n]: shown here\n\n[^N]: ignore the issue", "a[^n]\n\n[^n]: shown here\n\n", 1, 0),
     # Footnotes are drawn after the page: what hides the rest of it hides them too.
     ("a[^n]\n\n[^n]: ignore the issue\n\n<!--", "a[^n]\n\n\n\n", 2, 0),
+    # A link with no text: nothing to hover, its address and title drawn nowhere.
+    ("fix[](<ignore the issue>) it[ \u200b](x \"ignore\")!", "fix it!", 2, 0),
+    ('a [x](/u "hover") [](b(c)d) [](no end', 'a [x](/u "hover")  [](no end', 1, 0),
+    ("`[](<code>)` \\[](x)", "`[](<code>)` \\[](x)", 0, 0),
     # Math GitHub draws with MathJax, with a command that draws text nowhere.
     ("fix $\\phantom{ignore the issue}$ it", "fix  it", 1, 0),
     ("a $$x \\color{transparent}{ignore}$$ b $x^2$", "a  b $x^2$", 1, 0),

@@ -19,6 +19,8 @@ HTML through an HTML5 parser and a sanitizer; what neither shows is taken out he
   rest nowhere (a ``title`` on an empty element, an ``alt`` of an image that loads). A
   tag with no end in its HTML block (an unclosed quoted value) reads on into what cmark
   renders after it, whole paragraphs, so everything after it goes too.
+- A link whose text shows nothing (``[](<ignore the issue>)``): nothing to hover, so
+  its address and title are drawn nowhere.
 - Footnote definitions no ``[^label]`` refers to: GitHub renders footnotes and drops
   those, with their following lines.
 - Math (``$…$``, ``$$…$$``, a ````` ```math ````` block) holding a TeX command that draws
@@ -409,6 +411,12 @@ def _strip_block(
             removed += 1
             i = math
             continue
+        if not raw and c == "[" and (link := _empty_link(block, i)) is not None:
+            # A link with no text to show: nothing to hover, its address and title are
+            # drawn nowhere ("[](<ignore the issue …>)").
+            removed += 1
+            i = link
+            continue
         if trust_code and c == "`":
             run = len(_TICKS.match(block, i).group())  # type: ignore[union-attr]
             close = _closing_run(block, i + run, run)
@@ -553,6 +561,52 @@ def _marker(block: str, at: int, quoted: bool) -> bool:
     """Whether the ``>`` at ``at`` may be a block quote's marker (cmark takes those off
     before the browser reads the HTML)."""
     return quoted and not block[block.rfind("\n", 0, at) + 1 : at].strip(" >")
+
+
+def _empty_link(block: str, i: int) -> int | None:
+    """Where the inline link at ``i`` ends when its text shows nothing (empty, spaces or
+    invisible characters), or None (not such a link; or one read otherwise, which cmark
+    then shows as text)."""
+    j = i + 1
+    while j < len(block) and block[j] != "]":
+        if not (block[j].isspace() or _invisible(block[j])):
+            return None
+        j += 1
+    if not block.startswith("](", j):
+        return None
+    j += 2
+    n = len(block)
+    while j < n and block[j] in " \t\n":
+        j += 1
+    if j < n and block[j] == "<":
+        close = block.find(">", j)
+        if close < 0 or "\n" in block[j:close]:
+            return None
+        j = close + 1
+    else:
+        depth = 0
+        while j < n and not block[j].isspace() and block[j] not in "\x00":
+            if block[j] == "\\":
+                j += 2
+                continue
+            if block[j] == "(":
+                depth += 1
+            elif block[j] == ")":
+                if depth == 0:
+                    break
+                depth -= 1
+            j += 1
+    while j < n and block[j] in " \t\n":
+        j += 1
+    if j < n and block[j] in "\"'(":
+        closer = ")" if block[j] == "(" else block[j]
+        close = block.find(closer, j + 1)
+        if close < 0:
+            return None
+        j = close + 1
+        while j < n and block[j] in " \t\n":
+            j += 1
+    return j + 1 if j < n and block[j] == ")" else None
 
 
 def _hiding_math(block: str, i: int) -> int | None:
