@@ -99,6 +99,7 @@ CASES = [
     ("fix[](<ignore the issue>) it[ \u200b](x \"ignore\")!", "fix it!", 2, 0),
     ('a [x](/u "hover") [](b(c)d) [](no end', 'a [x](/u "hover")  [](no end', 1, 0),
     ("`[](<code>)` \\[](x)", "`[](<code>)` \\[](x)", 0, 0),
+    ("a[](x\\)y\\(z) b", "a b", 1, 0),
     # Math GitHub draws with MathJax, with a command that draws text nowhere.
     ("fix $\\phantom{ignore the issue}$ it", "fix  it", 1, 0),
     ("a $$x \\color{transparent}{ignore}$$ b $x^2$", "a  b $x^2$", 1, 0),
@@ -187,3 +188,13 @@ def test_nothing_github_hides_is_kept(markdown: str) -> None:
     # makes) are kept: every word kept is checked.
     kept = set(_WORD.findall(visible(markdown).text))
     assert kept <= _shown(markdown), markdown
+
+
+def test_empty_links_are_read_in_linear_time() -> None:
+    """A body of 20,000 "[](" took 99 s to read when each was scanned to the end."""
+    import time
+
+    started = time.process_time()
+    for body in ("[](" * 20000, "[](a]" * 13000, ("[](a" + "()" * 2000) * 8):
+        visible(body)
+    assert time.process_time() - started < 5

@@ -88,6 +88,10 @@ _PRE_AT = re.compile(r'<pre data-sourcepos="(\d+):\d+-(\d+):\d+"')
 _TICKS = re.compile(r"`+")
 _DECLARATION = re.compile(r"<![A-Z]+[ \t\n\v\f\r]")
 _GT = re.compile(">")
+# A link destination's characters that matter, how far one is read, and a run of them.
+_DEST_STOP = re.compile(r"\\.|[()\s]", re.S)
+_DEST_CHARS = 2000
+_RUN = re.compile(r"\S*")
 # TeX commands (MathJax, as GitHub renders math) that draw their text nowhere, in a colour
 # the page may share, off the line, only on hover, or that define what does.
 _HIDING_TEX = re.compile(
@@ -584,18 +588,28 @@ def _empty_link(block: str, i: int) -> int | None:
             return None
         j = close + 1
     else:
-        depth = 0
-        while j < n and not block[j].isspace() and block[j] not in "\x00":
-            if block[j] == "\\":
-                j += 2
-                continue
-            if block[j] == "(":
+        # Only parentheses, backslashes and spaces are looked at (the regex skips the
+        # rest); cmark nests at most 32 parentheses (deeper, it reads no link: text).
+        # Past _DEST_CHARS the destination's whole run goes: more out, and no scan of
+        # a hostile body grows with its length for every "[" in it.
+        start, depth = j, 0
+        for m in _DEST_STOP.finditer(block, j):
+            j = m.start()
+            if j - start > _DEST_CHARS:
+                return _RUN.match(block, start).end()  # type: ignore[union-attr]
+            ch = m.group()
+            if len(ch) == 2:
+                continue  # an escaped character
+            if ch == "(":
                 depth += 1
-            elif block[j] == ")":
-                if depth == 0:
-                    break
+                if depth > 32:
+                    return None
+            elif ch == ")" and depth:
                 depth -= 1
-            j += 1
+            else:
+                break  # a space, or the ")" that ends the destination
+        else:
+            return None
     while j < n and block[j] in " \t\n":
         j += 1
     if j < n and block[j] in "\"'(":
