@@ -190,11 +190,17 @@ def test_nothing_github_hides_is_kept(markdown: str) -> None:
     assert kept <= _shown(markdown), markdown
 
 
-def test_empty_links_are_read_in_linear_time() -> None:
-    """A body of 20,000 "[](" took 99 s to read when each was scanned to the end."""
+def test_links_and_footnotes_are_read_in_linear_time() -> None:
+    """A body of 20,000 "[](" took 99 s to read when each was scanned to the end, and
+    8,000 footnote definitions 6 s."""
     import time
 
     started = time.process_time()
-    for body in ("[](" * 20000, "[](a]" * 13000, ("[](a" + "()" * 2000) * 8):
+    for body in (
+        "[](" * 20000,
+        "[](a]" * 13000,
+        ("[](a" + "()" * 2000) * 8,
+        "[^n]: x\n" * 8000,  # each definition read to the end: 6 s
+    ):
         visible(body)
     assert time.process_time() - started < 5

@@ -340,7 +340,9 @@ def _unreferenced_notes(
     for i, label in starts:
         note = {i}
         j = i + 1
-        while j < len(lines) and kinds[j] != "code":
+        # To the next definition at most (it starts a footnote of its own): each line is
+        # read once, however many definitions a body holds.
+        while j < len(lines) and kinds[j] != "code" and not _NOTE.match(lines[j]):
             if not lines[j].strip(" \t>"):
                 # A blank line ends it unless an indented line (its next block) follows.
                 k = j
