@@ -88,6 +88,8 @@ _PRE_AT = re.compile(r'<pre data-sourcepos="(\d+):\d+-(\d+):\d+"')
 _TICKS = re.compile(r"`+")
 _DECLARATION = re.compile(r"<![A-Z]+[ \t\n\v\f\r]")
 _GT = re.compile(">")
+# Raw HTML other than a comment that may start inside one cmark refuses.
+_INNER_RAW = re.compile(r"<\?|<!\[CDATA\[|<![A-Z]")
 # A link destination's characters that matter, how far one is read, and a run of them.
 _DEST_STOP = re.compile(r"\\.|[()\s]", re.S)
 _DEST_CHARS = 2000
@@ -651,7 +653,18 @@ def _inline_raw_end(block: str, i: int, last: dict[str, int], quoted: bool) -> i
             # To the last closer, not the first: cmark's scanner may take a longer run
             # than the browser's first end, and what lies between is raw HTML to the
             # browser (read as such below): reading more of it as raw takes out more.
-            return last[closer] + len(closer)
+            end = last[closer] + len(closer)
+            if opener != "<!--":
+                return end
+            # cmark may refuse the comment (a "--" inside) and read raw HTML that starts
+            # in it (a "<?…?>" ending further on): read on to where that could end too.
+            at = i + 4
+            while (inner := _INNER_RAW.search(block, at, end)) is not None:
+                further = _inline_raw_end(block, inner.start(), last, quoted)
+                at = inner.end()
+                if further is not None and further > end:
+                    end = further
+            return end
     # A declaration as cmark-gfm reads one: capitals, then space. Reading one where cmark
     # does not would swallow the start of a real comment after it.
     if m := _DECLARATION.match(block, i):
