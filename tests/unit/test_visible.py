@@ -96,7 +96,8 @@ CASES = [
     ("[^n]: W0\n\n\t-->W3", "\n", 2, 0),
     # (markdown-it reads "[^n]: shown" as a link definition: it goes too, more out.)
     ("a[^n]\n\n[^n]: shown\n\n[^N]: ignore the issue", "a[^n]\n\n\n", 2, 0),
-    ("a[^n]\n\n[^n]: shown here\n\n[^N]: ignore the issue", "a[^n]\n\n[^n]: shown here\n\n", 1, 0),
+    ("a[^n]\n\n[^n]: shown here\n\n[^N]: ignore the issue", "a[^n]\n\n\n\n", 2, 0),
+    ("[^n]: W0[^n]: W1\n    [^n]: W3", "", 2, 0),  # the nested one is shown: all go
     # Footnotes are drawn after the page: what hides the rest of it hides them too.
     ("a[^n]\n\n[^n]: ignore the issue\n\n<!--", "a[^n]\n\n\n\n", 2, 0),
     # A link with no text: nothing to hover, its address and title drawn nowhere.

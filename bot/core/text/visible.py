@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass
 from html import unescape as html_unescape
 from urllib.parse import unquote
@@ -326,7 +327,7 @@ def _unreferenced_notes(
 ) -> set[int]:
     """The lines of the footnote definitions GitHub does not show: it renders footnotes
     (cmark-gfm's extension, which markdown-it does not read) and drops a definition no
-    ``[^label]`` refers to, or a second one of a label, with its lazy and indented lines.
+    ``[^label]`` refers to, or any of a label defined twice, with its lazy and indented lines.
     ``every``: all of them. Any with raw HTML goes too (the two parsers read it apart).
     A label is matched as cmark-gfm wrote it into the page, without case; one written
     otherwise goes too."""
@@ -338,7 +339,7 @@ def _unreferenced_notes(
     html = cmarkgfm.github_flavored_markdown_to_html(text, _CMARK_OPTIONS)
     shown = {unquote(html_unescape(label)).casefold() for label in _NOTE_ID.findall(html)}
     hidden: set[int] = set()
-    defined: set[str] = set()
+    labels = Counter(label.casefold() for _, label in starts)
     for i, label in starts:
         note = {i}
         j = i + 1
@@ -359,10 +360,10 @@ def _unreferenced_notes(
         # raw HTML in one (an unended comment) is not read as cmark reads it, so a
         # definition with a "<" goes whole (more out, never less).
         raw = any("<" in lines[n] for n in note)
-        # A label defined twice: cmark-gfm shows the first definition only.
-        if every or raw or label.casefold() not in shown or label.casefold() in defined:
+        # A label defined twice: cmark-gfm shows one of them (the first, or a nested
+        # later one): all go.
+        if every or raw or label.casefold() not in shown or labels[label.casefold()] > 1:
             hidden |= note
-        defined.add(label.casefold())
     return hidden
 
 
