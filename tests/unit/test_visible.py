@@ -51,6 +51,10 @@ CASES = [
     # A backtick inside a raw HTML tag or an autolink opens no code span.
     ('<a title="`"> <!-- s --> `x`', "<a>  `x`", 2, 0),
     ("<http://a.example/`> <!-- s --> `", "<http://a.example/`>  `", 1, 0),
+    # A code span whose closing run is inside a raw tag's attribute: cmark-gfm may read
+    # the tag (the property found it): the span is not trusted.
+    ('``W0`W1`W2`W3<div title="W4`W5">W6', "``W0`W1`W2`W3<div>W6", 1, 0),
+    ('`<div class="x">` stays', '`<div class="x">` stays', 0, 0),
     # A table's cells split a code span before it is read: no code span is trusted.
     ("| `a | <!-- x --> | b` |\n|-|-|-|", "| `a |  | b` |\n|-|-|-|", 1, 0),
     # In a list item, quote or heading.

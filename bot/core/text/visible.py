@@ -89,6 +89,7 @@ _PRE_AT = re.compile(r'<pre data-sourcepos="(\d+):\d+-(\d+):\d+"')
 _TICKS = re.compile(r"`+")
 _DECLARATION = re.compile(r"<![A-Z]+[ \t\n\v\f\r]")
 _GT = re.compile(">")
+_TAG_OPEN = re.compile(r"</?[A-Za-z]")
 # Raw HTML other than a comment that may start inside one cmark refuses.
 _INNER_RAW = re.compile(r"<\?|<!\[CDATA\[|<![A-Z]")
 # A link destination's characters that matter, how far one is read, and a run of them.
@@ -429,7 +430,7 @@ def _strip_block(
         if trust_code and c == "`":
             run = len(_TICKS.match(block, i).group())  # type: ignore[union-attr]
             close = _closing_run(block, i + run, run)
-            if close is not None:
+            if close is not None and not _tag_across(block, i + run, close):
                 out.append(block[i:close])
                 i = close
                 continue
@@ -674,6 +675,17 @@ def _inline_raw_end(block: str, i: int, last: dict[str, int], quoted: bool) -> i
         gt = _gt(block, m.end(), quoted) if last[">"] >= m.end() else None
         return gt + 1 if gt is not None else None
     return None
+
+
+def _tag_across(block: str, start: int, close: int) -> bool:
+    """Whether a raw HTML tag that starts between ``start`` and ``close`` (a code span's
+    content and closing run) ends past it: cmark-gfm may read the tag, and the browser
+    the span's closing backticks as part of an attribute; the span is not trusted."""
+    for m in _TAG_OPEN.finditer(block, start, close):
+        tag = _TAG.match(block, m.start())
+        if tag is not None and tag.end() > close:
+            return True
+    return False
 
 
 def _closing_run(block: str, start: int, run: int) -> int | None:
