@@ -499,9 +499,12 @@ def _strip_block(
             early, late = ends
             hide_until = max(hide_until, late)
             # A "<!--" inside a bogus comment may be a real one's start (when cmark
-            # showed the bogus one's "<" as text): read from there too.
-            inner = block.find("<!--", i + 1, early) if start.group() != "<!--" else -1
-            i = inner if inner >= 0 else early
+            # showed the bogus one's "<" as text): the two readings part ways from
+            # there (one reads that comment to its end, the other the tags after the
+            # bogus one's end), so the rest goes, as with an unended comment.
+            if start.group() != "<!--" and block.find("<!--", i + 1, early) >= 0:
+                return "".join(out), removed, True
+            i = early
             continue
         if i >= hide_until:
             out.append(c)
