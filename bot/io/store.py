@@ -199,7 +199,9 @@ class Store:
     # -- conversation ----------------------------------------------------------------------
 
     def save_conversation(self, key: LoopKey, messages: list[dict[str, Any]]) -> None:
-        self.redis.set(_k("conv", key), json.dumps(messages))
+        # Kept as the loop's events are (the agent's words are in it): for
+        # EVENTS_TTL_SECONDS after the last save, never for ever.
+        self.redis.set(_k("conv", key), json.dumps(messages), ex=event_size.EVENTS_TTL_SECONDS)
 
     def conversation(self, key: LoopKey) -> list[dict[str, Any]]:
         raw = self.redis.get(_k("conv", key))
@@ -210,9 +212,14 @@ class Store:
     ) -> None:
         """An agent backend's own session (Claude Code's transcript, opencode's database,
         compressed): saved after each turn, so the next turn resumes it on any worker."""
-        self.redis.hset(
-            _k("agent-session", key), mapping={"id": session, "files": files, "backend": backend}
-        )
+        # The agent writes these files (to MAX_SESSION, incompressible if it likes): kept
+        # for EVENTS_TTL_SECONDS after the last save, as the loop's events, so finished
+        # loops' sessions do not pile up in Redis for ever (issue 37, item 1).
+        skey = _k("agent-session", key)
+        pipe = self.redis.pipeline()
+        pipe.hset(skey, mapping={"id": session, "files": files, "backend": backend})
+        pipe.expire(skey, event_size.EVENTS_TTL_SECONDS)
+        pipe.execute()
 
     def agent_session(self, key: LoopKey, backend: str = "claude-code") -> tuple[str, bytes] | None:
         """The saved session of ``backend`` (None: none, or another backend's: a writer

@@ -520,8 +520,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         del raw
         headers = gw.forwarded_headers(self.headers)
         if kind == "count":
-            if gw.exhausted:  # the key is not lent once the budget is spent
-                self._error(400, "invalid_request_error", f"loopbot: {gw.exhausted}")
+            # The key is not lent once the budget is spent, the step cap reached or the
+            # turn closed (a count is free, but it is the operator's key and rate limit).
+            # (Not marked ``capped``: the turn ends step_cap on a model call refused.)
+            at_cap = gw.max_calls is not None and gw.admitted >= gw.max_calls
+            cap = f"the turn's step cap ({gw.max_calls} model calls) is reached"
+            if why := gw.exhausted or gw.closed or (cap if at_cap else ""):
+                self._error(400, "invalid_request_error", f"loopbot: {why}")
                 return
             self._relay(gw, path, gw.counting(body), headers, counted=False)
             return

@@ -4,6 +4,8 @@ team filled a deployment's Redis through them (issue 37, item 1): 400 MiB in 2.5
 
 from __future__ import annotations
 
+import os
+
 from redis import Redis
 
 from bot.core.rules import event_size as es
@@ -69,3 +71,18 @@ def test_a_loops_stream_and_budget_expire_long_after_its_last_event(redis: Redis
         ttl = redis.ttl(name)
         assert es.EVENTS_TTL_SECONDS - 60 < ttl <= es.EVENTS_TTL_SECONDS, (name, ttl)
     assert redis.ttl("loopbot:events") == -1  # the global stream is capped by length alone
+
+
+def test_a_saved_session_and_conversation_expire_as_the_loops_events_do(redis: Redis) -> None:
+    """The agent writes its session files (64 MiB, incompressible if it likes) and its
+    words go into the conversation: kept with no expiry, every finished loop's stayed in
+    Redis for ever, 64 MiB a loop (red team, issue 37 item 1)."""
+    store = Store(redis)
+    store.save_agent_session(KEY, "s1", os.urandom(MiB), "codex")
+    store.save_conversation(KEY, [{"role": "assistant", "content": "x" * MiB}])
+    for name in (f"loopbot:agent-session:{KEY}", f"loopbot:conv:{KEY}"):
+        assert 0 < redis.ttl(name) <= es.EVENTS_TTL_SECONDS, name
+    # What is saved still reads back whole.
+    saved = store.agent_session(KEY, "codex")
+    assert saved is not None and saved[0] == "s1" and len(saved[1]) == MiB
+    assert store.conversation(KEY)[0]["content"] == "x" * MiB

@@ -45,6 +45,7 @@ class AnthropicServer:
         self.arrivals: list[float] = []  # wall-clock time each request arrived
         self.headers: list[dict[str, str]] = []
         self.input_tokens: list[int] = []  # ``count_tokens`` of each of ``requests``
+        self.counts = 0  # requests to /v1/messages/count_tokens that passed the key check
         self.responses: list[Json] = []  # every message answered (a 200), usage and all
         # Each answered request with its message: what was billed, and for what (a 200).
         self.exchanges: list[tuple[Json, Json]] = []
@@ -83,6 +84,7 @@ class AnthropicServer:
             self.requests.clear()
             self.headers.clear()
             self.input_tokens.clear()
+            self.counts = 0
             self.responses.clear()
             self.exchanges.clear()
             self.responder = None
@@ -275,6 +277,8 @@ class AnthropicServer:
         def count() -> tuple[Response, int]:
             if (denied := unauthorized()) is not None:
                 return denied
+            with srv.lock:
+                srv.counts += 1
             body = request.get_json(force=True)
             if not isinstance(body, dict):
                 return _err(400, "invalid_request_error", "the body must be a JSON object")

@@ -92,3 +92,57 @@ def test_an_agent_s_own_one_hour_cache_writes_cannot_bill_past_the_budget(
     billed = model.billed_usd()
     assert billed <= 1.00, (billed, spent)
     assert abs(spent["usd"] - billed) < 1e-9  # charged what was billed, no less
+
+
+def _count(gw: Any, body: dict[str, Any]) -> bytes:
+    """``body`` posted to the gateway's ``/v1/messages/count_tokens``."""
+    import json
+
+    from tests.io.gateway.test_gateway_limits import _whole, connect
+
+    data = json.dumps(body).encode()
+    s = connect(gw)
+    s.sendall(
+        b"POST /v1/messages/count_tokens HTTP/1.1\r\nHost: x\r\nx-api-key: "
+        + gw.placeholder.encode()
+        + b"\r\ncontent-length: "
+        + str(len(data)).encode()
+        + b"\r\n\r\n"
+        + data
+    )
+    out = b""
+    while not _whole(out) and (chunk := s.recv(65536)):
+        out += chunk
+    s.close()
+    return out
+
+
+def test_no_token_count_is_sent_once_the_step_cap_is_reached_or_the_turn_closed(
+    model: AnthropicServer, tmp_path: Path
+) -> None:
+    """Past the turn's step cap (and once the harness closed the gateway), a sandbox
+    process kept the real key for ``count_tokens`` as long as it liked: only a spent
+    budget stopped it (red team, issue 37 item 6). Now the gateway refuses it too."""
+    model.responder = lambda body: m.text("ok")
+    gw, _ = gateway_to(model, tmp_path, 1.00)
+    body = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        gw.max_calls = 1
+        assert _count(gw, body).startswith(b"HTTP/1.1 200")  # within the cap: counted
+        assert post(gw, body).startswith(b"HTTP/1.1 200")
+        sent = model.counts
+        answer = _count(gw, body)  # at the cap: no model call left to count for
+        assert answer.startswith(b"HTTP/1.1 400") and b"step cap" in answer, answer
+        assert not gw.capped  # a count does not end the turn; a refused model call does
+        assert post(gw, body).startswith(b"HTTP/1.1 400") and gw.capped
+        for _ in range(5):
+            answer = _count(gw, body)
+            assert answer.startswith(b"HTTP/1.1 400") and b"step cap" in answer, answer
+        assert model.counts == sent
+        gw.max_calls, gw.capped = None, ""
+        gw.closed = "the turn is over"
+        answer = _count(gw, body)
+        assert answer.startswith(b"HTTP/1.1 400") and b"the turn is over" in answer, answer
+        assert model.counts == sent
+    finally:
+        gw.stop()
