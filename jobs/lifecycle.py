@@ -38,7 +38,6 @@ from rq import get_current_job
 from rq.command import send_stop_job_command
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import JobStatus
-from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
 from bot.core.ids import LoopId
 from bot.core.record import LoopRecord, Reason, Status, Waiting, approve
@@ -52,7 +51,6 @@ from bot.io.github.issues import IssueInfo
 from bot.io.logs import get_logger
 from bot.io.pace import Outcome, Pace
 from bot.io.queues import (
-    LOOP_QUEUE,
     JobKind,
     enqueue_critic,
     enqueue_gate,
@@ -258,8 +256,17 @@ def pending_stage_jobs(redis: Redis) -> set[tuple[JobKind, str, int]]:
     (the gate's timer, an RQ retry) or deferred on the loop queue."""
     queue = loop_queue(redis)
     ids = set(queue.get_job_ids())
-    for registry in (StartedJobRegistry, ScheduledJobRegistry, DeferredJobRegistry):
-        ids.update(registry(LOOP_QUEUE, connection=redis).get_job_ids())
+    # The queue's own registries, which read and write loopbot's JSON jobs: reading one
+    # cleans it up, and the clean-up saves an abandoned job again to retry it. A registry
+    # built bare would do that with pickle, and the RQ scheduler dies on what it wrote
+    # (found by bench/chaos.py; tests/io/test_abandoned_jobs.py).
+    registries = (
+        queue.started_job_registry,
+        queue.scheduled_job_registry,
+        queue.deferred_job_registry,
+    )
+    for registry in registries:
+        ids.update(registry.get_job_ids())
     found: set[tuple[JobKind, str, int]] = set()
     for job_id in ids:
         try:

@@ -527,6 +527,26 @@ def test_jobs_are_not_named_by_strings(name: str) -> None:
     assert not bad, offences(bad)
 
 
+@pytest.mark.parametrize("name", MODULES)
+def test_rq_registries_come_from_a_queue(name: str) -> None:
+    """An RQ registry built by hand reads jobs with RQ's default (pickle) serializer, and
+    reading one cleans it up: an abandoned job is saved again, its meta as a pickle, and
+    the RQ scheduler dies on it (tests/io/test_abandoned_jobs.py). A queue's own
+    registries (``queue.started_job_registry``...) carry loopbot's JSON and job class."""
+    bad = [
+        f"{modules()[name].at(node)}: names an RQ registry class; use the queue's own "
+        "(bot/io/queues.py: loop_queue(redis).started_job_registry...)"
+        for node, _, _ in walk(modules()[name].tree)
+        if (isinstance(node, ast.Name) and node.id.endswith("JobRegistry"))
+        or (isinstance(node, ast.Attribute) and node.attr.endswith("JobRegistry"))
+        or (
+            isinstance(node, ast.ImportFrom)
+            and any(alias.name.endswith("JobRegistry") for alias in node.names)
+        )
+    ]
+    assert not bad, offences(bad)
+
+
 def test_every_module_was_read() -> None:
     """The checks above saw the whole tree: both packages, their sub-packages, and the
     modules each rule has an exception for."""
