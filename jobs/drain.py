@@ -21,9 +21,12 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 from rq import Worker
+from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
+from rq.scheduler import RQScheduler
 
 from bot.io.logs import get_logger
 from bot.io.queues import SERIALIZER, LoopbotJob
@@ -51,6 +54,27 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     DRAIN.set()
 
 
+SCHEDULER_LOOK_SECONDS = 5  # how long a scheduler slot goes without a lock it could hold
+
+
+class PromptScheduler(RQScheduler):
+    """RQ's scheduler, trying again for a queue's lock it lacks every few seconds.
+
+    RQ's tries again after 120 s (``DEFAULT_SCHEDULER_FALLBACK_PERIOD``): a worker started
+    while the old worker's scheduler lock still stood (61 s) held the control queue's lock
+    and not the loop queue's, so a handed-over loop's retry sat scheduled for two minutes
+    (seen in CI: issue 37, item 9)."""
+
+    @property
+    def should_reacquire_locks(self) -> bool:
+        if self._queue_names == self.acquired_locks:
+            return False
+        if not self.lock_acquisition_time:
+            return True
+        waited = (datetime.now() - self.lock_acquisition_time).total_seconds()
+        return waited > SCHEDULER_LOOK_SECONDS
+
+
 class DrainingWorker(Worker):
     """RQ's forking worker, passing a warm shutdown on to the job it is running.
 
@@ -61,6 +85,58 @@ class DrainingWorker(Worker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.update(job_class=LoopbotJob, serializer=SERIALIZER)
         super().__init__(*args, **kwargs)
+
+    # RQ's worker tries the scheduler's lock at start and then only at its maintenance,
+    # every 10 minutes, looking between blocking waits of 405 s: a scheduler slot started
+    # while a dead scheduler's lock still stood (61 s), or whose scheduler process died,
+    # left every scheduled job (a retry after a hand-over, the gate's timer) waiting that
+    # long. The scheduler slot wakes every few seconds and, with no live scheduler,
+    # tries the lock again (tests/e2e/test_worker_loops.py).
+    @property
+    def dequeue_timeout(self) -> int:
+        base = int(super().dequeue_timeout)  # also read by __init__, before the scheduler
+        return min(base, SCHEDULER_LOOK_SECONDS) if self._scheduler() is not None else base
+
+    @property
+    def should_run_maintenance_tasks(self) -> bool:
+        if super().should_run_maintenance_tasks:
+            return True
+        scheduler = self._scheduler()
+        if scheduler is None:
+            return False
+        process = scheduler._process
+        return process is None or not process.is_alive()
+
+    def _scheduler(self) -> Any:
+        return getattr(self, "scheduler", None)  # RQ sets it once the worker starts
+
+    def _start_scheduler(
+        self,
+        burst: bool = False,
+        logging_level: str | None = "INFO",
+        date_format: str = DEFAULT_LOGGING_DATE_FORMAT,
+        log_format: str = DEFAULT_LOGGING_FORMAT,
+    ) -> None:
+        """RQ's own (rq 2.12 ``Worker._start_scheduler``), with ``PromptScheduler``."""
+        self.scheduler = PromptScheduler(
+            self.queues,
+            connection=self.connection,
+            logging_level=logging_level if logging_level is not None else self.log.level,
+            date_format=date_format,
+            log_format=log_format,
+            serializer=self.serializer,
+        )
+        self.scheduler.acquire_locks()  # type: ignore[no-untyped-call]
+        if self.scheduler.acquired_locks:
+            if burst:
+                try:
+                    self.scheduler.register_birth()
+                    self.scheduler.enqueue_scheduled_jobs()  # type: ignore[no-untyped-call]
+                finally:
+                    self.scheduler.release_locks()  # type: ignore[no-untyped-call]
+                    self.scheduler.register_death()
+            else:
+                self.scheduler.start()  # type: ignore[no-untyped-call]
 
     def handle_warm_shutdown_request(self) -> None:
         super().handle_warm_shutdown_request()  # type: ignore[no-untyped-call]

@@ -17,6 +17,7 @@ from rq import Worker
 
 from bot.core.ids import LoopId
 from bot.core.record import TERMINAL, Status
+from bot.io import queues
 from bot.io.queues import ALL_QUEUES
 from bot.io.store import Store
 from bot.standins import anthropic as m
@@ -205,3 +206,26 @@ def _busy_slot(redis: Redis) -> int | None:
     """The pid of the RQ worker (a slot) running a job now."""
     busy = [w.pid for w in Worker.all(connection=redis) if w.get_state() == "busy"]
     return busy[0] if len(busy) == 1 else None
+
+
+def test_a_new_worker_runs_the_scheduler_once_a_dead_one_s_lock_lapses(
+    workers: Any, redis: Redis
+) -> None:
+    """A deploy starts the new worker while the old scheduler's lock may still stand (a
+    scheduler killed, or its lock not yet expired: RQ keeps it 61 s). RQ tries the lock
+    again only at its maintenance, every 10 minutes, and waits 405 s between looks when
+    idle: every scheduled job (a loop's retry after its hand-over, the gate's timer) waited
+    that long. CI saw a handed-over loop sit queued ~2 minutes on the new worker, until the
+    reconciler's grace. The scheduler slot now looks again every few seconds."""
+    lock = "rq:scheduler-lock:" + queues.LOOP_QUEUE
+    redis.set(lock, "a-scheduler-that-died", ex=3)  # what is left of the old worker's
+    b = workers("b", LOOPBOT_WORKER_LOOPS="2", **FAST)
+    wait_for(lambda: b.output().count("supervisor.started") >= 3, 30, "the slots started")
+    queues.enqueue_gate(redis, "acme/gone", 1, after=1)  # runs: "nothing to merge"
+    scheduled = queues.loop_queue(redis).scheduled_job_registry
+    assert scheduled.count == 1
+    try:
+        wait_for(lambda: scheduled.count == 0, 30, "the scheduled job to be moved to its queue")
+    except AssertionError:
+        raise AssertionError(b.output()[-4000:]) from None
+    assert redis.get(lock) not in (None, b"a-scheduler-that-died")
