@@ -94,6 +94,9 @@ KINDS = (
     "model_cut",
     "model_stall",
 )
+# How long a SIGTERMed worker may take to hand its loops over before the soak kills it and
+# counts a violation (the deploy's own limit, systemd's TimeoutStopSec, is 65 minutes).
+DRAIN_LIMIT = 600.0
 PROCESS_KINDS = {"worker_sigkill", "worker_sigterm", "sentinel_failover", "web_restart"}
 STALL_TIMEOUT = 4.0  # LOOPBOT_STALL_TIMEOUT: a stall fault answers after longer
 GITHUB_TIMEOUT = 4.0  # LOOPBOT_GITHUB_TIMEOUT: a timeout fault answers after longer
@@ -404,6 +407,7 @@ class Injector(threading.Thread):
         self.errors: list[str] = []
         self.helpers: list[threading.Thread] = []
         self.failover_lock = threading.Lock()
+        self.longest_drain = 0.0  # seconds from a worker's SIGTERM to its exit
 
     def plan(self) -> list[str]:
         kinds = list(KINDS)
@@ -478,8 +482,15 @@ class Injector(threading.Thread):
             if not proc.running:
                 inj.note = f"{proc.name} already down"
                 return
-            status = proc.terminate(120)
-            inj.note = f"{proc.name} exited {status}"
+            # A drain lets a critic or gate job finish its review or merge (GitHub's pauses
+            # included), so it can outlast two minutes under these faults: the deploy's
+            # contract is systemd's TimeoutStopSec (65 min). The soak allows 10 minutes and
+            # reports the longest.
+            started = time.monotonic()
+            status = proc.terminate(DRAIN_LIMIT)
+            took = time.monotonic() - started
+            self.longest_drain = max(self.longest_drain, took)
+            inj.note = f"{proc.name} exited {status} after {took:.0f} s"
             proc.start()
             proc.wait_started()
             if status != 0:
@@ -889,6 +900,7 @@ def main() -> None:
             f"{memory_end / 2**20:.1f} MiB at the end"
         )
         print(f"  webhooks retried by the front (a web down): {d.front.retried}")
+        print(f"  longest drain after a SIGTERM: {chaos.injector.longest_drain:.0f} s")
         print("  fault kind         injected  loops running   median extra time to merge")
         for row in cost_table(calm_ttm, chaos, chaos_ttm):
             print(row)
