@@ -84,11 +84,13 @@ class Lease:
             sent = time.monotonic()  # measured before the call: Redis' TTL starts later
             silent = sent - self._progress_at
             if self.max_silence is not None and silent > self.max_silence:
-                self._mark_lost(f"the job wrote nothing for {silent:.0f}s: presumed stuck")
                 try:  # at once, not a TTL later: the reconciler resumes the loop now
                     self.store.release_lease(self.key, self.owner)
                 except Exception:  # noqa: BLE001 - the TTL frees it anyway
                     log.warning("lease.release_failed", loop=self.key)
+                # Lost once given back, not before: whoever waits on ``lost`` finds the
+                # lease free (the test of this saw it still held, in CI).
+                self._mark_lost(f"the job wrote nothing for {silent:.0f}s: presumed stuck")
                 return
             self._late = max(self._late, sent - self._done_at - self.ttl / 3)
             self._in_flight = sent

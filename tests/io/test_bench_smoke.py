@@ -67,7 +67,7 @@ def test_benchmark_runs_in_smoke_mode(script: str) -> None:
     # The chaos soak starts a whole deployment (Sentinel, two webs, two workers) and
     # waits out its faults' recovery: about 80 s alone, more on a loaded machine.
     try:
-        out, err = proc.communicate(timeout=300 if script == "chaos.py" else 120)
+        out, err = proc.communicate(timeout=480 if script == "chaos.py" else 120)
     except subprocess.TimeoutExpired:
         # SIGTERM first: a script stops what it started (a SIGKILL would leave it running).
         proc.terminate()
