@@ -72,6 +72,8 @@ class Supervisor:
         self.children = children
         self.restart = restart
         self.stopping = False
+        self._signals: list[int] = []  # noted by the handler, acted on by run()
+        self._told_stop = False
         self._ctx = multiprocessing.get_context("fork")
 
     def _start(self, child: Child) -> None:
@@ -90,16 +92,29 @@ class Supervisor:
         log.info("supervisor.started", child=child.name, pid=child.process.pid)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if self.stopping:
-            log.warning(
-                "supervisor.already_stopping",
-                signal=signal.Signals(signum).name,
-                hint="the slots are draining; to force, SIGKILL the supervisor's group",
-            )
-            return
-        log.info("supervisor.stopping", signal=signal.Signals(signum).name)
+        # Only note it: the handler runs between two bytecodes of the main thread, which
+        # may be holding the logger's lock (a log line in the middle of being written)
+        # or be inside a child's poll; logging or polling here deadlocked start-up.
+        self._signals.append(signum)
         self.stopping = True
-        self._tell_children()
+
+    def _take_signals(self) -> None:
+        """Act on the signals noted since the last look: the first stops (every child is
+        told, once); any later one is only logged."""
+        while self._signals:
+            signum = self._signals.pop(0)
+            name = signal.Signals(signum).name
+            if self._told_stop:
+                log.warning(
+                    "supervisor.already_stopping",
+                    signal=name,
+                    hint="the slots are draining; to force, SIGKILL the supervisor's group",
+                )
+                continue
+            log.info("supervisor.stopping", signal=name)
+            self._told_stop = True
+        if self.stopping:
+            self._tell_children()  # those started since the signal too
 
     def _tell_children(self) -> None:
         """SIGTERM, once, to every child alive and not yet told."""
@@ -119,9 +134,9 @@ class Supervisor:
                 if self.stopping:
                     break  # a stop came during start-up: start no more
                 self._start(child)
+                self._take_signals()
             while True:
-                if self.stopping:
-                    self._tell_children()  # any started since the signal
+                self._take_signals()
                 alive = self._watch()
                 if not alive and (self.stopping or not self.restart):
                     break

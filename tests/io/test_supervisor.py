@@ -25,6 +25,26 @@ out = Path(sys.argv[1])
 n = int(sys.argv[2])
 restart = sys.argv[3] == "restart"
 kill_parent_first = sys.argv[4] == "yes"
+signal_in_log = len(sys.argv) > 5 and sys.argv[5] == "signal-in-log"
+
+if signal_in_log:
+    # The stop lands while the supervisor is writing a log line (holding the logger's
+    # lock): delivered to itself from inside the write.
+    import structlog
+
+    class Stderr:
+        sent = False
+
+        def write(self, text):
+            if "supervisor.started" in text and not Stderr.sent:
+                Stderr.sent = True
+                os.kill(os.getpid(), signal.SIGTERM)
+            sys.stderr.write(text)
+
+        def flush(self):
+            sys.stderr.flush()
+
+    structlog.configure(logger_factory=structlog.WriteLoggerFactory(Stderr()))
 
 def child(i):
     told = []
@@ -48,7 +68,9 @@ sys.exit(Supervisor(children, restart=restart).run())
 """
 
 
-def run(tmp_path: Path, n: int, restart: bool, kill_first: bool) -> subprocess.Popen[str]:
+def run(
+    tmp_path: Path, n: int, restart: bool, kill_first: bool, *extra: str
+) -> subprocess.Popen[str]:
     script = tmp_path / "sup.py"
     script.write_text(textwrap.dedent(SCRIPT))
     return subprocess.Popen(
@@ -59,6 +81,7 @@ def run(tmp_path: Path, n: int, restart: bool, kill_first: bool) -> subprocess.P
             str(n),
             "restart" if restart else "burst",
             "yes" if kill_first else "no",
+            *extra,
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -78,6 +101,21 @@ def test_a_stop_during_start_up_reaches_every_started_child_once(tmp_path: Path)
     # Every child started was stopped (a child told before it set its handler dies of
     # it, which is a clean stop too), none twice, and none is left running.
     assert pids and all(not Path(f"/proc/{pid}").exists() for pid in pids)
+    assert set(told(tmp_path).values()) <= {1}, told(tmp_path)
+
+
+def test_a_stop_that_lands_while_a_log_line_is_written_still_stops(tmp_path: Path) -> None:
+    # The handler used to log and poll the children itself: landing inside a log write,
+    # it waited for the logger's lock its own thread held, and the supervisor hung
+    # (CI saw it as the test above timing out).
+    proc = run(tmp_path, 3, True, False, "signal-in-log")
+    try:
+        code = proc.wait(20)
+    finally:
+        proc.kill()
+    out = proc.stdout.read() if proc.stdout else ""
+    assert code == 0, out
+    assert "supervisor.stopping" in out
     assert set(told(tmp_path).values()) <= {1}, told(tmp_path)
 
 
