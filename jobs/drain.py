@@ -20,6 +20,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -28,12 +29,42 @@ from rq import Worker
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.scheduler import RQScheduler
 
-from bot.io.logs import get_logger
+from bot.io.logs import get_logger, log_from_signal_handler
 from bot.io.queues import SERIALIZER, LoopbotJob
 
 log = get_logger("loopbot.drain")
 
-DRAIN = threading.Event()
+
+class Flag:
+    """A flag a signal handler may set: no lock anywhere (``threading.Event.set`` takes
+    one, and a handler runs on the very thread that may be holding it, inside ``wait``:
+    a deadlock). ``wait`` sleeps in short steps instead of on a condition."""
+
+    STEP = 0.2
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def clear(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._set:
+            left = self.STEP if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(self.STEP, left))
+        return self._set
+
+
+DRAIN = Flag()
 
 
 @contextlib.contextmanager
@@ -141,6 +172,9 @@ class DrainingWorker(Worker):
     def handle_warm_shutdown_request(self) -> None:
         super().handle_warm_shutdown_request()  # type: ignore[no-untyped-call]
         if self.horse_pid:
-            log.info("worker.draining", horse=self.horse_pid)
+            # A signal handler: structlog's writer holds a lock the interrupted code may
+            # be holding too (the supervisor hung on exactly that), so the line is
+            # written in one system call instead.
+            log_from_signal_handler("worker.draining", horse=self.horse_pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.horse_pid, signal.SIGTERM)
