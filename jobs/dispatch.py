@@ -20,6 +20,7 @@ from bot.core.commands import (
     IssueInactive,
     LabelAdded,
     PullFeedback,
+    ReviewChanged,
     parse_command,
 )
 from bot.core.ids import LoopId, issue_from_branch
@@ -77,6 +78,8 @@ def handle_command(raw: str) -> str:
             result = _dismiss(rt, gh, cmd)
         case ChecksCompleted():
             result = _checks(rt, cmd)
+        case ReviewChanged():
+            result = _review_changed(rt, cmd)
         case _:
             assert_never(cmd)
     bound.info("dispatch.done", result=result)
@@ -674,3 +677,13 @@ def _checks(rt: Runtime, cmd: ChecksCompleted) -> str:
         return "checks for another head"
     enqueue_gate(rt.redis, record.repo, record.issue)
     return "gate woken"
+
+
+def _review_changed(rt: Runtime, cmd: ReviewChanged) -> str:
+    """A person's review changed on the loop's pull request: a gate waiting for people
+    reads the base branch's rules again at once (GitHub decides whose review counts)."""
+    record = rt.store.get(cmd.loop.key)
+    if record is None or record.status != Status.MERGING or record.pr_number != cmd.pull:
+        return "no loop waiting for this pull request's reviews"
+    enqueue_gate(rt.redis, record.repo, record.issue)
+    return "gate woken by a review"

@@ -107,6 +107,15 @@ class ChecksCompleted(_Command):
     conclusion: str | None = None
 
 
+class ReviewChanged(_Command):
+    """A person approved, commented on or dismissed a review of loopbot's pull request:
+    a gate waiting for people (an approval, a code owner, a resolved thread) may open."""
+
+    kind: Literal["review_changed"] = "review_changed"
+    pull: int = Field(gt=0)
+    state: str = ""
+
+
 Command = Annotated[
     LabelAdded
     | ControlCommand
@@ -114,7 +123,8 @@ Command = Annotated[
     | IssueEdited
     | PullFeedback
     | DismissFinding
-    | ChecksCompleted,
+    | ChecksCompleted
+    | ReviewChanged,
     Field(discriminator="kind"),
 ]
 COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)

@@ -143,6 +143,10 @@ class LoopRecord(BaseModel):
     check_fixes: int = 0  # continuation turns spent on failing checks and conflicts
     sync_base: bool = False  # merge the default branch in before the next turn
     gate_since: float = 0.0  # when the merge gate first waited for checks
+    # When the gate first waited for people (approvals, code owners, threads) and whom
+    # it asked to review: asked once, not at every wake-up.
+    review_since: float = 0.0
+    review_asked: list[str] = Field(default_factory=list)
     merge_sha: str = ""
     resume_note: str = ""  # why the loop continues: critic findings, a human review, checks
     verify_command: str = ""

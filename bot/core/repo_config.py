@@ -145,6 +145,9 @@ class MergeConfig(_Strict):
     require_checks: bool = True
     wait_checks_minutes: int = Field(60, ge=1)
     max_fix_turns: int = Field(2, ge=0, le=10)
+    # How long a loop waits for the approvals and resolved threads its base branch asks
+    # of people (a week), before it hands the pull request to a person.
+    approval_timeout_hours: int = Field(168, ge=1, le=24 * 90)
     # Paths loopbot never merges changes to on its own: the agent could otherwise rewrite
     # the CI that judges it. ``dir/**`` is everything under dir; other patterns are globs.
     protected_paths: tuple[str, ...] = (".github/**",)

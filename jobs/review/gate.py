@@ -17,9 +17,11 @@ from typing import Any, assert_never
 from bot.core import repo_config
 from bot.core.ids import LoopId
 from bot.core.record import TERMINAL, LoopRecord, Reason, Status
+from bot.core.rules.codeowners import required_owners
 from bot.core.rules.lifecycle import Guard, Requeue
 from bot.core.rules.merge import (
     AlreadyMerged,
+    AwaitPeople,
     CheckResult,
     Decision,
     Facts,
@@ -50,6 +52,10 @@ from jobs.runtime import Runtime, current, instrumented
 
 log = get_logger("loopbot.gate")
 RECHECK_SECONDS = 60
+# While people are waited for, their review's webhook wakes the gate within seconds; this
+# timer (a scheduled job, no worker held) is the sweep for a webhook GitHub never sent.
+PEOPLE_RECHECK_SECONDS = 300
+AWAITING = "awaiting_approval"  # the phase of a loop waiting for people
 # A gate run that fails (GitHub down past the client's own retries) is run again from the
 # start, re-reading everything, after these pauses; then the loop ends with ``gate_error``.
 ERROR_ATTEMPTS = 3
@@ -158,6 +164,11 @@ class Gate:
             merge_slot.keep(self.rt.redis, loop)
             facts = self._facts(gh, record, config, issue, pull, required, now - since)
             decision = decide(facts)
+            if isinstance(decision, AwaitPeople | Merge) and self._resolve_own_threads(gh, pull):
+                # The critic's verdict on this head stands: its own threads are settled
+                # (fixed, dismissed, or advice it let pass). Read what GitHub asks again.
+                facts = replace(facts, **self._people(gh, record, config, pull, now))
+                decision = decide(facts)
             if needs_slot(decision):
                 taken = self._take_slot(gh, loop, pull, facts, decision)
                 if taken is None:
@@ -270,6 +281,8 @@ class Gate:
                     lifecycle.post_status(self.store, gh, waiting)
                 self._recheck_later(merge_slot.RECHECK_SECONDS)
                 return f"waiting: {why} ({other})"
+            case AwaitPeople(why=why):
+                return self._await_people(gh, record, pull, why)
             case Wait(why=why):
                 waiting = self._set(gate_since=since, phase="waiting_for_checks", detail=why)
                 self._recheck_later()
@@ -277,6 +290,28 @@ class Gate:
                 return "waiting: " + why
             case _:
                 assert_never(decision)
+
+    def _await_people(self, gh: Installation, record: LoopRecord, pull: PullInfo, why: str) -> str:
+        """Wait for people without a worker: say so (status comment, check run, status),
+        ask the writer who approved the issue to review (once), let go of the merge slot
+        (people take hours; other loops merge meanwhile), and end the job. Their review's
+        webhook wakes the gate; the timer is the sweep for a lost one."""
+        merge_slot.release(self.rt.redis, LoopId(self.repo, self.issue))
+        fields: dict[str, Any] = {"phase": AWAITING, "detail": why}
+        if not record.review_since:
+            fields["review_since"] = time.time()
+        asker = record.approved_by or record.started_by
+        ask = [asker] if asker and asker not in record.review_asked else []
+        if ask and record.pr_number is not None:
+            gh.request_review(self.repo, record.pr_number, ask)
+            fields["review_asked"] = [*record.review_asked, *ask]
+        changed = (record.phase, record.detail) != (AWAITING, why)
+        waiting = self._set(**fields)
+        if changed:
+            self.store.event(self.key, "awaiting_people", why=why, head=pull.head_sha)
+            lifecycle.post_status(self.store, gh, waiting)
+        self._recheck_later(PEOPLE_RECHECK_SECONDS)
+        return "waiting for people: " + why
 
     def _recheck_later(self, after: int = RECHECK_SECONDS) -> None:
         # Webhooks (or the merge slot let go) wake the gate sooner; this timer is the
@@ -341,6 +376,7 @@ class Gate:
             or (record.verdict if record.reviewed_sha == judged else ""),
             post_action_sha=post_action,
             **self._base(gh, pull.base_ref, head),
+            **self._people(gh, record, config, pull, time.time()),
             dismissed_by=", ".join(
                 sorted(
                     {
@@ -366,6 +402,70 @@ class Gate:
                 for e in open_log
             ),
         )
+
+    def _people(
+        self,
+        gh: Installation,
+        record: LoopRecord,
+        config: repo_config.RepoConfig,
+        pull: PullInfo,
+        now: float,
+    ) -> dict[str, Any]:
+        """What the base branch asks of people, read now: the rulesets' pull_request
+        rule, GitHub's review decision (which covers classic protection), the unresolved
+        threads of people, the merge method's being allowed, and how long it has waited."""
+        rules = gh.branch_review_rules(self.repo, pull.base_ref)
+        info = gh.repo(self.repo)
+        method = config.merge.method
+        allowed = {
+            "squash": info.allow_squash_merge,
+            "merge": info.allow_merge_commit,
+            "rebase": info.allow_rebase_merge,
+        }.get(method, False) and (rules.methods is None or method in rules.methods)
+        state = gh.review_state(self.repo, pull.number)
+        own = self._own_logins(gh)
+        people = sorted({t.author for t in state.threads if not t.resolved and t.author not in own})
+        if state.threads_total > len(state.threads):
+            people.append("(threads beyond the first 100 not read)")
+        owners: tuple[str, ...] = ()
+        if rules.code_owners and state.decision == "REVIEW_REQUIRED":
+            text = gh.codeowners(self.repo, pull.base_ref)
+            if text is not None:
+                groups = required_owners(text, gh.pull_files(self.repo, pull.number))
+                owners = tuple(dict.fromkeys(o for g in groups for o in g))
+        return {
+            "review_decision": state.decision,
+            "approvals_required": rules.approvals,
+            "code_owners_waiting": owners,
+            "people_threads": tuple(people),
+            "method": method,
+            "method_allowed": allowed,
+            "review_waited_seconds": now - record.review_since if record.review_since else 0.0,
+            "max_review_wait_seconds": config.merge.approval_timeout_hours * 3600.0,
+        }
+
+    def _own_logins(self, gh: Installation) -> frozenset[str]:
+        slug = gh.app.slug()
+        return frozenset({slug, f"{slug}[bot]"})
+
+    def _resolve_own_threads(self, gh: Installation, pull: PullInfo) -> bool:
+        """Resolve loopbot's own unresolved review threads when the base branch asks for
+        resolved conversations (a ruleset says so; classic protection's setting is not
+        readable, so also when GitHub blocks the merge and no review explains it). Never
+        a person's thread. Whether any was resolved."""
+        state = gh.review_state(self.repo, pull.number)
+        own = self._own_logins(gh)
+        mine = [t for t in state.threads if not t.resolved and t.author in own]
+        if not mine:
+            return False
+        rules = gh.branch_review_rules(self.repo, pull.base_ref)
+        unexplained = state.merge_state == "BLOCKED" and state.decision in (None, "APPROVED")
+        if not (rules.threads or unexplained):
+            return False
+        for thread in mine:
+            gh.resolve_thread(thread.id)
+        self.store.event(self.key, "threads_resolved", count=len(mine), head=pull.head_sha)
+        return True
 
     def _post_action(self, gh: Installation, record: LoopRecord, head: str) -> str:
         """``head`` when it is the post-action commit the loop recorded, exactly one

@@ -11,6 +11,7 @@ from bot.core.commands import (
     IssueInactive,
     LabelAdded,
     PullFeedback,
+    ReviewChanged,
 )
 from bot.core.rules.routing import Enqueue, Ignore, Malformed, route
 
@@ -131,7 +132,29 @@ def test_changes_requested_review_on_loop_branch() -> None:
     decision = route("pull_request_review", payload, app_id=APP_ID)
     assert isinstance(decision, Enqueue) and isinstance(decision.command, PullFeedback)
     assert decision.command.issue == 3
-    payload["review"]["state"] = "approved"
+
+
+
+def test_an_approval_or_a_dismissal_wakes_a_gate_waiting_for_people() -> None:
+    payload = envelope(
+        action="submitted",
+        pull_request={"number": 12, "head": {"ref": "loop/issue-3", "sha": "abc"}},
+        review={"id": 8, "state": "approved", "body": ""},
+    )
+    decision = route("pull_request_review", payload, app_id=APP_ID)
+    assert isinstance(decision, Enqueue) and isinstance(decision.command, ReviewChanged)
+    assert (decision.command.issue, decision.command.pull) == (3, 12)
+    payload["action"] = "dismissed"
+    payload["review"]["state"] = "dismissed"
+    decision = route("pull_request_review", payload, app_id=APP_ID)
+    assert isinstance(decision, Enqueue) and isinstance(decision.command, ReviewChanged)
+    payload["action"] = "edited"
+    assert isinstance(route("pull_request_review", payload, app_id=APP_ID), Ignore)
+    payload["action"] = "submitted"
+    payload["sender"] = {"login": "other[bot]", "type": "Bot"}
+    assert isinstance(route("pull_request_review", payload, app_id=APP_ID), Ignore)
+    payload["sender"] = {"login": "alice", "type": "User"}
+    payload["pull_request"]["head"]["ref"] = "feature"
     assert isinstance(route("pull_request_review", payload, app_id=APP_ID), Ignore)
 
 

@@ -75,6 +75,19 @@ class Facts:
     # post_action (loop.yml): the head is loopbot's own post-action commit, exactly one
     # commit on top of ``reviewed_sha`` (``post_action_head``); "" when it is not.
     post_action_sha: str = ""
+    # What the base branch asks of people before a merge (bot/io/github/rules.py):
+    # GraphQL's reviewDecision (None: no review required), the approvals a ruleset asks
+    # (0 when only classic protection asks, which an App cannot read), the code owners
+    # still to approve, the people whose review threads are unresolved, and whether the
+    # repository and the rules allow loopbot's merge method.
+    review_decision: str | None = None
+    approvals_required: int = 0
+    code_owners_waiting: tuple[str, ...] = ()
+    people_threads: tuple[str, ...] = ()
+    method: str = "squash"
+    method_allowed: bool = True
+    review_waited_seconds: float = 0.0
+    max_review_wait_seconds: float = 7 * 86400.0
     # For the receipt only: what the checks were, and the findings still open.
     check_results: tuple[CheckResult, ...] = ()
     open_findings: tuple[tuple[str, str, str], ...] = ()  # (id, severity, title)
@@ -92,6 +105,14 @@ class AlreadyMerged:
 
 @dataclass(frozen=True)
 class Wait:
+    why: str
+
+
+@dataclass(frozen=True)
+class AwaitPeople:
+    """The base branch asks a person for something (an approval, a code owner's review,
+    a resolved thread): the loop waits without a worker, woken by their review."""
+
     why: str
 
 
@@ -128,7 +149,17 @@ class WaitTurn:
     holder: str
 
 
-Decision = Merge | AlreadyMerged | Wait | Review | FixChecks | FixConflicts | Refuse | WaitTurn
+Decision = (
+    Merge
+    | AlreadyMerged
+    | Wait
+    | AwaitPeople
+    | Review
+    | FixChecks
+    | FixConflicts
+    | Refuse
+    | WaitTurn
+)
 
 
 def needs_slot(d: Decision) -> bool:
@@ -218,7 +249,44 @@ def decide(f: Facts) -> Decision:
         return Refuse(Reason.NOT_MERGEABLE, "the pull request conflicts with the default branch")
     if f.mergeable is None:
         return Wait("GitHub is still computing whether the pull request can merge")
+    if not f.method_allowed:
+        return Refuse(
+            Reason.NOT_MERGEABLE,
+            f"{f.method} merges are not allowed on this repository or its base branch, and "
+            "loopbot merges only by squash; allow squash merging, or merge it by hand",
+        )
+    if (wanted := people_wanted(f)) is not None:
+        if f.review_waited_seconds >= f.max_review_wait_seconds:
+            hours = f.max_review_wait_seconds / 3600
+            return Refuse(
+                Reason.NEEDS_HUMAN,
+                f"still {wanted} after {hours:.0f} hours (merge.approval_timeout_hours); "
+                "a person takes it from here",
+            )
+        return AwaitPeople(wanted)
     return Merge(f.head_sha)  # the reviewed sha, or the post-action commit on top of it
+
+
+def people_wanted(f: Facts) -> str | None:
+    """What the base branch still asks of people before the merge, said as the status
+    comment shows it ("waiting for 1 approving review by a writer; code owners: @x"), or
+    None when it asks nothing more. GitHub's review decision is what counts: it knows
+    classic protection's rules too, which the App cannot read."""
+    parts = []
+    if f.review_decision == "REVIEW_REQUIRED":
+        n = max(f.approvals_required, 1 if not f.code_owners_waiting else 0)
+        ask = []
+        if n:
+            ask.append(f"{n} approving review{'s' if n > 1 else ''} by a writer")
+        if f.code_owners_waiting:
+            ask.append("code owners: " + ", ".join(f.code_owners_waiting))
+        parts.append("waiting for " + "; ".join(ask or ["an approving review"]))
+    elif f.review_decision == "CHANGES_REQUESTED":
+        parts.append("waiting: a writer requested changes, and their review must approve")
+    if f.people_threads:
+        who = ", ".join(f"@{p}" for p in f.people_threads)
+        parts.append(f"waiting for {who} to resolve their review thread(s)")
+    return "; ".join(parts) if parts else None
 
 
 def reviewed_head(f: Facts) -> bool:

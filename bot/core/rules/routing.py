@@ -22,6 +22,7 @@ from bot.core.commands import (
     IssueInactive,
     LabelAdded,
     PullFeedback,
+    ReviewChanged,
 )
 from bot.core.ids import issue_from_branch
 
@@ -276,16 +277,29 @@ def _dismiss(ev: _CommentEvent, on_pull: bool, common: dict[str, Any]) -> Dismis
 
 
 def _review(payload: dict[str, Any], app_id: int, delivery: str) -> Route:
-    if payload.get("action") != "submitted":
-        return Ignore(f"pull_request_review.{payload.get('action')} is not used")
+    action = payload.get("action")
+    if action not in ("submitted", "dismissed"):
+        return Ignore(f"pull_request_review.{action} is not used")
     ev = _ReviewEvent.model_validate(payload)
-    if ev.review.state.lower() != "changes_requested":
-        return Ignore(f"review state {ev.review.state} asks for nothing")
     if _is_bot(ev.sender):
         return Ignore(f"review by {ev.sender.type} {ev.sender.login}")
     issue = issue_from_branch(ev.pull_request.head.ref)
     if issue is None:
         return Ignore("not a loopbot pull request")
+    if action == "dismissed" or ev.review.state.lower() != "changes_requested":
+        # An approval (or its dismissal, or a comment that may resolve a thread): a gate
+        # waiting for people re-reads what the base branch asks. The job checks who.
+        return Enqueue(
+            ReviewChanged(
+                installation_id=ev.installation.id,
+                repo=ev.repository.full_name,
+                issue=issue,
+                actor=ev.sender.login,
+                delivery=delivery,
+                pull=ev.pull_request.number,
+                state=ev.review.state.lower(),
+            )
+        )
     return Enqueue(
         PullFeedback(
             installation_id=ev.installation.id,

@@ -7,7 +7,7 @@ every call goes through ``_call`` which applies ``bot.io.github.failures.classif
 It is one object made of parts, one module each: its plumbing (bot/io/github/plumbing.py:
 the token, the clients, the redaction and the way every call is made), repositories
 (repos.py), issues and comments (issues.py), pull requests, reviews and the merge
-(pulls.py), and checks (checks.py).
+(pulls.py), checks (checks.py), and what a base branch asks before a merge (rules.py).
 
 Writes a retry could repeat (comments, reviews, pull requests, check runs) look for
 what an earlier attempt may have written before writing again: a hidden marker in the
@@ -25,7 +25,7 @@ from bot.io.github.app import AppIdentity
 from bot.io.github.checks import Checks
 from bot.io.github.issues import Issues
 from bot.io.github.pulls import Pulls
-from bot.io.github.repos import Repos
+from bot.io.github.rules import Rules
 
 
 class GitHubApp(AppIdentity):
@@ -36,7 +36,7 @@ class GitHubApp(AppIdentity):
         return Installation(self, installation_id)
 
 
-class Installation(Repos, Issues, Pulls, Checks):
+class Installation(Rules, Issues, Pulls, Checks):
     """GitHub as one installation of the App sees it; what the jobs talk to."""
 
     # Opened by ``GitHubApp.installation`` alone, so its App is a GitHubApp (callers open

@@ -18,6 +18,10 @@ class RepoInfo(_Model):
     clone_url: str
     private: bool = False
     html_url: str = ""
+    # The merge buttons; GitHub's default (true) when a response leaves them out.
+    allow_squash_merge: bool = True
+    allow_merge_commit: bool = True
+    allow_rebase_merge: bool = True
 
 
 class Repos(InstallationBase):

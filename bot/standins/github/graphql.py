@@ -14,6 +14,7 @@ from typing import Any
 from flask import Flask, Response, abort, g, jsonify, request
 from graphql import GraphQLError, build_schema, graphql_sync
 
+from bot.standins.github import review_rules
 from bot.standins.github.state import Issue, Repo, State
 from bot.standins.github.wire import Json, add_routes, error
 
@@ -25,9 +26,76 @@ SCHEMA = build_schema(
       repository(owner: String!, name: String!): Repository
     }
 
+    type Mutation {
+      resolveReviewThread(input: ResolveReviewThreadInput!): ResolveReviewThreadPayload
+    }
+
+    input ResolveReviewThreadInput {
+      threadId: ID!
+      clientMutationId: String
+    }
+
+    type ResolveReviewThreadPayload {
+      clientMutationId: String
+      thread: PullRequestReviewThread
+    }
+
     type Repository {
       nameWithOwner: String!
       issue(number: Int!): Issue
+      pullRequest(number: Int!): PullRequest
+    }
+
+    enum PullRequestReviewDecision {
+      APPROVED
+      CHANGES_REQUESTED
+      REVIEW_REQUIRED
+    }
+
+    enum MergeStateStatus {
+      BEHIND
+      BLOCKED
+      CLEAN
+      DIRTY
+      DRAFT
+      HAS_HOOKS
+      UNKNOWN
+      UNSTABLE
+    }
+
+    type PullRequest {
+      number: Int!
+      headRefOid: String!
+      reviewDecision: PullRequestReviewDecision
+      mergeStateStatus: MergeStateStatus!
+      reviewThreads(first: Int, last: Int, after: String, before: String):
+        PullRequestReviewThreadConnection!
+    }
+
+    type PullRequestReviewThreadConnection {
+      nodes: [PullRequestReviewThread]
+      totalCount: Int!
+    }
+
+    type PullRequestReviewThread {
+      id: ID!
+      isResolved: Boolean!
+      isOutdated: Boolean!
+      path: String!
+      line: Int
+      comments(first: Int, last: Int, after: String, before: String):
+        PullRequestReviewCommentConnection!
+    }
+
+    type PullRequestReviewCommentConnection {
+      nodes: [PullRequestReviewComment]
+      totalCount: Int!
+    }
+
+    type PullRequestReviewComment {
+      databaseId: Int
+      author: Actor
+      body: String!
     }
 
     interface Actor {
@@ -121,7 +189,10 @@ def query(state: State) -> tuple[Response, int] | Response:
         result = graphql_sync(
             SCHEMA,
             body["query"],
-            root_value={"repository": lambda info, owner, name: _repository(state, owner, name)},
+            root_value={
+                "repository": lambda info, owner, name: _repository(state, owner, name),
+                "resolveReviewThread": lambda info, input: _resolve_thread(state, input),
+            },
             variable_values=body.get("variables") or None,
         )
     out: Json = {}
@@ -153,7 +224,94 @@ def _repository(state: State, owner: str, name: str) -> Json:
     return {
         "nameWithOwner": repo.full_name,
         "issue": lambda info, number: _issue(state, repo, number),
+        "pullRequest": lambda info, number: _pull_request(state, repo, number),
     }
+
+
+def _pull_request(state: State, repo: Repo, number: int) -> Json:
+    pull = repo.pulls.get(number)
+    if pull is None:
+        raise _Failed(
+            f"Could not resolve to a PullRequest with the number of {number}.", "NOT_FOUND"
+        )
+    return {
+        "number": number,
+        "headRefOid": repo.head_sha(pull),
+        "reviewDecision": review_rules.review_decision(repo, pull),
+        "mergeStateStatus": review_rules.merge_state_status(repo, pull),
+        "reviewThreads": lambda info, first=None, last=None, after=None, before=None: _threads(
+            state, repo, number, first, last
+        ),
+    }
+
+
+def _thread(state: State, repo: Repo, comment: Json) -> Json:
+    replies = [
+        c
+        for c in repo.review_comments.get(comment["_pull"], [])
+        if c["id"] == comment["id"] or c.get("in_reply_to_id") == comment["id"]
+    ]
+    user = state.users.get(comment["user"]["login"])
+    return {
+        "id": f"PRRT_{comment['id']}",
+        "isResolved": comment["id"] in repo.resolved_threads,
+        "isOutdated": False,
+        "path": comment["path"],
+        "line": comment.get("line"),
+        "comments": lambda info, first=None, last=None, after=None, before=None: {
+            "nodes": _page(
+                [
+                    {
+                        "databaseId": c["id"],
+                        "author": _actor(state, c["user"]["login"], user.type if user else "User"),
+                        "body": c["body"],
+                    }
+                    for c in replies
+                ],
+                first,
+                last,
+                "comments",
+            ),
+            "totalCount": len(replies),
+        },
+    }
+
+
+def _threads(state: State, repo: Repo, number: int, first: int | None, last: int | None) -> Json:
+    nodes = [
+        _thread(state, repo, c | {"_pull": number}) for c in review_rules.threads(repo, number)
+    ]
+    return {"nodes": _page(nodes, first, last, "reviewThreads"), "totalCount": len(nodes)}
+
+
+def _resolve_thread(state: State, input: Json) -> Json:
+    """``resolveReviewThread``: by the pull request's author or anyone with write access
+    (GitHub's rule), on a repository the caller can see."""
+    tid = str(input.get("threadId") or "")
+    kind, who = g.auth
+    for repo in state.repos.values():
+        if kind == "installation" and repo.installation_id != who:
+            continue
+        for number, comments in repo.review_comments.items():
+            for c in comments:
+                if f"PRRT_{c['id']}" != tid:
+                    continue
+                actor = state.actor()
+                author = repo.pulls[number].user.login
+                if actor.login != author and repo.permissions.get(actor.login) not in (
+                    review_rules.WRITERS
+                ):
+                    raise _Failed(
+                        f"{actor.login} does not have the correct permissions to execute "
+                        "`ResolveReviewThread`",
+                        "FORBIDDEN",
+                    )
+                repo.resolved_threads.add(c["id"])
+                return {
+                    "clientMutationId": input.get("clientMutationId"),
+                    "thread": _thread(state, repo, c | {"_pull": number}),
+                }
+    raise _Failed(f"Could not resolve to a node with the global id of '{tid}'", "NOT_FOUND")
 
 
 def _actor(state: State, login: str | None, kind: str = "User") -> Json | None:

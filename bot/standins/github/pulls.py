@@ -11,6 +11,7 @@ from flask import Flask, Response, abort, jsonify, request
 
 from bot.core.diffmap import right_side_lines
 from bot.standins import gitrepo
+from bot.standins.github import review_rules
 from bot.standins.github.issues import set_issue_state
 from bot.standins.github.shapes import event_base, pull_json
 from bot.standins.github.state import Issue, Pull, Repo, State, User
@@ -41,6 +42,7 @@ def register(app: Flask, state: State) -> None:
             ("GET", f"{_PULL}/comments", list_review_comments),
             ("POST", f"{_PULL}/reviews", create_review),
             ("PUT", f"{_PULL}/merge", merge),
+            ("POST", f"{_PULL}/requested_reviewers", request_reviewers),
         ],
     )
 
@@ -227,6 +229,7 @@ def merge(state: State, owner: str, name: str, number: int) -> Response:
     body = request.get_json(silent=True) or {}
     issue = repo.issues[number]
     with state.lock:
+        _refuse_by_rules(repo, pull, issue, body)
         sha, message = _squash(repo, pull, issue, body)
     # As GitHub does: closing keywords in the PR body and in the commit that lands.
     for target_repo, closed in closing_references(state, repo, f"{issue.body}\n{message}"):
@@ -234,6 +237,47 @@ def merge(state: State, owner: str, name: str, number: int) -> Response:
         if target is not None and target.state == "open":
             set_issue_state(state, target_repo, target, "closed", state.actor())
     return jsonify({"sha": sha, "merged": True, "message": "Pull Request successfully merged"})
+
+
+def _refuse_by_rules(repo: Repo, pull: Pull, issue: Issue, body: dict[str, Any]) -> None:
+    """The base branch's rules and the repository's merge methods, as GitHub refuses a
+    merge they forbid (405, its words); every refusal is recorded for the tests."""
+    if pull.merged or issue.state != "open":
+        return  # _squash answers that
+    method = body.get("merge_method", "merge")
+    why = review_rules.method_refusal(repo, pull, method)
+    if why is None and (blockers := review_rules.review_blockers(repo, pull)):
+        rule = review_rules.rule_for(repo, pull.base)
+        prefix = "Repository rule violations found\n\n" if rule and rule.source == "ruleset" else ""
+        why = prefix + blockers[0]
+    if why is not None:
+        repo.merge_refusals.append((pull.number, 405, why))
+        abort(error(405, why))
+
+
+def request_reviewers(state: State, owner: str, name: str, number: int) -> tuple[Response, int]:
+    """``POST pulls/{n}/requested_reviewers``: only collaborators, never the author
+    (GitHub's 422s); answers the pull request (201)."""
+    repo = state.find_repo(owner, name)
+    pull = state.find_pull(repo, number)
+    body = request.get_json(force=True)
+    wanted = [str(r) for r in body.get("reviewers") or []]
+    if pull.user.login in wanted:
+        abort(error(422, "Review cannot be requested from pull request author."))
+    for login in wanted:
+        if login not in repo.permissions:
+            abort(
+                error(
+                    422,
+                    "Reviews may only be requested from collaborators. One or more of the "
+                    f"users or teams you specified is not a collaborator of the "
+                    f"{repo.full_name} repository.",
+                )
+            )
+    with state.lock:
+        current = repo.requested_reviewers.setdefault(number, [])
+        current.extend(w for w in wanted if w not in current)
+    return jsonify(pull_json(state, repo, pull)), 201
 
 
 def _squash(repo: Repo, pull: Pull, issue: Issue, body: dict[str, Any]) -> tuple[str | None, str]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import base64
 
-from flask import Flask, Response, abort, jsonify, request
+from flask import Flask, Response, abort, g, jsonify, request
 
 from bot.standins import gitrepo
+from bot.standins.github import review_rules
 from bot.standins.github.shapes import repo_json
 from bot.standins.github.state import State
 from bot.standins.github.wire import Json, add_routes, error, page
@@ -20,6 +21,7 @@ def register(app: Flask, state: State) -> None:
         [
             ("GET", "/repos/<owner>/<name>", get_repo),
             ("GET", "/repos/<owner>/<name>/branches/<path:branch>", get_branch),
+            ("GET", "/repos/<owner>/<name>/branches/<path:branch>/protection", get_protection),
             ("GET", "/repos/<owner>/<name>/rules/branches/<path:branch>", branch_rules),
             ("GET", "/repos/<owner>/<name>/collaborators/<user>/permission", permission),
             ("GET", "/repos/<owner>/<name>/contents/<path:path>", contents),
@@ -39,8 +41,12 @@ def get_branch(state: State, owner: str, name: str, branch: str) -> Response:
     if sha is None:
         abort(error(404, "Branch not found"))
     contexts = repo.protection.get(branch)
+    rule = review_rules.rule_for(repo, branch)
+    classic = contexts is not None or (rule is not None and rule.source == "classic")
+    # GET branch's summary says only whether protection is on and which checks it
+    # requires; its review rules are in .../protection, which needs administration.
     protection: Json = {
-        "enabled": contexts is not None,
+        "enabled": classic,
         "required_status_checks": {
             "enforcement_level": "off" if contexts is None else "non_admins",
             "contexts": contexts or [],
@@ -52,17 +58,45 @@ def get_branch(state: State, owner: str, name: str, branch: str) -> Response:
         {
             "name": branch,
             "commit": {"sha": sha, "url": f"{base}/commits/{sha}"},
-            "protected": contexts is not None,
+            "protected": classic,
             "protection": protection,
             "protection_url": f"{base}/branches/{branch}/protection",
         }
     )
 
 
+def get_protection(state: State, owner: str, name: str, branch: str) -> Response:
+    """Classic protection in full: GitHub asks for the ``administration`` read permission,
+    which loopbot's App does not have, so an installation is refused (403)."""
+    repo = state.find_repo(owner, name)
+    kind, who = g.auth
+    grant = state.grants.get(who, {}) if kind == "installation" else {}
+    if kind == "installation" and "administration" not in (grant.get("permissions") or {}):
+        abort(error(403, "Resource not accessible by integration"))
+    rule = review_rules.rule_for(repo, branch)
+    contexts = repo.protection.get(branch)
+    if contexts is None and (rule is None or rule.source != "classic"):
+        abort(error(404, "Branch not protected"))
+    out: Json = {"url": f"{state.url}/repos/{owner}/{name}/branches/{branch}/protection"}
+    if contexts is not None:
+        out["required_status_checks"] = {"strict": False, "contexts": contexts}
+    if rule is not None and rule.source == "classic":
+        out["required_pull_request_reviews"] = {
+            "dismiss_stale_reviews": rule.dismiss_stale_reviews_on_push,
+            "require_code_owner_reviews": rule.require_code_owner_review,
+            "required_approving_review_count": rule.required_approving_review_count,
+            "require_last_push_approval": rule.require_last_push_approval,
+        }
+        out["required_conversation_resolution"] = {
+            "enabled": rule.required_review_thread_resolution
+        }
+    return jsonify(out)
+
+
 def branch_rules(state: State, owner: str, name: str, branch: str) -> Response:
     repo = state.find_repo(owner, name)
     contexts = repo.ruleset_checks.get(branch)
-    rules: list[Json] = []
+    rules: list[Json] = list(review_rules.rules_json(repo, branch))
     if contexts is not None:
         rules.append(
             {

@@ -4,6 +4,7 @@ fields every webhook payload carries."""
 from __future__ import annotations
 
 from bot.standins import gitrepo
+from bot.standins.github.review_rules import merge_state_status
 from bot.standins.github.state import Issue, Pull, Repo, State, User
 from bot.standins.github.wire import Json, now
 
@@ -19,6 +20,9 @@ def repo_json(state: State, repo: Repo) -> Json:
         "clone_url": f"{state.url}/git/{repo.full_name}.git",
         "html_url": f"{state.url}/{repo.full_name}",
         "url": f"{state.url}/repos/{repo.full_name}",
+        "allow_squash_merge": repo.allow_squash_merge,
+        "allow_merge_commit": repo.allow_merge_commit,
+        "allow_rebase_merge": repo.allow_rebase_merge,
     }
 
 
@@ -50,7 +54,8 @@ def pull_json(state: State, repo: Repo, pull: Pull) -> Json:
     mergeable_state = "unknown"
     if issue.state == "open" and head and base:
         mergeable = gitrepo.merge_tree(repo.path, base, head) is not None
-        mergeable_state = "clean" if mergeable else "dirty"
+        # GitHub's mergeable_state: the lowercase of GraphQL's mergeStateStatus.
+        mergeable_state = merge_state_status(repo, pull).lower()
     files = gitrepo.changed_files(repo.path, pull.base, head) if head else []
     return {
         "id": pull.number + repo.id * 10000,

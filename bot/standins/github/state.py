@@ -80,6 +80,22 @@ class Pull:
 
 
 @dataclass
+class ReviewRule:
+    """What a base branch asks of a pull request before it merges: a ruleset's
+    ``pull_request`` rule (``source="ruleset"``) or classic branch protection's
+    ``required_pull_request_reviews`` and ``required_conversation_resolution``
+    (``source="classic"``), with GitHub's parameter names."""
+
+    required_approving_review_count: int = 0
+    require_code_owner_review: bool = False
+    dismiss_stale_reviews_on_push: bool = False
+    require_last_push_approval: bool = False
+    required_review_thread_resolution: bool = False
+    allowed_merge_methods: tuple[str, ...] = ("merge", "squash", "rebase")
+    source: str = "ruleset"
+
+
+@dataclass
 class Repo:
     owner: str
     name: str
@@ -99,6 +115,16 @@ class Repo:
     # Required status checks per branch: classic branch protection, and rulesets.
     protection: dict[str, list[str]] = field(default_factory=dict)
     ruleset_checks: dict[str, list[str]] = field(default_factory=dict)
+    # Reviews and conversations a branch requires before a merge (review_rules.py).
+    review_rules: dict[str, ReviewRule] = field(default_factory=dict)
+    # The repository's merge buttons (Settings > General > Pull Requests).
+    allow_squash_merge: bool = True
+    allow_merge_commit: bool = True
+    allow_rebase_merge: bool = True
+    resolved_threads: set[int] = field(default_factory=set)  # review comment ids
+    requested_reviewers: dict[int, list[str]] = field(default_factory=dict)
+    # Every merge the server refused: (pull number, status, message).
+    merge_refusals: list[tuple[int, int, str]] = field(default_factory=list)
 
     @property
     def full_name(self) -> str:
