@@ -134,7 +134,6 @@ def test_changes_requested_review_on_loop_branch() -> None:
     assert decision.command.issue == 3
 
 
-
 def test_an_approval_or_a_dismissal_wakes_a_gate_waiting_for_people() -> None:
     payload = envelope(
         action="submitted",

@@ -66,7 +66,8 @@ def test_a_required_approval_waits_for_a_writer_and_merges_within_seconds(
     r = record(redis)
     assert (r.status, r.phase) == (Status.MERGING, "awaiting_approval"), r
     assert r.detail == "waiting for 1 approving review by a writer"
-    assert "awaiting_approval" in status_comment(github)
+    shown = status_comment(github)
+    assert "awaiting_approval" in shown and "waiting for 1 approving review by a writer" in shown
     repo = github.repo(REPO)
     # The writer who approved the issue is asked to review.
     assert repo.requested_reviewers[r.pr_number] == ["writer"]
