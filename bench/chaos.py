@@ -63,8 +63,7 @@ from flask import Flask, Response, request
 from redis import Redis
 from redis.exceptions import RedisError
 
-from bench import _smoke
-from bench.fleet import children_of, tree
+from bench import _env, _smoke
 from bot.core import pricing
 from bot.core.ids import LoopId
 from bot.core.record import TERMINAL, Status
@@ -139,22 +138,12 @@ class Model:
         return reply
 
     def answer(self, body: dict[str, Any]) -> m.Reply:
-        if (body.get("output_config") or {}).get("format"):
-            return m.structured({"verdict": "approve", "summary": "Fine.", "findings": []})
-        text = json.dumps(body["messages"])
-        found = TAG.search(text)
-        tag = found.group(0) if found else "chaos-x-0"
-        last = body["messages"][-1]["content"]
-        if isinstance(last, list) and any(
-            isinstance(b, dict) and b.get("type") == "tool_result" for b in last
-        ):
-            return m.text("Written.")
-        second = any(  # the draft was written: this is the second turn
-            msg["role"] == "assistant" and "draft" in json.dumps(msg["content"])
-            for msg in body["messages"]
-        )
-        done = second or tag not in self.two_turns
-        return m.write_file(f"tests/{tag}.txt", "done\n" if done else "draft\n")
+        def note(said: str) -> tuple[str, bool]:
+            found = TAG.search(said)
+            tag = found.group(0) if found else "chaos-x-0"
+            return f"tests/{tag}.txt", tag in self.two_turns
+
+        return _env.scripted_answer(body, note)
 
 
 def billed(model: AnthropicServer) -> dict[str, float]:
@@ -186,10 +175,6 @@ def billed(model: AnthropicServer) -> dict[str, float]:
 # -- processes ---------------------------------------------------------------------------
 
 
-def loopbot() -> str:
-    return str(Path(sys.executable).parent / "loopbot")
-
-
 @dataclass
 class Proc:
     """One ``loopbot`` process the soak starts, stops and starts again."""
@@ -204,14 +189,7 @@ class Proc:
 
     def start(self) -> None:
         self.offset = self.log.stat().st_size if self.log.exists() else 0
-        with open(self.log, "ab") as out:
-            self.popen = subprocess.Popen(
-                [loopbot(), *self.args],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.popen = _env.spawn(self.args, self.env, self.log)
 
     def wait_started(self, timeout: float = 120) -> None:
         """Until the supervisor has started its slots (its SIGTERM handler is in place
@@ -235,7 +213,7 @@ class Proc:
         if not self.running:
             return
         assert self.popen is not None
-        for pid in reversed(tree(self.popen.pid, children_of())):
+        for pid in reversed(_env.tree(self.popen.pid, _env.children_of())):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.popen.wait(10)
@@ -313,12 +291,7 @@ class Deployment:
             "REDIS_URL": "redis://not-used:6379/0",
             "REDIS_SENTINELS": self.sentinels.hosts,
             "REDIS_SENTINEL_MASTER": self.sentinels.master_name,
-            "GITHUB_APP_ID": str(self.github.app_id),
-            "GITHUB_PRIVATE_KEY": self.github.private_key_pem,
-            "GITHUB_WEBHOOK_SECRET": self.github.webhook_secret,
-            "GITHUB_API_URL": self.github.url,
-            "ANTHROPIC_API_KEY": "sk-ant-chaos",
-            "ANTHROPIC_BASE_URL": self.model.url,
+            **_env.standin_env(self.github, self.model),
             "LOOPBOT_MODEL": "claude-sonnet-4-6",
             "LOOPBOT_CRITIC_MODEL": "claude-sonnet-4-6",
             "LOOPBOT_LOG_FORMAT": "json",
@@ -677,10 +650,10 @@ def leftovers(root: Path, below: list[int]) -> list[str]:
     environment or working directory names ``root``, except the pids in ``below`` and
     python processes among their descendants (the worker's own)."""
     mine = {os.getpid()}
-    kids = children_of()
+    kids = _env.children_of()
     allowed = set()
     for pid in below:
-        allowed |= set(tree(pid, kids))
+        allowed |= set(_env.tree(pid, kids))
     out = []
     needle = str(root).encode()
     for proc in Path("/proc").glob("[0-9]*"):

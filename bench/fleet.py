@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import logging
 import os
 import re
@@ -66,23 +65,13 @@ def respond_after(latency: float) -> Any:
     """The model: turn 1 writes the issue's note as a draft, turn 2 finishes it; the
     critic approves. Every answer takes ``latency`` seconds."""
 
+    def note(said: str) -> tuple[str, bool]:
+        name = re.search(r"fleet-(\d+)", said)
+        return f"tests/fleet-{name.group(1) if name else 'x'}.txt", True
+
     def respond(body: dict[str, Any]) -> m.Item:
         time.sleep(latency)
-        if (body.get("output_config") or {}).get("format"):
-            return m.structured({"verdict": "approve", "summary": "Fine.", "findings": []})
-        text = json.dumps(body["messages"])
-        name = re.search(r"fleet-(\d+)", text)
-        note = f"tests/fleet-{name.group(1) if name else 'x'}.txt"
-        last = body["messages"][-1]["content"]
-        if isinstance(last, list) and any(
-            isinstance(b, dict) and b.get("type") == "tool_result" for b in last
-        ):
-            return m.text("Written.")
-        turn_two = any(  # the draft was written: this is the second turn
-            msg["role"] == "assistant" and "draft" in json.dumps(msg["content"])
-            for msg in body["messages"]
-        )
-        return m.write_file(note, "done\n" if turn_two else "draft\n")
+        return _env.scripted_answer(body, note)
 
     return respond
 
@@ -95,26 +84,6 @@ def pss_kb(pid: int) -> int:
     except (OSError, ValueError):
         pass
     return 0
-
-
-def children_of() -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            out.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
-def tree(pid: int, kids: dict[int, list[int]]) -> list[int]:
-    out, todo = [pid], [pid]
-    while todo:
-        for c in kids.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -144,15 +113,15 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(0.5):
-            kids = children_of()
+            kids = _env.children_of()
             total = 0
             for slot in kids.get(self.root, []):
-                kb = sum(pss_kb(p) for p in tree(slot, kids))
+                kb = sum(pss_kb(p) for p in _env.tree(slot, kids))
                 self.slot_peaks[slot] = max(self.slot_peaks.get(slot, 0), kb)
                 total += kb
             total += pss_kb(self.root)
             self.peak_total_kb = max(self.peak_total_kb, total)
-            self.cpu = max(self.cpu, cpu_seconds(tree(self.root, kids)))
+            self.cpu = max(self.cpu, cpu_seconds(_env.tree(self.root, kids)))
 
 
 def main() -> None:
@@ -198,14 +167,7 @@ def main() -> None:
                 n = u.post(f"/repos/{repo}/issues", json={"title": f"note {i}", "body": body})
                 keys.append(LoopId(repo, int(n.json()["number"])).key)
         log = b.root / "worker.log"
-        with open(log, "ab") as out:
-            worker = subprocess.Popen(
-                [str(Path(sys.executable).parent / "loopbot"), "worker", "--loops", str(slots)],
-                env={**os.environ, **b.env},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        worker = _env.spawn(["worker", "--loops", str(slots)], {**os.environ, **b.env}, log)
         sampler = Sampler(worker.pid)
         sampler.start()
         time.sleep(2)  # the slots start (each connects, the scheduler takes its lock)

@@ -348,6 +348,11 @@ def reap(rt: Runtime) -> list[str]:
     return removed
 
 
+# How long a stopping worker waits for its reconciler's pass in progress (a step waits 30 s
+# at most for a loop's lock; GitHub's pace, in the sweep, up to its own limits).
+FINISH_PASS_SECONDS = 120.0
+
+
 class Reconciler(threading.Thread):
     """The timer that runs the passes above; one worker acts per interval (Redis lock)."""
 
@@ -356,6 +361,20 @@ class Reconciler(threading.Thread):
         self.rt = rt
         self.stop = threading.Event()
         self._last_sweep = time.time()
+        self.in_pass = False
+
+    def close(self, timeout: float = FINISH_PASS_SECONDS) -> None:
+        """Start no more passes, and wait for the step in progress to end. The thread is a
+        daemon: a worker that exited mid-step cut it off where it stood, and a take-over
+        cut between the loop's record (resumed, no longer handed over) and its new job
+        left the loop queued with no job until the queued grace ran out (the hand-over
+        test's two-minute stall, issue 37 item 9: a draining worker's own reconciler took
+        over the loop it had just handed over, and the worker exited)."""
+        self.stop.set()
+        if self.in_pass:
+            log.info("reconciler.finishing_pass")
+        if self.is_alive():
+            self.join(timeout)
 
     def run(self) -> None:
         interval = self.rt.settings.reconcile_interval
@@ -369,6 +388,13 @@ class Reconciler(threading.Thread):
         """One pass. Each step on its own: one that fails (a worktree git cannot clean,
         a GitHub error) is logged and the others still run, this pass and every next."""
         log.debug("reconciler.tick")
+        self.in_pass = True
+        try:
+            self._pass()
+        finally:
+            self.in_pass = False
+
+    def _pass(self) -> None:
         self._step("reap", reap)  # worktrees are on this machine: every worker reaps its own
         redis = self.rt.redis
         if not redis.set(
@@ -385,6 +411,8 @@ class Reconciler(threading.Thread):
         self._step("places", show_places)  # last: the only part that waits for GitHub
 
     def _step(self, name: str, step: Callable[[Runtime], object]) -> None:
+        if self.stop.is_set():
+            return  # the worker stops: the step in progress ends, no other begins
         try:
             step(self.rt)
         except Exception:  # logged; the pass goes on

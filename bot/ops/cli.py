@@ -105,13 +105,18 @@ def _run_worker(
     check_at_startup(settings.redis_url, "loopbot worker", wait=30)
     redis = connect(settings.redis_url)
     rt = install(Runtime(settings, redis))
-    if reconcile and not burst:
-        Reconciler(rt).start()  # first pass one interval from now: start-up changes no loop
+    reconciler = Reconciler(rt) if reconcile and not burst else None
+    if reconciler is not None:
+        reconciler.start()  # first pass one interval from now: start-up changes no loop
     # On SIGTERM a running loop hands itself over instead of waiting to be killed. The
     # worker decodes only JSON and runs only loopbot's own job functions (bot.io.queues).
     worker = make_worker(queues, redis, DrainingWorker)
     _preload()  # once here, not again in every job's fork (bot/io/preload.py)
-    worker.work(burst=burst, with_scheduler=scheduler, logging_level="WARNING")
+    try:
+        worker.work(burst=burst, with_scheduler=scheduler, logging_level="WARNING")
+    finally:
+        if reconciler is not None:
+            reconciler.close()  # its step in progress ends before the process does
 
 
 def _preload() -> None:

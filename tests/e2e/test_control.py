@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from typing import Any
 
 import pytest
 from redis import Redis
+from rq import Worker
 from rq.job import JobStatus
 
 from bot.core.ids import LoopId
@@ -451,3 +453,63 @@ def test_restart_while_the_critic_has_the_pull_request(
     r = rec(redis)
     assert r.status in (Status.MERGING, Status.COMPLETED), r
     assert r.turn == 1  # no new coding round
+
+
+def test_a_stopping_worker_ends_its_reconciler_s_step_before_it_exits(
+    redis: Redis, workers: Any
+) -> None:
+    """The reconciler is a daemon thread of the worker: a worker that exited mid-step cut
+    it off where it stood. The hand-over test's stall (issue 37, item 9): the draining
+    worker's own reconciler took over the loop it had just handed over, wrote the record
+    (resumed, no longer handed over), deleted the old RQ job and was cut off before it
+    enqueued the new one; the loop sat queued with no job until the queued grace, two
+    minutes. Here the take-over waits for the loop's lock when the worker is stopped:
+    the worker finishes the step, and the loop has its job, before it exits."""
+    from bot.core.record import LoopRecord
+    from bot.io.pace import Pace
+    from bot.io.queues import LOOP_QUEUE
+
+    store = Store(redis)
+    store.put(
+        LoopRecord(
+            repo=REPO,
+            issue=1,
+            installation_id=1,
+            status=Status.QUEUED,
+            phase="handoff",
+            handed_over=True,
+            updated_at=0,
+        ),
+        touch=False,
+    )
+    Pace(redis).adopt(KEY, REPO)  # it holds its slot, as a handed-over loop does
+    assert store.take_lease(KEY, "the-worker-handing-it-over", 60)  # not yet to take over
+    loop = LoopId(REPO, 1)
+    a = workers("a", **FAST)
+    # SIGTERM once RQ's handlers are in place: the worker waits for jobs.
+    wait_for(
+        lambda: any(
+            w.get_state() == "idle" and LOOP_QUEUE in w.queue_names()
+            for w in Worker.all(connection=redis)
+        ),
+        30,
+        "the worker waiting for jobs",
+    )
+    with store.lock(KEY, timeout=120):  # the take-over waits here (30 s at most)
+        store.force_release_lease(KEY)  # handed over: the next pass takes it over
+        redis.delete("loopbot:reconciler")
+        wait_for(lambda: redis.exists("loopbot:reconciler"), 20, "a pass after the release")
+        assert a.proc is not None
+        a.proc.send_signal(signal.SIGTERM)
+        # Before, the worker exited at once, its reconciler with it; now it says it waits.
+        wait_for(
+            lambda: a.proc.poll() is not None or "reconciler.finishing_pass" in a.output(),
+            20,
+            "the worker to exit or wait for its reconciler",
+        )
+    assert a.proc.wait(30) == 0, a.output()[-3000:]
+    r = store.get(KEY)
+    assert r is not None and r.status == Status.QUEUED and not r.handed_over, r
+    assert redis.lpos(f"rq:queue:{LOOP_QUEUE}", loop.job_id) is not None  # its job waits
+    resumed = [e["data"] for e in store.events(KEY) if e["kind"] == "loop_resumed"]
+    assert resumed == [{"reason": "handoff"}]

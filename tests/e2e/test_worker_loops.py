@@ -94,6 +94,26 @@ def where(store: Store, keys: list[str]) -> list[Any]:
     return out
 
 
+def held_keys(redis: Redis) -> dict[str, Any]:
+    """What a stalled loop could wait on: GitHub's pace, merge slots, leases and the loop
+    queue's registries (where its jobs wait), with their time to live."""
+    out: dict[str, Any] = {}
+    for pattern in ("loopbot:gh-*", "loopbot:merge-slot*", "loopbot:lease*", "rq:sched*"):
+        for name in redis.scan_iter(match=pattern, count=500):
+            kind = redis.type(name).decode()
+            value = redis.get(name) if kind == "string" else kind
+            out[name.decode()] = (value, redis.pttl(name))
+    for q in (queues.loop_queue(redis), queues.control_queue(redis)):
+        out[q.name] = {
+            "queued": q.job_ids,
+            "started": q.started_job_registry.get_job_ids(),
+            "scheduled": q.scheduled_job_registry.get_job_ids(),
+            "deferred": q.deferred_job_registry.get_job_ids(),
+            "failed": q.failed_job_registry.get_job_ids(),
+        }
+    return out
+
+
 def merged(store: Store, key: str) -> bool:
     r = store.get(key)
     return r is not None and (r.status, r.reason) == (Status.COMPLETED, "merged")
@@ -161,7 +181,8 @@ def test_sigterm_to_the_supervisor_hands_every_running_loop_over(
     try:
         wait_for(lambda: ended(store, keys), 120, "both loops to end on the new worker")
     except AssertionError as exc:  # where each loop stands, to see why (seen once in CI)
-        raise AssertionError(f"{exc}: {where(store, keys)}\n{b.output()[-3000:]}") from None
+        state = f"{where(store, keys)}\n{held_keys(redis)}"
+        raise AssertionError(f"{exc}: {state}\n{b.output()[-6000:]}") from None
     for key in keys:
         assert merged(store, key), store.get(key)
         r = store.get(key)

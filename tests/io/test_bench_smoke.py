@@ -42,7 +42,7 @@ HELPERS = {
     "__init__.py": [],
     "_smoke.py": list(SMOKE),  # the --smoke option itself
     # servers, a runtime
-    "_env.py": ["loop_overhead.py", "first_request.py", "tokens.py", "fleet.py"],
+    "_env.py": ["loop_overhead.py", "first_request.py", "tokens.py", "fleet.py", "chaos.py"],
     "bare_app.py": ["webhook.py"],  # the comparison apps, under gunicorn and in-process
 }
 

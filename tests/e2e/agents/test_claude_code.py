@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import string
 import subprocess
 import time
 from pathlib import Path
@@ -206,13 +207,21 @@ def test_a_backend_that_never_stops_is_cut_off_at_the_budget(
 
 
 # A command that posts its own model calls to the gateway with the placeholder key (the
-# red team's: 8 of a step-capped turn's 10 calls came from a Bash command).
-OWN_CALLS = """python3 - <<'PY'
+# red team's: 8 of a step-capped turn's 10 calls came from a Bash command). With a cache
+# TTL, each call also writes a fresh prefix of about 20K tokens to the prompt cache for that
+# long (the red team's budget overrun: 1-hour writes are billed at 2x input).
+OWN_CALLS = string.Template("""python3 - <<'PY'
 import json, os, urllib.request, urllib.error
+TTL = $ttl
 def post(i):
-    body = json.dumps({"model": "claude-sonnet-4-6", "max_tokens": 10,
-                       "messages": [{"role": "user", "content": f"own call {i}"}]}).encode()
-    req = urllib.request.Request(os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages", body,
+    body = {"model": "claude-sonnet-4-6", "max_tokens": 10,
+            "messages": [{"role": "user", "content": f"own call {i}"}]}
+    if TTL:
+        text = f"write {i}: " + "all work and no play makes a dull bot. " * 2000
+        body["system"] = [{"type": "text", "text": text,
+                           "cache_control": {"type": "ephemeral", "ttl": TTL}}]
+    req = urllib.request.Request(os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages",
+                                 json.dumps(body).encode(),
                                  {"x-api-key": os.environ["ANTHROPIC_API_KEY"],
                                   "content-type": "application/json",
                                   "anthropic-version": "2023-06-01"})
@@ -220,8 +229,23 @@ def post(i):
         return urllib.request.urlopen(req, timeout=10).status
     except urllib.error.HTTPError as e:
         return e.code
-print("OWN", [post(i) for i in range(8)])
-PY"""
+print("OWN", [post(i) for i in range($count)])
+PY""")
+
+
+def own_calls(count: int, cache_ttl: str | None = None) -> Any:
+    """A responder: the first call runs the command posting ``count`` calls of its own
+    (writing the cache for ``cache_ttl``), each of which is answered "pong"; once the
+    command's result is back, the turn is done."""
+    command = OWN_CALLS.substitute(count=count, ttl=repr(cache_ttl))
+
+    def answer(body: dict[str, Any]) -> m.Item:
+        said = json.dumps(body["messages"])
+        if "own call" in said:
+            return m.text("pong")
+        return m.text("done") if "tool_result" in said else m.cc_bash(command)
+
+    return answer
 
 
 def test_calls_a_sandbox_process_makes_itself_count_against_the_step_cap(
@@ -232,14 +256,7 @@ def test_calls_a_sandbox_process_makes_itself_count_against_the_step_cap(
     whoever makes it: the command's first is the turn's second and last, every later
     request is refused (400, the CLI stops), and the turn ends ``step_cap``. At most 2
     calls reach the model server (issue 37, item 6: 10 did)."""
-
-    def answer(body: dict[str, Any]) -> m.Item:
-        said = json.dumps(body["messages"])
-        if "own call" in said:
-            return m.text("pong")
-        return m.text("done") if "tool_result" in said else m.cc_bash(OWN_CALLS)
-
-    model.responder = answer
+    model.responder = own_calls(8)
     start(github, drain, YML.replace("max_turns: 3", "max_turns: 1") + "max_steps: 2\n")
     calls = agent_requests(model)
     assert len(calls) <= 2, [json.dumps(c["messages"])[:120] for c in calls]
@@ -250,28 +267,6 @@ def test_calls_a_sandbox_process_makes_itself_count_against_the_step_cap(
     assert turns and turns[0]["end"] == "step_cap", events(redis)
 
 
-# A command that posts its own calls asking for 1-hour cache writes (billed at 2x input),
-# each of a fresh prefix of about 20K tokens: the red team's budget overrun.
-HOUR_WRITES = """python3 - <<'PY'
-import json, os, urllib.request, urllib.error
-def post(i):
-    text = f"write {i}: " + "all work and no play makes a dull bot. " * 2000
-    body = json.dumps({"model": "claude-sonnet-4-6", "max_tokens": 10,
-                       "system": [{"type": "text", "text": text,
-                                   "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
-                       "messages": [{"role": "user", "content": "own call"}]}).encode()
-    req = urllib.request.Request(os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages", body,
-                                 {"x-api-key": os.environ["ANTHROPIC_API_KEY"],
-                                  "content-type": "application/json",
-                                  "anthropic-version": "2023-06-01"})
-    try:
-        return urllib.request.urlopen(req, timeout=10).status
-    except urllib.error.HTTPError as e:
-        return e.code
-print("OWN", [post(i) for i in range(20)])
-PY"""
-
-
 def test_an_agent_s_own_one_hour_cache_writes_cannot_bill_past_the_budget(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:
@@ -280,14 +275,7 @@ def test_an_agent_s_own_one_hour_cache_writes_cannot_bill_past_the_budget(
     its TTL's rate, from the answer's usage, and judges each call at 2x input: what the
     local API bills stays within $1.00 and is what the loop was charged (issue 37, item 2:
     $0.96 charged, $1.54 billed)."""
-
-    def answer(body: dict[str, Any]) -> m.Item:
-        said = json.dumps(body["messages"])
-        if "own call" in said:
-            return m.text("pong")
-        return m.text("done") if "tool_result" in said else m.cc_bash(HOUR_WRITES)
-
-    model.responder = answer
+    model.responder = own_calls(20, cache_ttl="1h")
     start(github, drain, YML.replace("max_turns: 3", "max_turns: 1") + "max_cost_usd: 1.0\n")
     r = Store(redis).get(KEY)
     assert r is not None
