@@ -116,10 +116,24 @@ def default_branch_checks(where: str, branch: str, rules: Sequence[Rule]) -> lis
                     "satisfies it",
                 )
             )
-        elif kind in ("deletion", "non_fast_forward", "creation"):
-            continue  # loopbot never creates, deletes or force-pushes the default branch
+        elif kind in ("deletion", "non_fast_forward", "creation") or kind in PUSH_RULES:
+            # loopbot never creates, deletes or pushes to the default branch: a push
+            # rule's refusals come on loop/*, and are listed there.
+            continue
+        elif kind in MERGE_GATES:
+            checks.append(
+                Check(
+                    name,
+                    True,
+                    f"requires {MERGE_GATES[kind]} ({kind}): GitHub refuses the merge until "
+                    "then; the gate waits only for the checks the branch requires, so a "
+                    "merge refused for this ends the loop refused / not_mergeable with "
+                    "GitHub's words",
+                    warn=True,
+                )
+            )
         else:
-            checks.append(_push_rule(name, kind, p) or _unknown(name, kind))
+            checks.append(_unknown(name, kind))
     return checks
 
 
@@ -159,6 +173,8 @@ def loop_branch_checks(where: str, rules: Sequence[Rule]) -> list[Check]:
             )
         elif kind in ("pull_request", "required_status_checks", "merge_queue", "deletion"):
             continue  # loopbot never merges into loop/* and deletes them itself, if at all
+        elif kind in MERGE_GATES:
+            continue  # they gate merges into loop/*, which loopbot never makes
         elif kind == "required_linear_history":
             checks.append(
                 Check(
@@ -173,6 +189,16 @@ def loop_branch_checks(where: str, rules: Sequence[Rule]) -> list[Check]:
         else:
             checks.append(_push_rule(name, kind, p) or _unknown(name, kind))
     return checks
+
+
+PUSH_RULES = frozenset(
+    {"file_path_restriction", "file_extension_restriction", "max_file_size", "max_file_path_length"}
+)
+MERGE_GATES = {
+    "code_scanning": "code scanning results",
+    "workflows": "workflows to pass",
+    "required_deployments": "deployments to succeed",
+}
 
 
 def _push_rule(name: str, kind: str, p: Mapping[str, Any]) -> Check | None:
@@ -199,20 +225,6 @@ def _push_rule(name: str, kind: str, p: Mapping[str, Any]) -> Check | None:
             True,
             f"{what()} ({kind}): a loop whose commit does so ends failed / push_refused "
             "with GitHub's words on the issue",
-            warn=True,
-        )
-    if kind in ("code_scanning", "workflows", "required_deployments"):
-        gate = {
-            "code_scanning": "code scanning results",
-            "workflows": "required workflows to pass",
-            "required_deployments": "deployments to succeed",
-        }[kind]
-        return Check(
-            name,
-            True,
-            f"requires {gate} ({kind}): GitHub blocks the merge until they do; the gate "
-            "waits for GitHub's merge state, and a loop still blocked at its waiting limit "
-            "goes to a person",
             warn=True,
         )
     return None

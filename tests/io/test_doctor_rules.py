@@ -132,15 +132,20 @@ def test_a_repository_with_every_rule_has_each_named(
     assert f"{main} requires signed commits (required_signatures)" in out
     assert f"{main} requires a linear history (required_linear_history)" in out
     assert f"{main} requires code scanning results (code_scanning)" in warned
-    assert f"{main} requires required workflows to pass (workflows)" in warned
+    assert f"{main} requires workflows to pass (workflows): GitHub refuses the merge" in warned
+    assert "merge refused for this ends the loop refused / not_mergeable" in warned
     assert f"{loop} force pushes are refused (non_fast_forward)" in warned
     assert f"{loop} requires a linear history (required_linear_history)" in warned
+    # Push rules, once: on loop/*, where loopbot pushes.
+    assert f"{loop} pushes touching secrets/** are refused (file_path_restriction)" in warned
+    assert f"{loop} files over 10 MB are refused (max_file_size)" in warned
+    assert f"{loop} pushes adding files ending .exe are refused" in warned
+    assert f"{loop} paths longer than 200 characters are refused" in warned
+    assert out.count("are refused (file_path_restriction)") == 1
+    assert out.count("(max_file_size)") == out.count("(max_file_path_length)") == 1
     for where in (main, loop):
-        assert f"{where} pushes touching secrets/** are refused (file_path_restriction)" in warned
-        assert f"{where} files over 10 MB are refused (max_file_size)" in warned
-        assert f"{where} pushes adding files ending .exe are refused" in warned
-        assert f"{where} paths longer than 200 characters are refused" in warned
         assert f"{where} a rule loopbot does not know (commit_message_pattern)" in warned
+    assert f"{loop} requires code scanning" not in out
     # The default branch's deletion and force-push rules concern no loop: not listed.
     assert "(deletion)" not in out and f"{main} force pushes" not in out
     assert "[ok  ] workflows (acme): not granted (app.yml does not ask for it)" in out
