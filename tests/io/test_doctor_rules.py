@@ -170,3 +170,31 @@ def test_unreadable_rules_say_so_and_loop_rules_of_the_default_branch_kind_are_s
     assert [c.name for c in checks] == ["acme/x rules"]
     assert checks[0].warn and "could not be read" in checks[0].detail
     assert loop_branch_checks("acme/x", [{"type": "pull_request"}, {"type": "deletion"}]) == []
+
+
+def test_the_listed_rules_are_githubs_documented_types(
+    github: GitHubServer, env: dict[str, str]
+) -> None:
+    """githubkit parses what the local GitHub lists into GitHub's own rule models (the
+    OpenAPI description's ``repository-rule-detailed``), every type and its parameters."""
+    from bot.core.settings import load_settings
+    from bot.io.github.client import GitHubApp
+
+    iid = sample_repo(github)
+    repo = github.repos[REPO]
+    repo.review_rules["main"] = ReviewRule(required_approving_review_count=1)
+    repo.ruleset_checks["main"] = ["ci"]
+    repo.listed_rules = list(EVERY_RULE)
+    gi = GitHubApp(load_settings(env)).installation(iid)
+    owner, name = REPO.split("/")
+    seen = set()
+    for branch in ("main", "loop/1"):
+        parsed = gi._call(
+            lambda gh, b=branch: gh.rest.repos.get_branch_rules(owner, name, b).parsed_data
+        )
+        assert all(type(r).__name__.startswith("RepositoryRuleDetailedOneof") for r in parsed)
+        seen |= {r.type for r in parsed}
+    assert seen == {rule["type"] for _, rule in repo.listed_rules} | {
+        "pull_request",
+        "required_status_checks",
+    }
