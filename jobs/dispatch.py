@@ -366,6 +366,11 @@ def _control(rt: Runtime, gh: Installation, cmd: ControlCommand) -> str:
         gh.upsert_comment(
             cmd.repo, cmd.issue, reply_key, messages.cancelled(record, cmd.actor, result)
         )
+        # A loop waiting in the gate (for people, checks, its turn) has no job of its own
+        # to say it ended: the status comment and the head's check run say it here.
+        waited = result == "cancelled" and record.status is Status.MERGING
+        if waited and (ended := rt.store.get(key)) is not None:
+            lifecycle.post_status(rt.store, gh, ended)
         return result
     if record.status in (Status.REVIEWING, Status.MERGING):
         # Its pull request is with the critic or the gate, not with a coding worker: a

@@ -10,7 +10,9 @@ A status change is four things that must not drift apart:
 - the job the new status needs: queued -> the loop job, reviewing -> the critic,
   merging -> the merge gate;
 - the issue's status comment, when the caller has a GitHub installation client: the
-  state on top and the timeline of what the loop did, read from its events.
+  state on top and the timeline of what the loop did, read from its events; and while
+  the loop waits for people (the gate's ``awaiting_approval``), the same words on the
+  check run of its head, taken back when the wait ends (``post_status``).
 
 And the pace (``bot/core/rules/pace.py``, ``bot/io/pace.py``): a loop asking to start
 (``create``, a restart's ``requeue`` with ``pacing``) takes a slot and gets its job, or
@@ -40,13 +42,15 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import JobStatus
 
 from bot.core.ids import LoopId
-from bot.core.record import LoopRecord, Reason, Status, Waiting, approve
+from bot.core.record import LoopRecord, Reason, Status, Waiting, approve, people_wait
 from bot.core.rules import lifecycle as rules
 from bot.core.rules import pace as pace_rules
 from bot.core.rules.lifecycle import Guard, Requeue
 from bot.core.rules.pace import Place, Waiter
+from bot.core.text import messages
 from bot.io import queues
 from bot.io.github.client import GitHubApp, Installation
+from bot.io.github.failures import GitHubError
 from bot.io.github.issues import IssueInfo
 from bot.io.logs import get_logger
 from bot.io.pace import Outcome, Pace
@@ -61,7 +65,8 @@ from bot.io.queues import (
 )
 from bot.io.store import LeaseLost, LoopKey, Store
 from jobs import merge_slot
-from jobs.status_comment import _fence, post_status
+from jobs.status_comment import _fence
+from jobs.status_comment import post_status as _post_comment
 
 log = get_logger("loopbot.lifecycle")
 
@@ -623,6 +628,56 @@ def job_pending(redis: Redis, job_id: str) -> bool:
     if this is not None and this.id == job_id:
         return False
     return job.get_status(refresh=True) in PENDING
+
+
+# -- what GitHub shows -----------------------------------------------------------------------------
+
+LOOP_CHECK = "loopbot"  # the loop's own check run on its head (jobs/loop/runner.py)
+
+
+def post_status(
+    store: Store, gh: Installation, record: LoopRecord, tail: str = "", *, now: bool = False
+) -> LoopRecord:
+    """The issue's status comment (``jobs.status_comment.post_status``), and the wait
+    for people on the head's check run: a person looking at the pull request's checks
+    sees what the loop waits for, in the status comment's words."""
+    return _show_wait(store, gh, _post_comment(store, gh, record, tail, now=now))
+
+
+def _show_wait(store: Store, gh: Installation, record: LoopRecord) -> LoopRecord:
+    """Show the wait for people on the check run of the head, or take it back when the
+    wait is over; written only when it changes (``LoopRecord.wait_shown``), so a loop
+    that never waits for people costs no call. Best effort: a failure is logged and the
+    next status change tries again."""
+    wait = people_wait(record)
+    shown = f"{record.head_sha} {wait}" if wait and record.head_sha else ""
+    if shown == record.wait_shown:
+        return record
+    if shown:
+        head, title, summary = record.head_sha, wait, f"{messages.status_line(record)}\n\n{wait}"
+        conclusion = "success"  # verify passed on this head: the gate waits on no other
+    else:
+        head = record.wait_shown.split(" ", 1)[0]
+        ended = not record.active
+        title = f"{record.status.value}: {record.reason}" if ended else record.phase
+        summary = messages.status_line(record)
+        conclusion = {Status.CANCELLED: "cancelled", Status.COMPLETED: "success"}.get(
+            record.status, "failure" if ended else "success"
+        )
+    try:
+        gh.upsert_check_run(
+            record.repo,
+            LOOP_CHECK,
+            head,
+            status="completed",
+            conclusion=conclusion,
+            title=title,
+            summary=summary,
+        )
+    except GitHubError as exc:
+        log.warning("status.wait_check_failed", loop=record.key, error=str(exc)[:300])
+        return record
+    return store.set_fields(record.key, wait_shown=shown)
 
 
 # -- helpers -------------------------------------------------------------------------------------

@@ -147,6 +147,9 @@ class LoopRecord(BaseModel):
     # it asked to review: asked once, not at every wake-up.
     review_since: float = 0.0
     review_asked: list[str] = Field(default_factory=list)
+    # The wait for people the head's check run shows, as "<head sha> <text>" ("" when it
+    # shows none): written when it changes, so a wait is shown once and taken back once.
+    wait_shown: str = ""
     merge_sha: str = ""
     resume_note: str = ""  # why the loop continues: critic findings, a human review, checks
     verify_command: str = ""
@@ -323,10 +326,30 @@ SUMMARY_FIELDS = (
 )
 
 
+# The gate's waits (jobs/review/gate.py), each with what it waits for in ``detail``: the
+# status comment, ``/loop-status``, ``loopbot status``, the dashboard and, for people,
+# the check run on the head all show the same words.
+PEOPLE_PHASE = "awaiting_approval"
+WAIT_PHASES = frozenset({PEOPLE_PHASE, "waiting_for_checks", "waiting_to_merge"})
+
+
+def waiting_for(record: LoopRecord) -> str:
+    """What the loop waits for ("waiting for 1 approving review by a writer"), or ""."""
+    if record.active and record.phase in WAIT_PHASES:
+        return record.detail
+    return ""
+
+
+def people_wait(record: LoopRecord) -> str:
+    """What the loop waits for from people (approvals, code owners, threads), or ""."""
+    return waiting_for(record) if record.phase == PEOPLE_PHASE else ""
+
+
 def summarize(record: LoopRecord) -> dict[str, Any]:
     """The record's list view, with token totals per ``model/role`` for the metrics."""
     data = record.model_dump(mode="json", include=set(SUMMARY_FIELDS))
     data["key"] = record.key
+    data["waiting_for"] = waiting_for(record)
     data["tokens"] = {
         slot: [u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens]
         for slot, u in record.usage.items()

@@ -278,8 +278,12 @@ def status(as_json: bool, limit: int, only: str | None) -> None:
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
+    # What a waiting loop waits for, under its row: the words of its status comment.
+    waits = ["", *(str(r.get("waiting_for") or "") for r in found)]
+    for row, wait in zip(rows, waits, strict=True):
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        if wait:
+            click.echo(f"  ↳ {wait}")
     if total > len(found):
         click.echo(f"({total - len(found)} older not shown; --limit 0 shows all)")
 

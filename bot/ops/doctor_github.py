@@ -9,18 +9,23 @@ answered; ``run_github_checks`` does the asking."""
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
 
 from bot.core.settings import Settings, SettingsError, load_settings
 from bot.core.signature import sign
+from bot.ops import doctor_rules
 from bot.ops.doctor import Check
 from bot.ops.manifest import load_manifest, web_url
+
+if TYPE_CHECKING:
+    from bot.io.github.client import GitHubApp
 
 LEVELS = {"read": 1, "write": 2, "admin": 3}
 SHOWN_FAILURES = 5  # the most recent failed deliveries listed, each with its advice
@@ -369,9 +374,16 @@ def run_github_checks(env: Mapping[str, str] | None = None) -> list[Check]:
         ]
     settings_url = app_settings_url(github_web, app)
     checks = [Check("github app", True, f"'{app.get('slug')}' at {settings.api_url}")]
-    checks.extend(
-        _asked(lambda: installation_checks(gh.installations(), app, manifest, github_web))
-    )
+    try:
+        installations = gh.installations()
+    except Exception as exc:  # noqa: BLE001 - any failure is the check's answer
+        checks.append(Check("github api", False, str(exc), "retry; if it persists, see the log"))
+        installations = []
+    else:
+        checks.extend(installation_checks(installations, app, manifest, github_web))
+    for inst in installations:
+        if not inst.get("suspended_at"):
+            checks.extend(_asked(functools.partial(rules_checks, gh, inst)))
     try:
         config = gh.hook_config()
     except Exception as exc:  # noqa: BLE001
@@ -388,6 +400,27 @@ def run_github_checks(env: Mapping[str, str] | None = None) -> list[Check]:
             )
             checks.append(ping_outcome_check(url, status, why))
     checks.extend(_asked(lambda: delivery_checks(gh.recent_deliveries(), settings_url)))
+    return checks
+
+
+def rules_checks(gh: GitHubApp, inst: Mapping[str, Any]) -> list[Check]:
+    """One installation's ``workflows`` grant and its repositories' rules (the first
+    ``SHOWN_REPOS``), read as the installation (see bot/ops/doctor_rules.py)."""
+    where = str((inst.get("account") or {}).get("login") or f"installation {inst['id']}")
+    checks = [doctor_rules.workflows_check(where, inst.get("permissions") or {})]
+    gi = gh.installation(int(inst["id"]))
+    names = gi.repositories()
+    for repo in names[: doctor_rules.SHOWN_REPOS]:
+        info = gi.repo(repo)
+        checks += doctor_rules.repo_checks(
+            repo,
+            info.model_dump(),
+            gi.branch_rules(repo, info.default_branch),
+            gi.branch_rules(repo, doctor_rules.LOOP_BRANCH),
+            gi.branch_protected(repo, info.default_branch),
+        )
+    if len(names) > doctor_rules.SHOWN_REPOS:
+        checks.append(doctor_rules.more_repos_check(where, len(names)))
     return checks
 
 

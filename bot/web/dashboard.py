@@ -276,7 +276,8 @@ def entries_digest(entries: list[dict[str, Any]]) -> str:
 
 
 def _summary(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: d[k] for k in SUMMARY_FIELDS}
+    # ``waiting_for``: what a waiting loop waits for (summaries written before it: none).
+    return {k: d[k] for k in SUMMARY_FIELDS} | {"waiting_for": d.get("waiting_for") or ""}
 
 
 # A loop's stream is capped (bot/io/store.py, about 5,000 events); read it whole, oldest

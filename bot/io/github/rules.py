@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 from bot.core.rules import codeowners
 from bot.io.github.failures import Forbidden, NotFound, Unprocessable
@@ -100,6 +101,34 @@ class Rules(Repos):
             flags["thr"],
             None if methods is None else frozenset(methods),
         )
+
+    def branch_rules(self, repo: str, branch: str) -> list[dict[str, Any]] | None:
+        """Every rule that applies to ``branch`` (which need not exist: rules match by
+        name), as GitHub lists them; None when they cannot be read (older Enterprise
+        Server has no rulesets; a hidden repository)."""
+        owner, name = _split(repo)
+        try:
+            return [
+                dict(rule)
+                for rule in self._list(
+                    lambda gh, n: gh.rest.repos.get_branch_rules(
+                        owner, name, branch, per_page=100, page=n
+                    ).json()
+                )
+            ]
+        except (NotFound, Forbidden):
+            return None
+
+    def branch_protected(self, repo: str, branch: str) -> bool | None:
+        """The branch summary's ``protected``: whether classic protection is on. Its
+        settings (``.../protection``) need ``administration`` read, which loopbot's App
+        does not ask for. None: the branch cannot be read."""
+        owner, name = _split(repo)
+        try:
+            d = self._call(lambda gh: gh.rest.repos.get_branch(owner, name, branch).json())
+        except (NotFound, Forbidden):
+            return None
+        return bool(d.get("protected"))
 
     def review_state(self, repo: str, number: int) -> ReviewState:
         owner, name = _split(repo)

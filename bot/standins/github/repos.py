@@ -4,6 +4,7 @@ rules (rulesets), a collaborator's permission, file contents, compare, and delet
 from __future__ import annotations
 
 import base64
+from fnmatch import fnmatchcase
 
 from flask import Flask, Response, abort, g, jsonify, request
 
@@ -110,6 +111,10 @@ def branch_rules(state: State, owner: str, name: str, branch: str) -> Response:
                 },
             }
         )
+    for pattern, rule in repo.listed_rules:
+        if fnmatchcase(branch, pattern):
+            source = {"ruleset_source_type": "Repository", "ruleset_source": repo.full_name}
+            rules.append(source | {"ruleset_id": 3} | rule)
     return jsonify(page(rules))
 
 

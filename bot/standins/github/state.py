@@ -121,6 +121,10 @@ class Repo:
     allow_squash_merge: bool = True
     allow_merge_commit: bool = True
     allow_rebase_merge: bool = True
+    # Other ruleset rules ``GET rules/branches/{branch}`` lists, as (fnmatch pattern on
+    # the branch name, the rule with GitHub's ``type`` and ``parameters``): listed only;
+    # what enforces one (receive-pack's refusals, the merge queue) lives elsewhere.
+    listed_rules: list[tuple[str, Json]] = field(default_factory=list)
     resolved_threads: set[int] = field(default_factory=set)  # review comment ids
     requested_reviewers: dict[int, list[str]] = field(default_factory=dict)
     # Every merge the server refused: (pull number, status, message).
