@@ -147,6 +147,15 @@ class LoopRecord(BaseModel):
     # it asked to review: asked once, not at every wake-up.
     review_since: float = 0.0
     review_asked: list[str] = Field(default_factory=list)
+    # A base that requires a merge queue (``merge_queue``: known from its rules, or from
+    # the merge endpoint's refusal): the head loopbot enqueued, how many removals from
+    # the queue GitHub's timeline counted then (a later one is the queue letting go of
+    # it), and the last merge group's commit (``merge_group`` webhook) whose checks say
+    # what failed.
+    merge_queue: bool = False
+    queue_head: str = ""
+    queue_removals: int = 0
+    queue_group: str = ""
     merge_sha: str = ""
     resume_note: str = ""  # why the loop continues: critic findings, a human review, checks
     verify_command: str = ""
