@@ -94,6 +94,9 @@ def test_a_person_removing_it_or_any_other_reason_goes_to_a_person() -> None:
 def test_merged_by_the_queue_is_already_merged() -> None:
     f = replace(merge_facts(), pr_merged=True, pr_open=False, **Q)
     assert type(decide(f)).__name__ == "AlreadyMerged"
+    # The queue's removal for a merge is recorded a moment before the merge lands: wait.
+    landing = replace(merge_facts(), queue_removed="MERGE", **Q)
+    assert decide(landing) == InQueue("the merge queue is merging it")
 
 
 def test_a_removal_counts_only_if_it_came_after_loopbot_enqueued_that_head() -> None:
@@ -113,3 +116,4 @@ def test_a_removal_counts_only_if_it_came_after_loopbot_enqueued_that_head() -> 
     assert removal(removed_head="b" * 40) == ""  # another head's removal
     assert removal(removed_head="") == "CI_FAILURE"  # GitHub did not say which head
     assert removal(reason="") == "UNKNOWN_REMOVAL_REASON"
+    assert removal(reason="manual") == "MANUAL"  # the timeline's spelling

@@ -316,6 +316,10 @@ def through_queue(f: Facts) -> Decision:
     reason = f.queue_removed
     if not reason:
         return Enqueue(f.head_sha)
+    if reason in ("MERGE", "ALREADY_MERGED"):
+        # GitHub records the removal a moment before the merge lands: the pull request's
+        # ``merged`` follows (its closed webhook, or the next look).
+        return InQueue("the merge queue is merging it")
     if reason in ("CI_FAILURE", "CI_TIMEOUT"):
         failing = f.queue_failing or (QUEUE_CHECKS,)
         if f.fix_turns_used < f.max_fix_turns:
@@ -350,7 +354,9 @@ def queue_removal(
         return ""
     if removed_head and removed_head != enqueued_head:
         return ""
-    return reason or "UNKNOWN_REMOVAL_REASON"
+    # The webhook says CI_FAILURE, MANUAL...; the timeline has been seen to spell them in
+    # lower case ("manual"): one vocabulary.
+    return reason.upper() or "UNKNOWN_REMOVAL_REASON"
 
 
 def people_wanted(f: Facts) -> str | None:

@@ -13,8 +13,9 @@ GitHub's documented behaviour, kept here:
   ``checks_requested`` (head_sha, head_ref, base_sha, base_ref) to Apps subscribed to it.
   The base's required checks must pass on that commit: when they do, the base is
   fast-forwarded to it (the merge group's commit is the pull request's merge commit),
-  the pull request is closed as merged, the group is ``destroyed`` (reason ``merged``)
-  and ``pull_request`` ``closed`` (merged true) is sent. A required check that fails
+  the pull request is closed as merged, the group is ``destroyed`` (reason ``merged``),
+  and ``pull_request`` ``dequeued`` (reason ``MERGE``: the timeline counts a merge as a
+  removal too) and ``closed`` (merged true) are sent. A required check that fails
   removes the entry: ``merge_group`` ``destroyed`` (``dequeued``) and ``pull_request``
   ``dequeued`` with reason ``CI_FAILURE``; a person's removal is reason ``MANUAL``.
 - The timeline shows ``AddedToMergeQueueEvent`` and ``RemovedFromMergeQueueEvent`` (its
@@ -272,6 +273,18 @@ def _merge(state: State, repo: Repo, base: str, entry: QueueEntry) -> None:
     gitrepo.git(repo.path, "update-ref", "-d", f"refs/heads/{entry.group_ref}")
     _group_event(state, repo, base, entry, "destroyed", reason="merged")
     merger = queue_bot(state)
+    # As GitHub: a merge is a removal from the queue too (timeline and webhook, reason
+    # MERGE), recorded before the pull request's closed event.
+    repo.queue_events.setdefault(pull.number, []).append(
+        {
+            "type": "removed",
+            "actor": merger.login,
+            "at": now(),
+            "commit": entry.head,
+            "reason": "MERGE",
+        }
+    )
+    _pull_event(state, repo, pull, "dequeued", merger, reason="MERGE")
     _pull_event(state, repo, pull, "closed", merger)
     # As a merge does: closing keywords in the pull request's body close issues.
     for target_repo, closed in closing_references(state, repo, issue.body):
