@@ -173,7 +173,8 @@ class Gate:
             if facts.merge_queue:
                 facts = replace(facts, **self._queue(gh, record, pull, required))
             decision = decide(facts)
-            if isinstance(decision, AwaitPeople | Merge) and self._resolve_own_threads(gh, pull):
+            settled = isinstance(decision, AwaitPeople | Merge | Enqueue)
+            if settled and self._resolve_own_threads(gh, pull):
                 # The critic's verdict on this head stands: its own threads are settled
                 # (fixed, dismissed, or advice it let pass). Read what GitHub asks again.
                 facts = replace(facts, **self._people(gh, record, config, pull, now))

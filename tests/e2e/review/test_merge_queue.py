@@ -18,9 +18,9 @@ from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from bot.standins.github.merge_queue import REFUSAL
-from bot.standins.github.state import MergeQueueRule
+from bot.standins.github.state import MergeQueueRule, ReviewRule
 from tests.conftest import Web
-from tests.e2e.review.test_review_merge import FIX, YML, ci_status, is_critic, report
+from tests.e2e.review.test_review_merge import FIX, YML, ci_status, finding, is_critic, report
 from tests.helpers import REPO, label, open_issue, sample_repo
 
 KEY = f"{REPO}#1"
@@ -222,4 +222,32 @@ def test_an_installation_without_the_merge_queues_permission_is_told_why(
     assert "Resource not accessible by integration" in r.detail
     assert "Merge queues permission" in r.detail
     repo = github.repo(REPO)
+    assert len(repo.enqueue_calls) == 1 and repo.merge_refusals == []
+
+
+def test_loopbots_own_threads_are_resolved_before_it_enqueues(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    # A queue and resolved conversations both required: GitHub refuses to enqueue a pull
+    # request with an unresolved thread, so loopbot settles its own critic's first.
+    sample_repo(github, loop_yml=YML)
+    repo = github.repo(REPO)
+    repo.review_rules["main"] = ReviewRule(required_review_thread_resolution=True)
+    github.require_checks(REPO, "main", ["ci/test"], ruleset=True)
+    github.require_merge_queue(REPO, "main")  # the stand-in's CI passes the merge group
+    play = agent(github)
+
+    def critic_advises(body: dict[str, Any]) -> m.Item:
+        if is_critic(body):
+            play(body)  # CI passes the head
+            return report(findings=[finding("sev3", "calc.py", 2, "nit: docstring", "docs")])
+        return play(body)
+
+    model.responder = critic_advises
+    label(github, "writer", open_issue(github))
+    drain()
+    r = record(redis)
+    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    own = [c["id"] for c in repo.review_comments[r.pr_number]]
+    assert own and set(own) <= repo.resolved_threads
     assert len(repo.enqueue_calls) == 1 and repo.merge_refusals == []
