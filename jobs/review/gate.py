@@ -266,9 +266,9 @@ class Gate:
                         via="merge_queue",
                     )
                 return self._completed(gh, record, pull.merge_commit_sha or "")
-            case Refuse(reason=reason, why=why):
+            case Refuse(reason=reason, why=why, to_person=to_person):
                 self._post_receipt(gh, record, table, pull.head_sha, f"Not merged: {why}.")
-                if reason is Reason.NEEDS_HUMAN:
+                if reason is Reason.NEEDS_HUMAN or to_person:
                     gh.add_labels(self.repo, self.issue, [config.labels.needs_human])
                 return self._refuse(gh, record, reason, why)
             case Review(why=why):

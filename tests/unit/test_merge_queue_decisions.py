@@ -75,7 +75,7 @@ def test_failing_queue_checks_get_a_fix_turn_then_a_refusal() -> None:
     assert decide(f) == FixChecks(("ci/test",), queue=True)
     spent = replace(f, fix_turns_used=f.max_fix_turns)
     got = decide(spent)
-    assert isinstance(got, Refuse) and got.reason is Reason.CHECKS_FAILED
+    assert isinstance(got, Refuse) and got.reason is Reason.CHECKS_FAILED and got.to_person
     assert "ci/test" in got.why and "merge queue" in got.why
     unnamed = replace(f, queue_removed="CI_TIMEOUT", queue_failing=())
     assert decide(unnamed) == FixChecks((QUEUE_CHECKS,), queue=True)

@@ -166,6 +166,9 @@ class FixConflicts:
 class Refuse:
     reason: Reason
     why: str
+    # Hand it to a person (the needs-human label) though the reason is another: a merge
+    # queue's checks that failed past the fix turns leave an open pull request to finish.
+    to_person: bool = False
 
 
 @dataclass(frozen=True)
@@ -328,7 +331,8 @@ def through_queue(f: Facts) -> Decision:
         return Refuse(
             Reason.CHECKS_FAILED,
             f"the merge queue removed the pull request: its required checks {what} on the "
-            "merge group (" + ", ".join(failing) + ")",
+            "merge group (" + ", ".join(failing) + "); a person takes it from here",
+            to_person=True,
         )
     if reason == "MANUAL":
         who = f"@{f.queue_removed_by}" if f.queue_removed_by else "a person"

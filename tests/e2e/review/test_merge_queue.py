@@ -144,6 +144,7 @@ def test_queue_checks_that_fail_again_go_to_a_person(
     assert (r.status, r.reason, r.check_fixes) == (Status.REFUSED, "checks_failed", 1), r
     assert "merge queue removed the pull request" in r.detail and "ci/test" in r.detail
     repo = github.repo(REPO)
+    assert "loop:needs-human" in repo.issues[1].labels
     assert len(repo.enqueue_calls) == 2  # the first head, and the fixed one
     assert not repo.pulls[r.pr_number].merged and repo.merge_refusals == []
 
