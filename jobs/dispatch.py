@@ -19,7 +19,9 @@ from bot.core.commands import (
     IssueEdited,
     IssueInactive,
     LabelAdded,
+    MergeGroupChanged,
     PullFeedback,
+    QueueChanged,
     ReviewChanged,
     parse_command,
 )
@@ -80,6 +82,10 @@ def handle_command(raw: str) -> str:
             result = _checks(rt, cmd)
         case ReviewChanged():
             result = _review_changed(rt, cmd)
+        case QueueChanged():
+            result = _queue_changed(rt, cmd)
+        case MergeGroupChanged():
+            result = _merge_group(rt, gh, cmd)
         case _:
             assert_never(cmd)
     bound.info("dispatch.done", result=result)
@@ -692,3 +698,33 @@ def _review_changed(rt: Runtime, cmd: ReviewChanged) -> str:
         return "no loop waiting for this pull request's reviews"
     enqueue_gate(rt.redis, record.repo, record.issue)
     return "gate woken by a review"
+
+
+def _queue_changed(rt: Runtime, cmd: QueueChanged) -> str:
+    """The loop's pull request entered or left the merge queue, or closed: the gate reads
+    the queue (and the pull request) again at once; GitHub's answer, not the webhook's
+    words, decides."""
+    record = rt.store.get(cmd.loop.key)
+    if record is None or record.status != Status.MERGING or record.pr_number != cmd.pull:
+        return "no loop at the gate for this pull request"
+    rt.store.event(cmd.loop.key, "merge_queue", action=cmd.action, reason=cmd.reason)
+    enqueue_gate(rt.redis, record.repo, record.issue)
+    return f"gate woken: pull request {cmd.action}"
+
+
+def _merge_group(rt: Runtime, gh: Installation, cmd: MergeGroupChanged) -> str:
+    """A merge group of the loop's pull request: its commit is where the queue runs the
+    required checks (what failed, should the queue let go of it); the gate is woken."""
+    pull = gh.pull(cmd.repo, cmd.pull)
+    issue = issue_from_branch(pull.head_ref)
+    if issue is None:
+        return "not a loopbot pull request"
+    key = LoopId(cmd.repo, issue).key
+    record = rt.store.get(key)
+    if record is None or record.status != Status.MERGING or record.pr_number != cmd.pull:
+        return "no loop at the gate for this pull request"
+    if cmd.action == "checks_requested":
+        rt.store.set_fields(key, queue_group=cmd.group_sha)
+    rt.store.event(key, "merge_group", action=cmd.action, group=cmd.group_sha, reason=cmd.reason)
+    enqueue_gate(rt.redis, record.repo, record.issue)
+    return f"gate woken: merge group {cmd.action}"

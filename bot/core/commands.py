@@ -116,6 +116,29 @@ class ReviewChanged(_Command):
     state: str = ""
 
 
+class QueueChanged(_Command):
+    """The loop's pull request entered or left its base's merge queue, or closed (merged
+    by the queue, or by a person): the gate reads the queue again."""
+
+    kind: Literal["queue_changed"] = "queue_changed"
+    pull: int = Field(gt=0)
+    action: str
+    reason: str = ""  # pull_request.dequeued's reason (CI_FAILURE, MANUAL...)
+
+
+class MergeGroupChanged(_Command):
+    """A merge queue built a merge group for pull request ``pull`` (checks requested) or
+    destroyed it. The webhook names the pull request only by its temporary branch, not
+    the issue: the job finds the loop from the pull request's head branch."""
+
+    kind: Literal["merge_group"] = "merge_group"
+    issue: int = Field(default=0, ge=0)  # unknown to the router: the job reads it
+    pull: int = Field(gt=0)
+    action: str
+    group_sha: str
+    reason: str = ""
+
+
 Command = Annotated[
     LabelAdded
     | ControlCommand
@@ -124,7 +147,9 @@ Command = Annotated[
     | PullFeedback
     | DismissFinding
     | ChecksCompleted
-    | ReviewChanged,
+    | ReviewChanged
+    | QueueChanged
+    | MergeGroupChanged,
     Field(discriminator="kind"),
 ]
 COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)

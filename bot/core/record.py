@@ -150,6 +150,15 @@ class LoopRecord(BaseModel):
     # The wait for people the head's check run shows, as "<head sha> <text>" ("" when it
     # shows none): written when it changes, so a wait is shown once and taken back once.
     wait_shown: str = ""
+    # A base that requires a merge queue (``merge_queue``: known from its rules, or from
+    # the merge endpoint's refusal): the head loopbot enqueued, how many removals from
+    # the queue GitHub's timeline counted then (a later one is the queue letting go of
+    # it), and the last merge group's commit (``merge_group`` webhook) whose checks say
+    # what failed.
+    merge_queue: bool = False
+    queue_head: str = ""
+    queue_removals: int = 0
+    queue_group: str = ""
     merge_sha: str = ""
     resume_note: str = ""  # why the loop continues: critic findings, a human review, checks
     verify_command: str = ""

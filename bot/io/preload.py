@@ -53,6 +53,7 @@ ENDPOINTS: tuple[tuple[str, str], ...] = (
     ("pulls", "list_files"),
     ("pulls", "list_reviews"),
     ("pulls", "merge"),
+    ("pulls", "request_reviewers"),
     ("pulls", "update"),
     ("reactions", "create_for_issue_comment"),
     ("repos", "compare_commits"),

@@ -24,9 +24,11 @@ from bot.core.rules.merge import (
     AwaitPeople,
     CheckResult,
     Decision,
+    Enqueue,
     Facts,
     FixChecks,
     FixConflicts,
+    InQueue,
     Merge,
     Refuse,
     Review,
@@ -38,6 +40,7 @@ from bot.core.rules.merge import (
     needs_slot,
     post_action_head,
     protected_changes,
+    queue_removal,
 )
 from bot.core.text import messages, receipt
 from bot.io.github.client import Installation
@@ -56,6 +59,10 @@ RECHECK_SECONDS = 60
 # timer (a scheduled job, no worker held) is the sweep for a webhook GitHub never sent.
 PEOPLE_RECHECK_SECONDS = 300
 AWAITING = "awaiting_approval"  # the phase of a loop waiting for people
+# In a merge queue: the queue's webhooks (pull_request dequeued/closed, merge_group) wake
+# the gate; this timer is the sweep for one GitHub never sent.
+QUEUE_RECHECK_SECONDS = 120
+IN_QUEUE = "in_merge_queue"
 # A gate run that fails (GitHub down past the client's own retries) is run again from the
 # start, re-reading everything, after these pauses; then the loop ends with ``gate_error``.
 ERROR_ATTEMPTS = 3
@@ -163,8 +170,11 @@ class Gate:
             # it decides (its new head's checks can take longer than the slot's time).
             merge_slot.keep(self.rt.redis, loop)
             facts = self._facts(gh, record, config, issue, pull, required, now - since)
+            if facts.merge_queue:
+                facts = replace(facts, **self._queue(gh, record, pull, required))
             decision = decide(facts)
-            if isinstance(decision, AwaitPeople | Merge) and self._resolve_own_threads(gh, pull):
+            settled = isinstance(decision, AwaitPeople | Merge | Enqueue)
+            if settled and self._resolve_own_threads(gh, pull):
                 # The critic's verdict on this head stands: its own threads are settled
                 # (fixed, dismissed, or advice it let pass). Read what GitHub asks again.
                 facts = replace(facts, **self._people(gh, record, config, pull, now))
@@ -226,7 +236,7 @@ class Gate:
         since: float,
     ) -> str:
         """Carry out ``decision`` (under the gate's lock)."""
-        if isinstance(decision, Merge) and (unmet := receipt.unmet(table)):
+        if isinstance(decision, Merge | Enqueue) and (unmet := receipt.unmet(table)):
             # The decision and its receipt disagree: a condition the receipt cannot show
             # as passed is not one to merge on.
             why = "the merge receipt does not hold: " + ", ".join(
@@ -238,12 +248,27 @@ class Gate:
                 self._post_receipt(
                     gh, record, table, pull.head_sha, f"Merging {pull.head_sha} now."
                 )
-                return self._merge(gh, record, sha, issue.title)
+                return self._merge(gh, record, sha, issue.title, pull)
+            case Enqueue(sha=sha):
+                self._post_receipt(
+                    gh, record, table, pull.head_sha, f"Adding {sha} to the merge queue now."
+                )
+                return self._enqueue(gh, record, sha, pull)
+            case InQueue(why=why):
+                return self._in_queue(gh, record, pull, why)
             case AlreadyMerged():
+                if record.queue_head:  # the merge queue merged what loopbot enqueued
+                    self.store.event(
+                        self.key,
+                        "merged",
+                        sha=pull.merge_commit_sha or "",
+                        pr=pull.number,
+                        via="merge_queue",
+                    )
                 return self._completed(gh, record, pull.merge_commit_sha or "")
-            case Refuse(reason=reason, why=why):
+            case Refuse(reason=reason, why=why, to_person=to_person):
                 self._post_receipt(gh, record, table, pull.head_sha, f"Not merged: {why}.")
-                if reason is Reason.NEEDS_HUMAN:
+                if reason is Reason.NEEDS_HUMAN or to_person:
                     gh.add_labels(self.repo, self.issue, [config.labels.needs_human])
                 return self._refuse(gh, record, reason, why)
             case Review(why=why):
@@ -251,9 +276,14 @@ class Gate:
                     self.store, self.key, Status.REVIEWING, came_from=AT_GATE, detail=why
                 )
                 return "review again: " + why if moved else MOVED_ON
-            case FixChecks(failing=failing):
+            case FixChecks(failing=failing, queue=queue):
                 note = (
-                    "The pull request's required checks fail: "
+                    "The merge queue removed the pull request: its required checks failed "
+                    f"on the merge group (this branch merged with the latest `{pull.base_ref}`"
+                    "): " + ", ".join(failing) + ". Merge the latest "
+                    f"`{pull.base_ref}` in if needed, and fix the code so they pass."
+                    if queue
+                    else "The pull request's required checks fail: "
                     + ", ".join(failing)
                     + ". Fix the code so they pass."
                 )
@@ -312,6 +342,87 @@ class Gate:
             lifecycle.post_status(self.store, gh, waiting)
         self._recheck_later(PEOPLE_RECHECK_SECONDS)
         return "waiting for people: " + why
+
+    def _queue(
+        self,
+        gh: Installation,
+        record: LoopRecord,
+        pull: PullInfo,
+        required: frozenset[str] | None,
+    ) -> dict[str, Any]:
+        """Where the pull request stands in its base's merge queue, read now: in it (and
+        where), or let go of since loopbot enqueued this head, and why (the timeline's
+        last removal: the webhook may be lost), and what failed on the merge group."""
+        state = gh.queue_state(self.repo, pull.number)
+        enqueued = record.queue_head if record.queue_head == pull.head_sha else ""
+        removed = queue_removal(
+            enqueued_head=enqueued,
+            removals_then=record.queue_removals,
+            removals_now=state.removals,
+            removed_head=state.removed_head,
+            reason=state.removed_reason,
+        )
+        failing: tuple[str, ...] = ()
+        if removed in ("CI_FAILURE", "CI_TIMEOUT") and record.queue_group:
+            group = record.queue_group
+            runs = [(c.name, c.status, c.conclusion) for c in gh.check_runs(self.repo, group)]
+            results = classify_checks(runs, gh.commit_statuses(self.repo, group), required)
+            failing = fold_checks(results)[1]
+        return {
+            "queue_in": state.in_queue and not removed,
+            "queue_position": state.position,
+            "queue_removed": removed,
+            "queue_removed_by": state.removed_by if removed else "",
+            "queue_failing": failing,
+        }
+
+    def _enqueue(self, gh: Installation, record: LoopRecord, sha: str, pull: PullInfo) -> str:
+        """Add the pull request to the merge queue, pinned to ``sha``, the head the gate
+        judged (GitHub refuses if the head moved). What it records first (the head and
+        the count of earlier removals) is how a later gate knows the queue let go of it."""
+        assert record.pr_number is not None
+        state = gh.queue_state(self.repo, pull.number)
+        if state.in_queue:
+            return self._in_queue(gh, record, pull, "in the merge queue")
+        record = self._set(merge_queue=True, queue_head=sha, queue_removals=state.removals)
+        self.store.event(self.key, "enqueue", head=sha)
+        result = gh.enqueue(state.node_id, sha)
+        if not result.ok and not gh.queue_state(self.repo, pull.number).in_queue:
+            now = gh.pull(self.repo, pull.number)
+            if now.merged:  # a retried enqueue, and the queue merged the first meanwhile
+                return self._completed(gh, record, now.merge_commit_sha or "")
+            hint = (
+                " (the App needs the Merge queues permission: accept its new permissions)"
+                if "not accessible" in result.error.lower()
+                else ""
+            )
+            why = (
+                "GitHub did not add the pull request to the merge queue: "
+                + messages.safe_text(result.error[:300])
+                + hint
+            )
+            return self._refuse(gh, record, Reason.NOT_MERGEABLE, why)
+        self.store.event(self.key, "enqueued", head=sha, position=result.position)
+        where = f" (position {result.position})" if result.position else ""
+        return self._in_queue(
+            gh,
+            record,
+            pull,
+            f"in the merge queue{where}: its required checks run on the merge group",
+        )
+
+    def _in_queue(self, gh: Installation, record: LoopRecord, pull: PullInfo, why: str) -> str:
+        """Wait for the queue without a worker, and let go of the repository's merge slot
+        (the queue orders merges now). The queue's webhooks wake the gate; the timer is
+        the sweep for a lost one."""
+        merge_slot.release(self.rt.redis, LoopId(self.repo, self.issue))
+        changed = (record.phase, record.detail) != (IN_QUEUE, why)
+        waiting = self._set(phase=IN_QUEUE, detail=why)
+        if changed:
+            self.store.event(self.key, "in_merge_queue", why=why, head=pull.head_sha)
+            lifecycle.post_status(self.store, gh, waiting)
+        self._recheck_later(QUEUE_RECHECK_SECONDS)
+        return "in the merge queue: " + why
 
     def _recheck_later(self, after: int = RECHECK_SECONDS) -> None:
         # Webhooks (or the merge slot let go) wake the gate sooner; this timer is the
@@ -442,6 +553,7 @@ class Gate:
             "method_allowed": allowed,
             "review_waited_seconds": now - record.review_since if record.review_since else 0.0,
             "max_review_wait_seconds": config.merge.approval_timeout_hours * 3600.0,
+            "merge_queue": rules.merge_queue or record.merge_queue,
         }
 
     def _own_logins(self, gh: Installation) -> frozenset[str]:
@@ -490,7 +602,9 @@ class Gate:
         included = {"ahead": True, "identical": True, "behind": False, "diverged": False}
         return {"base_included": included.get(status), "base_sha": base_sha}
 
-    def _merge(self, gh: Installation, record: LoopRecord, sha: str, title: str) -> str:
+    def _merge(
+        self, gh: Installation, record: LoopRecord, sha: str, title: str, pull: PullInfo
+    ) -> str:
         assert record.pr_number is not None
         try:
             result = gh.merge_pull(
@@ -509,9 +623,14 @@ class Gate:
                     self.store, self.key, Status.REVIEWING, came_from=AT_GATE, detail=why
                 )
                 return "head moved: review again" if moved else MOVED_ON
-            pull = gh.pull(self.repo, record.pr_number)  # 405: merged already, or not mergeable
-            if pull.merged:
-                return self._completed(gh, record, pull.merge_commit_sha or "")
+            now = gh.pull(self.repo, record.pr_number)  # 405: merged already, or not mergeable
+            if now.merged:
+                return self._completed(gh, record, now.merge_commit_sha or "")
+            if "merge queue" in str(exc).lower():
+                # A merge queue the rules did not show (classic protection's, which the App
+                # cannot read): the one refused merge says so; the queue takes it from here.
+                self.store.event(self.key, "merge_queue_required", why=str(exc)[:300])
+                return self._enqueue(gh, self._set(merge_queue=True), sha, pull)
             return self._refuse(gh, record, Reason.NOT_MERGEABLE, str(exc))
         self._set(merge_sha=result.sha)
         self.store.event(self.key, "merged", sha=result.sha, pr=record.pr_number)
@@ -551,7 +670,9 @@ class Gate:
             self.key,
             Status.COMPLETED,
             Reason.MERGED,
-            f"squash-merged pull request #{record.pr_number}",
+            f"merged pull request #{record.pr_number} through the merge queue"
+            if record.queue_head
+            else f"squash-merged pull request #{record.pr_number}",
             merge_sha=merge_sha or record.merge_sha,  # GitHub may not say: keep what was
         )
         assert updated is not None  # a merge ends any loop, a cancelled one too

@@ -10,7 +10,9 @@ from bot.core.commands import (
     ControlCommand,
     IssueInactive,
     LabelAdded,
+    MergeGroupChanged,
     PullFeedback,
+    QueueChanged,
     ReviewChanged,
 )
 from bot.core.rules.routing import Enqueue, Ignore, Malformed, route
@@ -182,3 +184,42 @@ def test_malformed_payloads_are_reported_not_raised() -> None:
 def test_unused_events_are_ignored() -> None:
     assert isinstance(route("push", {}, app_id=APP_ID), Ignore)
     assert isinstance(route("issues", envelope(action="opened"), app_id=APP_ID), Ignore)
+
+
+def test_a_loop_pull_requests_queue_events_wake_the_gate() -> None:
+    pull = {"number": 12, "head": {"ref": "loop/issue-3", "sha": "abc"}, "merged": False}
+    for action in ("enqueued", "dequeued", "closed"):
+        payload = envelope(action=action, pull_request=dict(pull), reason="CI_FAILURE")
+        decision = route("pull_request", payload, app_id=APP_ID)
+        assert isinstance(decision, Enqueue) and isinstance(decision.command, QueueChanged)
+        assert (decision.command.issue, decision.command.pull) == (3, 12)
+        assert decision.command.action == action
+    assert isinstance(
+        route("pull_request", envelope(action="opened", pull_request=pull), app_id=APP_ID), Ignore
+    )
+    other = envelope(
+        action="dequeued", pull_request={**pull, "head": {"ref": "feature", "sha": "a"}}
+    )
+    assert isinstance(route("pull_request", other, app_id=APP_ID), Ignore)
+
+
+def test_a_merge_group_names_its_pull_request_by_its_temporary_branch() -> None:
+    group = {
+        "head_sha": "b" * 40,
+        "head_ref": f"refs/heads/gh-readonly-queue/main/pr-12-{'c' * 40}",
+        "base_sha": "c" * 40,
+        "base_ref": "refs/heads/main",
+    }
+    decision = route(
+        "merge_group", envelope(action="checks_requested", merge_group=group), app_id=APP_ID
+    )
+    assert isinstance(decision, Enqueue) and isinstance(decision.command, MergeGroupChanged)
+    assert (decision.command.pull, decision.command.group_sha) == (12, "b" * 40)
+    destroyed = route(
+        "merge_group",
+        envelope(action="destroyed", reason="dequeued", merge_group=group),
+        app_id=APP_ID,
+    )
+    assert isinstance(destroyed, Enqueue) and destroyed.command.reason == "dequeued"  # type: ignore[union-attr]
+    odd = envelope(action="checks_requested", merge_group={**group, "head_ref": "refs/heads/x"})
+    assert isinstance(route("merge_group", odd, app_id=APP_ID), Malformed)

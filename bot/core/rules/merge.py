@@ -88,6 +88,17 @@ class Facts:
     method_allowed: bool = True
     review_waited_seconds: float = 0.0
     max_review_wait_seconds: float = 7 * 86400.0
+    # The base requires a merge queue (a ``merge_queue`` rule, or the merge endpoint said
+    # so): the queue merges, not loopbot. Whether the pull request is in it now and where,
+    # and why the queue let go of the head loopbot enqueued ("" when it has not: see
+    # ``queue_removal``), who removed it, and the required checks that failed on the
+    # merge group.
+    merge_queue: bool = False
+    queue_in: bool = False
+    queue_position: int = 0
+    queue_removed: str = ""
+    queue_removed_by: str = ""
+    queue_failing: tuple[str, ...] = ()
     # For the receipt only: what the checks were, and the findings still open.
     check_results: tuple[CheckResult, ...] = ()
     open_findings: tuple[tuple[str, str, str], ...] = ()  # (id, severity, title)
@@ -96,6 +107,22 @@ class Facts:
 @dataclass(frozen=True)
 class Merge:
     sha: str
+
+
+@dataclass(frozen=True)
+class Enqueue:
+    """Every condition holds and the base requires a merge queue: add the pull request
+    to it, pinned to ``sha`` (the head the critic reviewed)."""
+
+    sha: str
+
+
+@dataclass(frozen=True)
+class InQueue:
+    """The pull request is in the merge queue: the queue runs the required checks on
+    its merge group and merges it; the loop waits without a worker."""
+
+    why: str
 
 
 @dataclass(frozen=True)
@@ -124,6 +151,7 @@ class Review:
 @dataclass(frozen=True)
 class FixChecks:
     failing: tuple[str, ...]
+    queue: bool = False  # they failed on the merge queue's merge group, not on the head
 
 
 @dataclass(frozen=True)
@@ -138,6 +166,9 @@ class FixConflicts:
 class Refuse:
     reason: Reason
     why: str
+    # Hand it to a person (the needs-human label) though the reason is another: a merge
+    # queue's checks that failed past the fix turns leave an open pull request to finish.
+    to_person: bool = False
 
 
 @dataclass(frozen=True)
@@ -151,6 +182,8 @@ class WaitTurn:
 
 Decision = (
     Merge
+    | Enqueue
+    | InQueue
     | AlreadyMerged
     | Wait
     | AwaitPeople
@@ -228,12 +261,14 @@ def decide(f: Facts) -> Decision:
                     f"checks still pending after {f.waited_seconds / 60:.0f} minutes",
                 )
             return Wait("required checks are still running")
-    if f.base_included is None:
+    if f.base_included is None and not f.merge_queue:
         return Refuse(
             Reason.NEEDS_HUMAN,
             "loopbot cannot tell whether the head contains the default branch as it is now",
         )
-    if f.base_included is False and f.mergeable is not False:
+    if f.base_included is False and f.mergeable is not False and not f.merge_queue:
+        # (A merge queue tests the head merged with the base as it is when its turn
+        # comes: that is its point; merging the base in would only push and re-review.)
         # The base moved after verify (another loop merged first): the squash would land
         # a combination nobody ran verify on. Merge the base in and verify again.
         if f.fix_turns_used < f.max_fix_turns:
@@ -249,7 +284,7 @@ def decide(f: Facts) -> Decision:
         return Refuse(Reason.NOT_MERGEABLE, "the pull request conflicts with the default branch")
     if f.mergeable is None:
         return Wait("GitHub is still computing whether the pull request can merge")
-    if not f.method_allowed:
+    if not f.method_allowed and not f.merge_queue:  # the queue's own method lands it
         return Refuse(
             Reason.NOT_MERGEABLE,
             f"{f.method} merges are not allowed on this repository or its base branch, and "
@@ -264,7 +299,68 @@ def decide(f: Facts) -> Decision:
                 "a person takes it from here",
             )
         return AwaitPeople(wanted)
+    if f.merge_queue:
+        return through_queue(f)
     return Merge(f.head_sha)  # the reviewed sha, or the post-action commit on top of it
+
+
+QUEUE_CHECKS = "the merge queue's required checks"
+
+
+def through_queue(f: Facts) -> Decision:
+    """Every condition for a merge holds and the base takes changes only through its
+    merge queue: enqueue the head, wait while it is queued, and when the queue let go of
+    it, act on why (GitHub's ``RemovedFromMergeQueueEvent`` reason): failing checks on the
+    merge group get a fix turn while turns are left; a person's removal, or any other
+    reason, goes to a person (loopbot does not put back what a person took out)."""
+    if f.queue_in:
+        where = f" (position {f.queue_position})" if f.queue_position else ""
+        return InQueue(f"in the merge queue{where}: its required checks run on the merge group")
+    reason = f.queue_removed
+    if not reason:
+        return Enqueue(f.head_sha)
+    if reason in ("MERGE", "ALREADY_MERGED"):
+        # GitHub records the removal a moment before the merge lands: the pull request's
+        # ``merged`` follows (its closed webhook, or the next look).
+        return InQueue("the merge queue is merging it")
+    if reason in ("CI_FAILURE", "CI_TIMEOUT"):
+        failing = f.queue_failing or (QUEUE_CHECKS,)
+        if f.fix_turns_used < f.max_fix_turns:
+            return FixChecks(failing, queue=True)
+        what = "timed out" if reason == "CI_TIMEOUT" else "failed"
+        return Refuse(
+            Reason.CHECKS_FAILED,
+            f"the merge queue removed the pull request: its required checks {what} on the "
+            "merge group (" + ", ".join(failing) + "); a person takes it from here",
+            to_person=True,
+        )
+    if reason == "MANUAL":
+        who = f"@{f.queue_removed_by}" if f.queue_removed_by else "a person"
+        return Refuse(
+            Reason.NEEDS_HUMAN,
+            f"{who} removed the pull request from the merge queue; loopbot does not put "
+            "it back: a person decides what happens next",
+        )
+    return Refuse(
+        Reason.NEEDS_HUMAN,
+        f"the merge queue removed the pull request ({code_span(reason)}); a person takes it "
+        "from here",
+    )
+
+
+def queue_removal(
+    *, enqueued_head: str, removals_then: int, removals_now: int, removed_head: str, reason: str
+) -> str:
+    """Why the queue let go of the head loopbot enqueued: the last removal's reason when
+    one happened since loopbot enqueued that head (the count of removals grew) and it
+    was that head's; "" otherwise (never enqueued, or still in, or an older removal)."""
+    if not enqueued_head or removals_now <= removals_then:
+        return ""
+    if removed_head and removed_head != enqueued_head:
+        return ""
+    # The webhook says CI_FAILURE, MANUAL...; the timeline has been seen to spell them in
+    # lower case ("manual"): one vocabulary.
+    return reason.upper() or "UNKNOWN_REMOVAL_REASON"
 
 
 def people_wanted(f: Facts) -> str | None:

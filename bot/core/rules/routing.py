@@ -7,6 +7,7 @@ job, because the request must answer within milliseconds.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,9 @@ from bot.core.commands import (
     IssueEdited,
     IssueInactive,
     LabelAdded,
+    MergeGroupChanged,
     PullFeedback,
+    QueueChanged,
     ReviewChanged,
 )
 from bot.core.ids import issue_from_branch
@@ -133,6 +136,31 @@ class _CheckRun(_Model):
 
 class _RunEvent(_Envelope):
     check_run: _CheckRun
+
+
+class _PullState(_Model):
+    number: int
+    head: _Ref
+    merged: bool | None = None
+
+
+class _PullEvent(_Envelope):
+    pull_request: _PullState
+    reason: str | None = None
+
+
+class _Group(_Model):
+    head_sha: str
+    head_ref: str
+
+
+class _GroupEvent(_Envelope):
+    merge_group: _Group
+    reason: str | None = None
+
+
+# A merge group's temporary branch: gh-readonly-queue/<base>/pr-<number>-<base sha>.
+GROUP_REF = re.compile(r"^refs/heads/gh-readonly-queue/.+/pr-(\d+)-[0-9a-f]{7,64}$")
 
 
 @dataclass(frozen=True)
@@ -349,10 +377,58 @@ def _check_run(payload: dict[str, Any], app_id: int, delivery: str) -> Route:
     return _checks(ev.check_run.check_suite, ev, app_id, delivery, ev.check_run.app)
 
 
+def _pull_request(payload: dict[str, Any], app_id: int, delivery: str) -> Route:
+    """A loop's pull request entered or left its merge queue, or closed: the gate reads
+    the queue again (whoever sent it: the gate trusts only what it reads)."""
+    action = payload.get("action")
+    if action not in ("enqueued", "dequeued", "closed"):
+        return Ignore(f"pull_request.{action} is not used")
+    ev = _PullEvent.model_validate(payload)
+    issue = issue_from_branch(ev.pull_request.head.ref)
+    if issue is None:
+        return Ignore("not a loopbot pull request")
+    return Enqueue(
+        QueueChanged(
+            installation_id=ev.installation.id,
+            repo=ev.repository.full_name,
+            issue=issue,
+            actor=ev.sender.login,
+            delivery=delivery,
+            pull=ev.pull_request.number,
+            action=action,
+            reason=ev.reason or "",
+        )
+    )
+
+
+def _merge_group(payload: dict[str, Any], app_id: int, delivery: str) -> Route:
+    action = payload.get("action")
+    if action not in ("checks_requested", "destroyed"):
+        return Ignore(f"merge_group.{action} is not used")
+    ev = _GroupEvent.model_validate(payload)
+    found = GROUP_REF.match(ev.merge_group.head_ref)
+    if found is None:
+        return Malformed(f"merge_group head_ref {ev.merge_group.head_ref[:200]!r} names no pull")
+    return Enqueue(
+        MergeGroupChanged(
+            installation_id=ev.installation.id,
+            repo=ev.repository.full_name,
+            actor=ev.sender.login,
+            delivery=delivery,
+            pull=int(found.group(1)),
+            action=action,
+            group_sha=ev.merge_group.head_sha,
+            reason=ev.reason or "",
+        )
+    )
+
+
 _HANDLERS = {
     "issues": _issues,
     "issue_comment": _issue_comment,
     "pull_request_review": _review,
     "check_suite": _check_suite,
     "check_run": _check_run,
+    "pull_request": _pull_request,
+    "merge_group": _merge_group,
 }

@@ -74,6 +74,14 @@ def rows(f: Facts, *, ready_label: str) -> list[Row]:
         Row(
             "head contains the default branch",
             head,
+            "info",
+            "a merge queue takes it: the queue runs the required checks on it merged with "
+            "the default branch as it is when its turn comes",
+        )
+        if f.merge_queue and not f.base_included
+        else Row(
+            "head contains the default branch",
+            head,
             "unknown" if f.base_included is None else _ok(f.base_included),
             f"it contains {code_span(_short(f.base_sha))}: verify's result holds for the merge"
             if f.base_included

@@ -25,6 +25,7 @@ from bot.io.github.app import AppIdentity
 from bot.io.github.checks import Checks
 from bot.io.github.issues import Issues
 from bot.io.github.pulls import Pulls
+from bot.io.github.queue import MergeQueues
 from bot.io.github.rules import Rules
 
 
@@ -36,7 +37,7 @@ class GitHubApp(AppIdentity):
         return Installation(self, installation_id)
 
 
-class Installation(Rules, Issues, Pulls, Checks):
+class Installation(Rules, MergeQueues, Issues, Pulls, Checks):
     """GitHub as one installation of the App sees it; what the jobs talk to."""
 
     # Opened by ``GitHubApp.installation`` alone, so its App is a GitHubApp (callers open

@@ -49,6 +49,7 @@ class BranchReviewRules:
     last_push: bool = False
     threads: bool = False
     methods: frozenset[str] | None = None  # None: the rules restrict no method
+    merge_queue: bool = False  # a ``merge_queue`` rule: changes land only through the queue
 
 
 @dataclass(frozen=True)
@@ -75,12 +76,14 @@ class Rules(Repos):
         owner, name = _split(repo)
         approvals, flags = 0, {"code_owners": False, "dismiss": False, "last": False, "thr": False}
         methods: set[str] | None = None
+        queue = False
         with contextlib.suppress(NotFound, Forbidden):
             for rule in self._list(
                 lambda gh, n: gh.rest.repos.get_branch_rules(
                     owner, name, branch, per_page=100, page=n
                 ).json()
             ):
+                queue |= rule.get("type") == "merge_queue"
                 if rule.get("type") != "pull_request":
                     continue
                 p = rule.get("parameters") or {}
@@ -100,6 +103,7 @@ class Rules(Repos):
             flags["last"],
             flags["thr"],
             None if methods is None else frozenset(methods),
+            queue,
         )
 
     def branch_rules(self, repo: str, branch: str) -> list[dict[str, Any]] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from flask import Flask, Response, abort, g, jsonify, request
 
 from bot.standins import gitrepo
+from bot.standins.github import merge_queue
 from bot.standins.github.shapes import event_base
 from bot.standins.github.state import State
 from bot.standins.github.wire import Json, add_routes, error, page
@@ -65,6 +66,7 @@ def create_check_run(state: State, owner: str, name: str) -> tuple[Response, int
             "check_suite": {"head_branch": repo.branch_at(body["head_sha"])},
         }
         repo.check_runs[run["id"]] = run
+        merge_queue.on_check(state, repo, run["head_sha"])  # a merge group's required check
     return jsonify(run), 201
 
 
@@ -79,6 +81,8 @@ def update_check_run(state: State, owner: str, name: str, rid: int) -> Response:
             run[key] = body[key]
     if body.get("conclusion"):
         run["status"] = "completed"
+    with state.lock:
+        merge_queue.on_check(state, repo, run["head_sha"])
     return jsonify(run)
 
 
@@ -125,5 +129,7 @@ def create_status(state: State, owner: str, name: str, sha: str) -> tuple[Respon
         "context": body.get("context", "default"),
         "description": body.get("description"),
     }
-    repo.statuses.setdefault(sha, []).append(status)
+    with state.lock:
+        repo.statuses.setdefault(sha, []).append(status)
+        merge_queue.on_check(state, repo, sha)  # a merge group's required check
     return jsonify(status), 201

@@ -14,8 +14,8 @@ from typing import Any
 from flask import Flask, Response, abort, g, jsonify, request
 from graphql import GraphQLError, build_schema, graphql_sync
 
-from bot.standins.github import review_rules
-from bot.standins.github.state import Issue, Repo, State
+from bot.standins.github import merge_queue, review_rules
+from bot.standins.github.state import Issue, Pull, Repo, State
 from bot.standins.github.wire import Json, add_routes, error
 
 SCHEMA = build_schema(
@@ -28,6 +28,80 @@ SCHEMA = build_schema(
 
     type Mutation {
       resolveReviewThread(input: ResolveReviewThreadInput!): ResolveReviewThreadPayload
+      enqueuePullRequest(input: EnqueuePullRequestInput!): EnqueuePullRequestPayload
+      dequeuePullRequest(input: DequeuePullRequestInput!): DequeuePullRequestPayload
+    }
+
+    scalar GitObjectID
+
+    input EnqueuePullRequestInput {
+      pullRequestId: ID!
+      expectedHeadOid: GitObjectID
+      jump: Boolean
+      clientMutationId: String
+    }
+
+    type EnqueuePullRequestPayload {
+      clientMutationId: String
+      mergeQueueEntry: MergeQueueEntry
+    }
+
+    input DequeuePullRequestInput {
+      id: ID!
+      clientMutationId: String
+    }
+
+    type DequeuePullRequestPayload {
+      clientMutationId: String
+      mergeQueueEntry: MergeQueueEntry
+    }
+
+    enum MergeQueueEntryState {
+      AWAITING_CHECKS
+      LOCKED
+      MERGEABLE
+      QUEUED
+      UNMERGEABLE
+    }
+
+    type Commit {
+      oid: GitObjectID!
+    }
+
+    type MergeQueueEntry {
+      id: ID!
+      state: MergeQueueEntryState!
+      position: Int!
+      enqueuedAt: DateTime!
+      enqueuer: Actor!
+      headCommit: Commit
+      baseCommit: Commit
+    }
+
+    enum PullRequestTimelineItemsItemType {
+      ADDED_TO_MERGE_QUEUE_EVENT
+      REMOVED_FROM_MERGE_QUEUE_EVENT
+    }
+
+    type AddedToMergeQueueEvent {
+      id: ID!
+      actor: Actor
+      createdAt: DateTime!
+    }
+
+    type RemovedFromMergeQueueEvent {
+      id: ID!
+      actor: Actor
+      createdAt: DateTime!
+      reason: String
+      beforeCommit: Commit
+    }
+
+    union PullRequestTimelineItems = AddedToMergeQueueEvent | RemovedFromMergeQueueEvent
+
+    type PullRequestTimelineItemsConnection {
+      nodes: [PullRequestTimelineItems]
+      totalCount: Int!
     }
 
     input ResolveReviewThreadInput {
@@ -64,8 +138,15 @@ SCHEMA = build_schema(
     }
 
     type PullRequest {
+      id: ID!
       number: Int!
       headRefOid: String!
+      isInMergeQueue: Boolean!
+      mergeQueueEntry: MergeQueueEntry
+      timelineItems(
+        first: Int, last: Int, after: String, before: String,
+        itemTypes: [PullRequestTimelineItemsItemType!]
+      ): PullRequestTimelineItemsConnection!
       reviewDecision: PullRequestReviewDecision
       mergeStateStatus: MergeStateStatus!
       reviewThreads(first: Int, last: Int, after: String, before: String):
@@ -192,6 +273,8 @@ def query(state: State) -> tuple[Response, int] | Response:
             root_value={
                 "repository": lambda info, owner, name: _repository(state, owner, name),
                 "resolveReviewThread": lambda info, input: _resolve_thread(state, input),
+                "enqueuePullRequest": lambda info, input: _enqueue(state, input),
+                "dequeuePullRequest": lambda info, input: _dequeue(state, input),
             },
             variable_values=body.get("variables") or None,
         )
@@ -234,15 +317,117 @@ def _pull_request(state: State, repo: Repo, number: int) -> Json:
         raise _Failed(
             f"Could not resolve to a PullRequest with the number of {number}.", "NOT_FOUND"
         )
+    entry = merge_queue.entry_of(repo, pull)
     return {
+        "id": pull_node_id(repo, number),
         "number": number,
         "headRefOid": repo.head_sha(pull),
+        "isInMergeQueue": entry is not None,
+        "mergeQueueEntry": None if entry is None else _entry(state, repo, number),
+        "timelineItems": lambda info, first=None, last=None, after=None, before=None, itemTypes=None: (  # noqa: E501
+            _queue_timeline(state, repo, number, first, last, itemTypes)
+        ),
         "reviewDecision": review_rules.review_decision(repo, pull),
         "mergeStateStatus": review_rules.merge_state_status(repo, pull),
         "reviewThreads": lambda info, first=None, last=None, after=None, before=None: _threads(
             state, repo, number, first, last
         ),
     }
+
+
+def pull_node_id(repo: Repo, number: int) -> str:
+    return f"PR_{repo.id}_{number}"
+
+
+def _find_pull(state: State, node_id: str) -> tuple[Repo, Pull]:
+    kind, who = g.auth
+    for repo in state.repos.values():
+        if kind == "installation" and repo.installation_id != who:
+            continue
+        for number, pull in repo.pulls.items():
+            if pull_node_id(repo, number) == node_id:
+                return repo, pull
+    raise _Failed(f"Could not resolve to a node with the global id of '{node_id}'", "NOT_FOUND")
+
+
+def _entry(state: State, repo: Repo, number: int) -> Json | None:
+    pull = repo.pulls[number]
+    entry = merge_queue.entry_of(repo, pull)
+    if entry is None:
+        return None
+    return {
+        "id": f"MQE_{repo.id}_{number}",
+        "state": entry.state,
+        "position": merge_queue.position(repo, pull),
+        "enqueuedAt": entry.enqueued_at,
+        "enqueuer": _actor(state, entry.enqueuer, _type(state, entry.enqueuer)),
+        "headCommit": {"oid": entry.group_sha} if entry.group_sha else None,
+        "baseCommit": {"oid": entry.base_sha} if entry.base_sha else None,
+    }
+
+
+def _type(state: State, login: str) -> str:
+    user = state.users.get(login)
+    return user.type if user else "User"
+
+
+def _enqueue(state: State, input: Json) -> Json:
+    repo, pull = _find_pull(state, str(input.get("pullRequestId") or ""))
+    try:
+        merge_queue.enqueue(state, repo, pull, input.get("expectedHeadOid"), state.actor())
+    except merge_queue.QueueError as exc:
+        raise _Failed(str(exc), exc.kind) from exc
+    return {
+        "clientMutationId": input.get("clientMutationId"),
+        "mergeQueueEntry": _entry(state, repo, pull.number),
+    }
+
+
+def _dequeue(state: State, input: Json) -> Json:
+    repo, pull = _find_pull(state, str(input.get("id") or ""))
+    actor = state.actor()
+    if actor.type != "Bot" and repo.permissions.get(actor.login) not in review_rules.WRITERS:
+        raise _Failed(f"{actor.login} does not have permission to dequeue.", "FORBIDDEN")
+    before = _entry(state, repo, pull.number)
+    try:
+        merge_queue.dequeue(state, repo, pull, actor)
+    except merge_queue.QueueError as exc:
+        raise _Failed(str(exc), exc.kind) from exc
+    return {"clientMutationId": input.get("clientMutationId"), "mergeQueueEntry": before}
+
+
+def _queue_timeline(
+    state: State,
+    repo: Repo,
+    number: int,
+    first: int | None,
+    last: int | None,
+    types: list[str] | None,
+) -> Json:
+    items: list[Json] = []
+    for i, e in enumerate(repo.queue_events.get(number, [])):
+        actor = _actor(state, e["actor"], _type(state, e["actor"]))
+        if e["type"] == "added" and (types is None or "ADDED_TO_MERGE_QUEUE_EVENT" in types):
+            items.append(
+                {
+                    "__typename": "AddedToMergeQueueEvent",
+                    "id": f"AMQE_{number}_{i}",
+                    "actor": actor,
+                    "createdAt": e["at"],
+                }
+            )
+        if e["type"] == "removed" and (types is None or "REMOVED_FROM_MERGE_QUEUE_EVENT" in types):
+            items.append(
+                {
+                    "__typename": "RemovedFromMergeQueueEvent",
+                    "id": f"RMQE_{number}_{i}",
+                    "actor": actor,
+                    "createdAt": e["at"],
+                    "reason": e["reason"],
+                    "beforeCommit": {"oid": e["commit"]},
+                }
+            )
+    return {"nodes": _page(items, first, last, "timelineItems"), "totalCount": len(items)}
 
 
 def _thread(state: State, repo: Repo, comment: Json) -> Json:

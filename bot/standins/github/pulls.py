@@ -244,6 +244,9 @@ def _refuse_by_rules(repo: Repo, pull: Pull, issue: Issue, body: dict[str, Any])
     merge they forbid (405, its words); every refusal is recorded for the tests."""
     if pull.merged or issue.state != "open":
         return  # _squash answers that
+    if pull.base in repo.merge_queues:  # merge_queue.py takes it from here
+        repo.merge_refusals.append((pull.number, 405, review_rules.QUEUE_REFUSAL))
+        abort(error(405, review_rules.QUEUE_REFUSAL))
     method = body.get("merge_method", "merge")
     why = review_rules.method_refusal(repo, pull, method)
     if why is None and (blockers := review_rules.review_blockers(repo, pull)):

@@ -9,7 +9,7 @@ from fnmatch import fnmatchcase
 from flask import Flask, Response, abort, g, jsonify, request
 
 from bot.standins import gitrepo
-from bot.standins.github import review_rules
+from bot.standins.github import merge_queue, review_rules
 from bot.standins.github.shapes import repo_json
 from bot.standins.github.state import State
 from bot.standins.github.wire import Json, add_routes, error, page
@@ -97,7 +97,10 @@ def get_protection(state: State, owner: str, name: str, branch: str) -> Response
 def branch_rules(state: State, owner: str, name: str, branch: str) -> Response:
     repo = state.find_repo(owner, name)
     contexts = repo.ruleset_checks.get(branch)
-    rules: list[Json] = list(review_rules.rules_json(repo, branch))
+    rules: list[Json] = [
+        *review_rules.rules_json(repo, branch),
+        *merge_queue.rules_json(repo, branch),
+    ]
     if contexts is not None:
         rules.append(
             {

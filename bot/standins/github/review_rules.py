@@ -25,6 +25,8 @@ from bot.standins import gitrepo
 from bot.standins.github.state import Pull, Repo, ReviewRule
 from bot.standins.github.wire import Json
 
+# The merge endpoint's 405 where the base requires a merge queue (merge_queue.py).
+QUEUE_REFUSAL = "Changes must be made through the merge queue"
 WRITERS = frozenset({"write", "maintain", "admin"})
 _COUNTED = frozenset({"APPROVED", "CHANGES_REQUESTED", "DISMISSED"})
 _RUN_PASS = frozenset({"success", "neutral", "skipped"})

@@ -25,11 +25,12 @@ from bot.standins.github import (
     graphql,
     issues,
     manifests,
+    merge_queue,
     pulls,
     repos,
     webhooks,
 )
-from bot.standins.github.state import Fault, Repo, State
+from bot.standins.github.state import Fault, MergeQueueRule, Repo, State
 from bot.standins.github.wire import Json, now
 
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request is noise
@@ -283,6 +284,27 @@ class GitHubServer(State):
         repo = self.repos[full_name]
         with self.lock:
             (repo.ruleset_checks if ruleset else repo.protection)[branch] = list(contexts)
+
+    def require_merge_queue(
+        self,
+        full_name: str,
+        branch: str,
+        rule: MergeQueueRule | None = None,
+        *,
+        ci: str = "success",
+    ) -> None:
+        """A ruleset's ``merge_queue`` rule on ``branch``. ``ci``: what the stand-in, as
+        the CI, reports on each merge group's required checks ("" reports nothing: the
+        test calls ``report_queue_checks``)."""
+        repo = self.repos[full_name]
+        with self.lock:
+            repo.merge_queues[branch] = rule or MergeQueueRule()
+            repo.queue_ci[branch] = ci
+
+    def report_queue_checks(self, full_name: str, branch: str, conclusion: str) -> str:
+        """The CI reports every required check on ``branch``'s front merge group (the
+        queue then merges it or dequeues it); the group's commit."""
+        return merge_queue.report_group_checks(self, self.repos[full_name], branch, conclusion)
 
     def complete_check_suite(self, full_name: str, sha: str, conclusion: str = "success") -> None:
         """Send ``check_suite.completed`` for ``sha`` as another CI App would."""

@@ -96,6 +96,38 @@ class ReviewRule:
 
 
 @dataclass
+class MergeQueueRule:
+    """A ruleset's ``merge_queue`` rule, with GitHub's parameter names and defaults
+    (``GET rules/branches/{branch}`` lists it so). The stand-in builds one merge group
+    at a time (``max_entries_to_build`` and the grouping settings are shown, not used)."""
+
+    merge_method: str = "MERGE"  # MERGE, SQUASH or REBASE: how the queue lands a group
+    max_entries_to_build: int = 5
+    min_entries_to_merge: int = 1
+    max_entries_to_merge: int = 5
+    min_entries_to_merge_wait_minutes: int = 5
+    grouping_strategy: str = "ALLGREEN"
+    check_response_timeout_minutes: int = 60
+    # "ruleset": listed by GET rules/branches; "classic": branch protection's "Require
+    # merge queue", which an App without administration permission cannot read.
+    source: str = "ruleset"
+
+
+@dataclass
+class QueueEntry:
+    """A pull request in a base branch's merge queue, and its merge group once built."""
+
+    number: int
+    head: str  # the pull request's head when it was enqueued
+    enqueuer: str
+    enqueued_at: str
+    state: str = "QUEUED"  # MergeQueueEntryState: QUEUED, AWAITING_CHECKS, MERGEABLE...
+    group_sha: str = ""  # the merge group's commit (base + the pull request's changes)
+    group_ref: str = ""  # gh-readonly-queue/<base>/pr-<n>-<base sha>
+    base_sha: str = ""
+
+
+@dataclass
 class Repo:
     owner: str
     name: str
@@ -129,6 +161,16 @@ class Repo:
     requested_reviewers: dict[int, list[str]] = field(default_factory=dict)
     # Every merge the server refused: (pull number, status, message).
     merge_refusals: list[tuple[int, int, str]] = field(default_factory=list)
+    # Merge queues (merge_queue.py): the rule per base branch, each base's entries in
+    # order, what the stand-in's CI reports on a merge group's required checks per base
+    # ("success", "failure"; "" reports nothing: the test reports them), every enqueue
+    # call (pull number, expectedHeadOid, actor), and each pull request's timeline of
+    # added/removed events.
+    merge_queues: dict[str, MergeQueueRule] = field(default_factory=dict)
+    queue: dict[str, list[QueueEntry]] = field(default_factory=dict)
+    queue_ci: dict[str, str] = field(default_factory=dict)
+    enqueue_calls: list[tuple[int, str, str]] = field(default_factory=list)
+    queue_events: dict[int, list[Json]] = field(default_factory=dict)
 
     @property
     def full_name(self) -> str:
