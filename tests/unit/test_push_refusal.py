@@ -38,6 +38,13 @@ def test_workflow_permission() -> None:
         )
     )
     assert (r.kind, r.workflow, r.fixable) == (Kind.WORKFLOWS, ".github/workflows/ci.yml", False)
+    retyped = one(
+        porcelain(
+            "refusing to allow a GitHub App to create or update workflow "
+            ".github/workflows/main.yml without workflows permission"
+        )
+    )
+    assert (retyped.kind, retyped.workflow) == (Kind.WORKFLOWS, ".github/workflows/main.yml")
 
 
 PUSH_PROTECTION = f"""\
@@ -90,6 +97,15 @@ remote: error: See https://gh.io/lfs for more information.
 remote: error: File assets/demo.zip is 123.45 MB; this exceeds GitHub's file size limit of 100.00 MB
 remote: error: GH001: Large files detected. You may want to try Git Large File Storage - https://git-lfs.github.com.
 """
+
+
+def test_push_protections_older_wording_is_a_secret_too() -> None:
+    older = PUSH_PROTECTION.replace(
+        "Resolve the following violations before pushing again",
+        "Resolve the following secrets before pushing again.",
+    ).replace("remote:     - Push cannot contain secrets\n", "")
+    r = one(porcelain("push declined due to repository rule violations"), older)
+    assert r.kind == Kind.SECRET and len(r.secrets) == 2
 
 
 def test_large_file_with_its_path_and_size() -> None:

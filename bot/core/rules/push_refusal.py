@@ -92,7 +92,11 @@ _SECRET_PATH = re.compile(r"^\s*path: (?P<path>.+?):(?P<line>\d+)\s*$")
 _LARGE = re.compile(
     r"File (?P<path>.+) is (?P<size>[0-9.]+ [KMG]B); this exceeds GitHub's file size limit"
 )
-_WORKFLOW = re.compile(r"create or update workflow `(?P<path>[^`]*)` without `workflows`")
+# Quoted with backticks on github.com; reports retyped by hand drop or change them.
+_WORKFLOW = re.compile(
+    r"create or update workflow [`']?(?P<path>[^`'\s]*)[`']? without [`']?workflows[`']? "
+    r"permission"
+)
 
 
 def ref_statuses(porcelain: str) -> list[RefStatus]:
@@ -127,7 +131,7 @@ def classify(status: RefStatus, remote: str) -> Refusal:
     if "GH001" in remote or _LARGE.search(remote):
         files = tuple(LargeFile(m.group("path"), m.group("size")) for m in _LARGE.finditer(remote))
         return Refusal(Kind.LARGE_FILE, files=files, **base)  # type: ignore[arg-type]
-    if "Push cannot contain secrets" in remote:
+    if "Push cannot contain secrets" in remote or "GITHUB PUSH PROTECTION" in remote:
         return Refusal(Kind.SECRET, secrets=_secrets(remote), **base)  # type: ignore[arg-type]
     if "creations being restricted" in remote:
         return Refusal(Kind.CREATION_RESTRICTED, **base)  # type: ignore[arg-type]

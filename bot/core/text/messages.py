@@ -163,7 +163,9 @@ def _facts(r: LoopRecord) -> list[str]:
             f"{v.get('exit_code')}, {duration(float(v.get('seconds') or 0))}"
         )
     if r.detail:
-        lines.append(f"> {safe_text(r.detail)}")
+        # Every line quoted: a detail may hold a code block (GitHub's words on a refused
+        # push), which a quote's first line alone would leave outside it.
+        lines.append("\n".join(f"> {line}" for line in safe_text(r.detail).split("\n")))
     if section := metric_text.record_section(r):  # a metric loop's results table
         lines.append(section)
     return lines

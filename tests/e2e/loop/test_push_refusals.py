@@ -198,3 +198,5 @@ def test_a_ruleset_restricting_loop_branches_stops_the_loop_with_push_refused(
     assert github.ref(REPO, "loop/issue-1") is None and not github.repo(REPO).pulls
     status = [c for c in bot_comments(github) if "<!-- loopbot:status -->" in c["body"]]
     assert "push_refused" in status[0]["body"]
+    # GitHub's words inside the status comment's quote, fenced, every line quoted.
+    assert "> - Cannot create ref due to creations being restricted." in status[0]["body"]
