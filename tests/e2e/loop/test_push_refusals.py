@@ -200,3 +200,22 @@ def test_a_ruleset_restricting_loop_branches_stops_the_loop_with_push_refused(
     assert "push_refused" in status[0]["body"]
     # GitHub's words inside the status comment's quote, fenced, every line quoted.
     assert "> - Cannot create ref due to creations being restricted." in status[0]["body"]
+
+
+def test_a_secret_the_agent_keeps_is_refused_twice_then_the_loop_stops(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    model.play(
+        FIX,
+        m.write_file("settings.py", f"TOKEN = '{SECRET}'\n"),
+        m.text("Fixed add."),
+        m.write_file("NOTES.md", "The token is needed.\n"),
+        m.text("Kept it."),
+    )
+    n = start(github, drain, NO_MERGE, push_protection=True)
+    r = record_of(redis, n)
+    assert (r.status, r.reason, r.turn) == (Status.FAILED, "push_refused", 2), r.detail
+    assert refused(github) == ["secret", "secret"] and r.push_refusals == {"secret": 2}
+    assert "(2 times): push protection found a secret" in r.detail
+    assert "Push cannot contain secrets" in r.detail
+    assert github.ref(REPO, "loop/issue-1") is None and SECRET not in pushed_history(github)
