@@ -51,10 +51,15 @@ class AddTest(unittest.TestCase):
 
 
 def sample_repo(
-    github: GitHubServer, *, loop_yml: str | None = LOOP_YML, extra: dict[str, str] | None = None
+    github: GitHubServer,
+    *,
+    loop_yml: str | None = LOOP_YML,
+    extra: dict[str, str] | None = None,
+    permissions: dict[str, str] | None = None,
 ) -> int:
-    """A repository with a failing test, installed for the App; returns the installation id."""
-    iid = github.add_installation("acme")
+    """A repository with a failing test, installed for the App; returns the installation id.
+    ``permissions``: what the installation was granted, when not the App's own."""
+    iid = github.add_installation("acme", permissions=permissions)
     files = {"calc.py": CALC, "test_calc.py": TEST_CALC, "README.md": "# widgets\n"}
     if loop_yml is not None:
         files[".github/loop.yml"] = loop_yml

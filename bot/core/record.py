@@ -51,6 +51,9 @@ class Reason(StrEnum):
     PR_OPENED = "pr_opened"
     NO_CHANGES = "no_changes"
     PUSH_REJECTED = "push_rejected"
+    # GitHub refused a push (a ruleset, push protection or a large file twice, the App's
+    # permissions): its words on the issue, with what the maintainer can do.
+    PUSH_REFUSED = "push_refused"
     RESOURCE_LIMIT = "resource_limit"
     ISSUE_EDITED = "issue_edited"  # title or body changed after a writer approved it
     MODEL_REFUSED = "model_refused"  # the model declined (stop_reason refusal)
@@ -142,6 +145,11 @@ class LoopRecord(BaseModel):
     restarts: int = 0
     check_fixes: int = 0  # continuation turns spent on failing checks and conflicts
     sync_base: bool = False  # merge the default branch in before the next turn
+    # GitHub's push refusals so far, by kind (bot/core/rules/push_refusal.py).
+    push_refusals: dict[str, int] = Field(default_factory=dict)
+    # The agent's changes under .github/workflows/ the App may not push: path -> patch,
+    # shown in the pull request for a person to apply.
+    workflow_patches: dict[str, str] = Field(default_factory=dict)
     gate_since: float = 0.0  # when the merge gate first waited for checks
     # When the gate first waited for people (approvals, code owners, threads) and whom
     # it asked to review: asked once, not at every wake-up.

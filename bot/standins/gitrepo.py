@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,25 @@ def init_bare(path: Path, default_branch: str) -> None:
     git(path, "init", "--bare", "-q", f"--initial-branch={default_branch}")
     git(path, "config", "http.receivepack", "true")
     git(path, "config", "uploadpack.allowAnySHA1InWant", "true")
+    install_receive_rules(path)
+
+
+def install_receive_rules(path: Path) -> None:
+    """GitHub's receive-pack rules (bot/standins/receive_hook.py) as the repository's
+    ``proc-receive`` hook, for every branch: a refused update comes back as git's own
+    ``ng`` ref status with the hook's ``remote:`` lines."""
+    hook = path / "hooks" / "proc-receive"
+    hook.parent.mkdir(exist_ok=True)
+    root = Path(__file__).resolve().parents[2]
+    hook.write_text(
+        f"#!{sys.executable} -I\n"
+        "import sys\n"
+        f"sys.path.insert(0, {str(root)!r})\n"
+        "from bot.standins.receive_hook import main\n"
+        "sys.exit(main())\n"
+    )
+    hook.chmod(0o755)
+    git(path, "config", "receive.procReceiveRefs", "refs/heads")
 
 
 def seed(bare: Path, branch: str, files: dict[str, str], message: str = "Initial commit") -> str:

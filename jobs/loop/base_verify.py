@@ -68,9 +68,11 @@ class BaseVerify(RunnerBase):
                 "passes; the merge is committed with your changes."
             )
         else:
-            # Git merged it alone: push now, since the turn may change nothing more.
+            # Git merged it alone: push now, since the turn may change nothing more. A
+            # merge that brings a workflow change is pushed as one commit on the base.
+            lease = self._linearized()
             self.lease.check()
-            self.worktrees.push(self.checkout, token)
+            self.worktrees.push(self.checkout, token, lease=lease)
             note = (
                 f"The pull request was behind `{base}`; the harness merged `{base}` into "
                 f"your branch without conflicts. Check that `{self.config.verify}` still "

@@ -17,7 +17,7 @@ import anthropic
 from bot.core import openai_models, repo_config
 from bot.core.models import ModelSpec, thinking_params
 from bot.core.record import ACTIVE, LoopRecord, Reason, Status, intake_hash
-from bot.core.rules import budget, intake
+from bot.core.rules import budget, intake, push_refusal
 from bot.core.rules import turns as transitions
 from bot.core.text import messages, prompts
 from bot.io.github.failures import GitHubError, new_error_id, public_error
@@ -42,13 +42,13 @@ from jobs.loop.lease import Lease, silence_bound
 from jobs.loop.news import TurnNews
 from jobs.loop.post_action import PostAction
 from jobs.loop.pull_request import PullRequests
-from jobs.loop.runner import LEASE_LOST
+from jobs.loop.runner import LEASE_LOST, PushStop
 from jobs.loop.section_audits import SectionAudits, _AllAudited, _SectionNext, resumed_outcome
 from jobs.loop.setup_phase import SetupPhase
 from jobs.models import UnknownModel
 from jobs.runtime import current, instrumented
 from jobs.sandbox.bwrap import Sandbox, SandboxUnavailable
-from jobs.tree.worktree import Checkout, GitError
+from jobs.tree.worktree import Checkout, GitError, PushRefused
 
 log = get_logger("loopbot.loop")
 
@@ -89,6 +89,11 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover, 
         try:
             try:
                 return self._run(record)
+            except PushStop as stop:
+                return self._push_stopped(stop.refusal, repeated=stop.repeated)
+            except PushRefused as exc:  # a push the harness made itself (a merge, a fix)
+                self._settle_push()
+                return self._push_stopped(exc.refusal)
             except (GitHubError, GitError, SandboxUnavailable, anthropic.APIError, OSError) as exc:
                 # The last turn's push first: reported if it landed, and its own failure
                 # (logged) not raised again by the error's end (``_finish`` waits for it).
@@ -103,6 +108,12 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover, 
             self._checks_written()
             self.store = self.rt.store
             lease.release()
+
+    def _push_stopped(self, refusal: push_refusal.Refusal, *, repeated: bool = False) -> str:
+        """The loop ends ``push_refused``: GitHub's words (defused) and what the
+        maintainer can do are the loop's detail, on the issue."""
+        detail = push_refusal.maintainer_detail(refusal, repeated=repeated)
+        return self._finish(Status.FAILED, Reason.PUSH_REFUSED, detail)
 
     def _error(self, exc: Exception) -> str:
         """Count a failure against the loop's error budget; retry through RQ or give up."""
@@ -403,6 +414,9 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover, 
             if DRAIN.is_set():
                 return self._handoff(failure)
             self._pushed(wait=False)  # the last turn's push, if it has ended since verify
+            # A refusal GitHub gave it is this turn's first news (``_refused``); one found
+            # later, at this turn's commit, is the next turn's, before anything is pushed.
+            failure = self._harness_notes(failure)
             record = self._record()
             issue = self.gh.issue(self.repo, self.issue_number)
             step = self._before_turn(record, issue, self.config.max_turns)
@@ -559,6 +573,14 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover, 
                     or record.kind == "metric"  # its evidence is the results table
                 ),
             )
+            if verify.passed:
+                # What follows (an audit, the pull request) needs the head on GitHub; a
+                # refusal of it is another turn for the agent (``_refused``).
+                self._pushed()
+            if self._refusal_note and not isinstance(after, transitions.Stop):
+                failure = getattr(after, "failure", "")
+                self._status_comment()
+                continue
             if not isinstance(after, transitions.Verified):  # _open_pull writes it then
                 self._refresh_pull(outcome)
             match after:

@@ -96,6 +96,11 @@ def pull_body(record: LoopRecord, summary: str, stat: str) -> str:
         f"Evidence: {evidence.evidence_line(record.base_verify, record.last_verify)}; "
         f"tests changed: {tests}.\n\n"
         + _milestone_lines(record)
+        + (
+            messages.workflows_left_out(record.workflow_patches) + "\n\n"
+            if record.workflow_patches
+            else ""
+        )
         + "<details><summary>diff stat</summary>\n\n"
         f"{messages.code_block(stat.strip(chr(10)).rstrip())}\n</details>\n\n"
         "<sub>Opened by loopbot. `/loop <request>` on this PR asks for another turn.</sub>"

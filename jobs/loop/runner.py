@@ -17,7 +17,7 @@ from typing import Any
 from bot.core import repo_config
 from bot.core.ids import LoopId
 from bot.core.record import LoopRecord, Reason, Status
-from bot.core.rules import budget, discussion, nested_guidance
+from bot.core.rules import budget, discussion, nested_guidance, push_refusal
 from bot.core.rules import metric as metric_rules
 from bot.core.rules import turns as transitions
 from bot.core.text import messages
@@ -33,7 +33,7 @@ from jobs.loop.lease import Lease
 from jobs.loop.setup_phase import SetupPhase
 from jobs.runtime import Runtime
 from jobs.sandbox.bwrap import Result, Sandbox
-from jobs.tree.worktree import Checkout, FileState, GitError, Worktrees
+from jobs.tree.worktree import Checkout, FileState, GitError, PushRefused, Worktrees
 
 log = get_logger("loopbot.loop")
 
@@ -75,6 +75,19 @@ class _News:
     sections: tuple[str, ...]  # as the prompt shows them; "" for an empty one
 
 
+class PushStop(Exception):
+    """GitHub refused a push in a way the loop cannot fix itself: the loop stops
+    ``push_refused`` with GitHub's words (``LoopRunner.run`` catches it)."""
+
+    def __init__(self, refusal: push_refusal.Refusal, *, repeated: bool = False) -> None:
+        super().__init__(refusal.reason)
+        self.refusal = refusal
+        self.repeated = repeated
+
+
+WORKFLOWS_COMMENT_KEY = "workflows-left-out"
+
+
 def _count_turn(r: LoopRecord) -> None:
     r.total_turns += 1
 
@@ -114,6 +127,12 @@ class RunnerBase(ABC):
         self._section_full = True
         self._review_guidance: str | None = None  # the reviewer's, read once per job
         self._nested_at: dict[str, bool] = {}  # base sha -> has AGENTS.md below the root
+        # What the next prompt must tell the agent about its last push: a refusal it can
+        # fix (the turn loop runs another turn for it), and workflow changes left out.
+        self._refusal_note = ""
+        self._aside_note = ""
+        self._workflows: bool | None = None  # the App may push workflow changes
+        self._refused_at: str | None = None  # the head GitHub has, after a refusal
 
     def _cancelled(self) -> bool:
         return self.lease.lost.is_set() or self.store.cancel_requested(self.key) is not None
@@ -172,17 +191,83 @@ class RunnerBase(ABC):
         summary = one_line(
             self.gh.redact((outcome.text.strip().splitlines() or ["changes"])[0])[:72]
         )
+        # The last push first: a refusal of it undoes its commits (``_refused``).
+        self._pushed()
+        if self._refused_at is not None:
+            # Commits after a refusal, not pushed yet: all of them become this one
+            # commit, the agent's tree as it is now, so refused content it has since
+            # removed is in no commit that is pushed.
+            self.worktrees.unpushed_to_index(self.checkout, self._refused_at)
+        self._keep_workflows_out(turn)
         sha = self.worktrees.commit_all(self.checkout, f"loop(turn-{turn}): {summary}")
         sha = self._keep_results_table() or sha
         if sha is None:
             return None
-        self._pushed()
+        if self._refusal_note:
+            # Found just now: this turn ran without knowing. The agent hears of it first;
+            # its next turn's commit is pushed.
+            return sha
+        self._refused_at = None
+        lease = self._linearized()
+        if lease is not None:
+            sha = self.worktrees.head(self.checkout.path, self.checkout.mirror)
         self.lease.check()  # a push is a write: not after the lease is gone
         token = self.gh.token()
         # Only git on the thread: GitHub calls stay on the job's thread and its client.
-        push = _Background(lambda: self.worktrees.push(self.checkout, token, sha))
+        push = _Background(lambda: self.worktrees.push(self.checkout, token, sha, lease=lease))
         self._push = (push, turn, sha)
         return sha
+
+    def _workflows_allowed(self) -> bool:
+        """Whether the App may push changes under ``.github/workflows/`` (the installation
+        granted ``workflows``): GitHub refuses such a push otherwise."""
+        if self._workflows is None:
+            self._workflows = self.gh.permissions().get("workflows") == "write"
+        return self._workflows
+
+    def _keep_workflows_out(self, turn: int) -> None:
+        """Without the ``workflows`` permission, what the agent changed under
+        ``.github/workflows/`` stays out of the commit (GitHub would refuse the push):
+        kept as a patch for the pull request and a person, and the agent is told."""
+        if self._workflows_allowed():
+            return
+        aside = self.worktrees.set_aside(self.checkout, push_refusal.WORKFLOWS_DIR)
+        if not aside:
+            return
+        self.sandbox.adopt()  # the restore wrote files as the worker
+        self.store.update(self.key, lambda r: r.workflow_patches.update(aside))
+        self.store.event(self.key, "workflows_left_out", turn=turn, paths=sorted(aside))
+        names = ", ".join(f"`{p}`" for p in sorted(aside))
+        self._aside_note = (
+            f"Your changes to {names} were left out of the commit: loopbot's GitHub App may "
+            "not push changes under `.github/workflows/` (it does not have the `workflows` "
+            "permission), so GitHub would refuse them. They are in the pull request as a "
+            "patch for a person to apply. Do not change files there again; make the fix "
+            "work without them."
+        )
+        record = self._record()
+        self.gh.upsert_comment(
+            self.repo,
+            self.issue_number,
+            WORKFLOWS_COMMENT_KEY,
+            messages.workflows_left_out(record.workflow_patches),
+        )
+
+    def _linearized(self) -> str | None:
+        """A merge of the default branch that changed a workflow cannot be pushed by an
+        App without ``workflows``: the branch becomes one commit on the default branch
+        (``Worktrees.linearize``), pushed with a lease on the head GitHub has. The lease,
+        or None when nothing was rewritten."""
+        if self._workflows_allowed() or not self.worktrees.merge_touches(
+            self.checkout, push_refusal.WORKFLOWS_DIR
+        ):
+            return None
+        pushed = self.worktrees.remote_sha(self.checkout.mirror, self.checkout.branch)
+        squashed = self.worktrees.linearize(self.checkout)
+        if squashed is None:
+            return None
+        self.store.event(self.key, "merge_linearized", sha=squashed, replaces=pushed or "")
+        return pushed or ""
 
     def _settle_push(self) -> None:
         """When the job ends on an error (or any way but through ``_pushed()``): wait for
@@ -228,12 +313,52 @@ class RunnerBase(ABC):
         if self._push is None or not (wait or self._push[0].done()):
             return
         (push, turn, sha), self._push = self._push, None
-        push.join()
+        try:
+            push.join()
+        except PushRefused as exc:
+            self._refused(exc.refusal, turn, sha)
+            return
         self.lease.check()
         self._set(head_sha=sha)
         self.store.event(self.key, "pushed", turn=turn, sha=sha)
         # Not waited for: with many loops, GitHub's line for writes is long (a minute).
         self._check_run("in_progress", title=f"turn {turn}: verified", new_head=True, wait=False)
+
+    def _refused(self, refusal: push_refusal.Refusal, turn: int, sha: str) -> None:
+        """GitHub refused the turn's push. Content the agent can take out (a secret, a
+        large file) becomes the next turn's prompt, and the refused commits are undone
+        (their changes kept) so none of them is ever pushed; the second refusal of a
+        kind, and any other, stops the loop (``PushStop``). Never a bypass."""
+        self.lease.check()
+        kind = refusal.kind.value
+        record = self.store.update(
+            self.key, lambda r: r.push_refusals.update({kind: r.push_refusals.get(kind, 0) + 1})
+        )
+        count = record.push_refusals[kind]
+        self.store.event(
+            self.key,
+            "push_refused",
+            turn=turn,
+            sha=sha,
+            rule=kind,
+            reason=refusal.reason[:500],
+            count=count,
+        )
+        if not refusal.fixable:
+            raise PushStop(refusal)
+        if count >= push_refusal.MAX_SAME:
+            raise PushStop(refusal, repeated=True)
+        pushed = self.worktrees.remote_sha(self.checkout.mirror, self.checkout.branch)
+        self._refused_at = pushed or self.worktrees.fork_point(self.checkout, sha)
+        self.worktrees.unpushed_to_index(self.checkout, self._refused_at)
+        self._refusal_note = push_refusal.agent_note(refusal)
+
+    def _harness_notes(self, failure: str) -> str:
+        """``failure`` with what the harness must tell the agent first (a refused push,
+        workflow changes left out), each once."""
+        notes = [n for n in (self._refusal_note, self._aside_note) if n]
+        self._refusal_note = self._aside_note = ""
+        return "\n\n".join([*notes, failure] if failure else notes)
 
     def _blocking_findings(self, record: LoopRecord) -> list[dict[str, Any]]:
         return [f for f in record.findings if f.get("severity") == "sev1" and not f.get("resolved")]

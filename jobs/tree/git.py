@@ -159,8 +159,12 @@ def git(
     check: bool = True,
     git_dir: Path | None = None,
     errors: str = "replace",
+    stderr: list[str] | None = None,
 ) -> str:
     """Run git with loopbot's safety settings; a timeout on every call.
+
+    ``stderr``: a list that gets git's standard error (the token scrubbed), for the
+    commands whose answer is there too (a push's ``remote:`` lines).
 
     ``git_dir`` names the repository explicitly (a worktree's admin directory in the
     mirror) so that git never discovers one from ``cwd``, where the agent writes.
@@ -202,10 +206,12 @@ def git(
     except subprocess.TimeoutExpired:
         _kill_tree(proc)
         raise GitError(f"git {args[0]} timed out after {timeout:.0f}s") from None
+    if stderr is not None:
+        stderr.append(_scrub(err_bytes.decode(errors="replace"), token))
     if check and proc.returncode != 0:
         err = _scrub(err_bytes.decode(errors="replace").strip(), token)
         raise GitError(f"git {' '.join(args[:2])} failed: {err[-2000:]}")
-    return out.decode(errors=errors)
+    return _scrub(out.decode(errors=errors), token) if token else out.decode(errors=errors)
 
 
 def _kill_tree(proc: subprocess.Popen[bytes]) -> None:

@@ -38,6 +38,7 @@ import os
 import uuid
 from pathlib import Path
 
+from bot.core.rules import push_refusal
 from bot.io.logs import get_logger
 from jobs.tree.files import LEFTOVERS, TreeFiles
 from jobs.tree.git import (
@@ -55,6 +56,15 @@ from jobs.tree.git import (
 )
 
 log = get_logger("loopbot.worktree")
+
+
+class PushRefused(GitError):
+    """GitHub refused the push (a ``[remote rejected]`` ref status): what it said."""
+
+    def __init__(self, refusal: push_refusal.Refusal) -> None:
+        super().__init__(f"GitHub refused the push of {refusal.ref}: {refusal.reason}")
+        self.refusal = refusal
+
 
 MAX_SPARES = 2  # finished worktrees kept per repository for reuse
 # In the mirror's info/attributes, which outranks every .gitattributes in a tree: no
@@ -295,6 +305,105 @@ class Worktrees(TreeFiles):
                 return None
             self._git(path, mirror, "commit", "-q", "--no-verify", "-m", message)
             return self.head(path, mirror)
+
+    def set_aside(self, checkout: Checkout, prefix: str) -> dict[str, str]:
+        """Keep what the agent changed under ``prefix`` (a directory, ``.github/workflows/``)
+        out of the next commit: the worktree's files there go back to the commit the next
+        one builds on (the default branch's during a merge of it). Returns each changed
+        path's patch against that commit (empty: nothing changed there)."""
+        path, mirror = checkout.path, checkout.mirror
+        admin = self._admin_dir(path, mirror)
+        merging = admin is not None and (admin / "MERGE_HEAD").is_file()
+        ref = "MERGE_HEAD" if merging else "HEAD"
+        with self._tree(checkout):
+            self._git(path, mirror, "add", "-A", "--", prefix, check=False)
+            names = self._git(
+                path,
+                mirror,
+                "diff",
+                "--cached",
+                "--name-only",
+                "-z",
+                "--no-renames",
+                ref,
+                "--",
+                prefix,
+            )
+            changed = [p for p in names.split("\0") if p]
+            patches = {
+                p: self._git(
+                    path,
+                    mirror,
+                    "diff",
+                    "--cached",
+                    "--no-ext-diff",
+                    "--no-textconv",
+                    "--no-renames",
+                    ref,
+                    "--",
+                    p,
+                )
+                for p in changed
+            }
+            if changed:
+                self._git(
+                    path,
+                    mirror,
+                    "--literal-pathspecs",
+                    "restore",
+                    "-q",
+                    f"--source={ref}",
+                    "--staged",
+                    "--worktree",
+                    "--",
+                    *changed,
+                )
+        return patches
+
+    def linearize(self, checkout: Checkout) -> str | None:
+        """When the head is a merge of the default branch (``merge_base_in``): the
+        branch's work as one commit on the default branch's head instead, the same tree.
+        GitHub judges each pushed commit against its parents, and a merge commit whose
+        diff against the branch brings a person's change it refuses from the App (a
+        workflow) is never needed: the pull request is squash-merged anyway. The new
+        head (pushed with a lease: history rewritten), or None when the head is no merge."""
+        path, mirror = checkout.path, checkout.mirror
+        parents = self._git(path, mirror, "rev-list", "--parents", "-n", "1", "HEAD").split()
+        if len(parents) < 3:
+            return None
+        head, base = parents[0], parents[2]
+        with self._tree(checkout):
+            message = self._git(path, mirror, "log", "-1", "--format=%B", head).strip()
+            squashed = self._git(
+                path,
+                mirror,
+                "commit-tree",
+                f"{head}^{{tree}}",
+                "-p",
+                base,
+                "-m",
+                message or "loop: the branch on the default branch",
+            ).strip()
+            self._git(path, mirror, "reset", "-q", "--soft", squashed)
+        return squashed
+
+    def merge_touches(self, checkout: Checkout, prefix: str) -> bool:
+        """Whether the head is a merge whose diff against the branch it extends (its first
+        parent) changes anything under ``prefix``."""
+        path, mirror = checkout.path, checkout.mirror
+        parents = self._git(path, mirror, "rev-list", "--parents", "-n", "1", "HEAD").split()
+        if len(parents) < 3:
+            return False
+        out = git(mirror, "diff", "--name-only", parents[1], parents[0], "--", prefix)
+        return bool(out.strip())
+
+    def unpushed_to_index(self, checkout: Checkout, pushed: str) -> None:
+        """The commits after ``pushed`` (GitHub refused them) undone, their changes kept
+        staged and in the worktree: the next commit holds the agent's tree as it is then,
+        so refused content it removed is in no commit that is pushed."""
+        path, mirror = checkout.path, checkout.mirror
+        with self._tree(checkout):
+            self._git(path, mirror, "reset", "-q", "--soft", pushed)
 
     def merge_base_in(self, checkout: Checkout, default_branch: str) -> list[str]:
         """Merge the default branch (as last fetched) into the loop branch.
@@ -542,21 +651,51 @@ class Worktrees(TreeFiles):
             self._git(path, mirror, "commit", "-q", "--no-verify", "-m", message, "--", name)
             return self.head(path, mirror)
 
-    def push(self, checkout: Checkout, token: str, sha: str | None = None) -> str:
+    def push(
+        self, checkout: Checkout, token: str, sha: str | None = None, *, lease: str | None = None
+    ) -> str:
         """Push the loop branch's head (``sha`` when the caller knows it) from the mirror,
-        fast-forward only: never clobber others.
+        fast-forward only: never clobber others. ``lease``: the branch's head on GitHub
+        this push replaces (a rewritten history, ``--force-with-lease``); "" when it
+        must not exist yet.
 
         The transfer (seconds, against GitHub) runs without the mirror's lock, which every
         other loop of the repository needs for its commits: it names the commit and the
         URL, not a ref and the remote, so git only reads objects here and writes no ref
         (a push to a named remote would update its remote-tracking ref). That ref is
         written after, under the lock.
+
+        The answer is read from the ref status (``--porcelain``): a ref GitHub refused
+        (a repository rule, push protection, a large file) raises ``PushRefused`` with
+        what GitHub said, never passes for a pushed one.
         """
         mirror, branch = checkout.mirror, checkout.branch
         if sha is None:
             sha = git(mirror, "rev-parse", f"refs/heads/{branch}").strip()
         url = self._urls.get(mirror) or git(mirror, "config", "--get", "remote.origin.url")
-        git(mirror, "push", "-q", url.strip(), f"{sha}:refs/heads/{branch}", token=token)
+        target = f"refs/heads/{branch}"
+        forced = [] if lease is None else [f"--force-with-lease={target}:{lease}"]
+        err: list[str] = []
+        out = git(
+            mirror,
+            "push",
+            "--porcelain",
+            "--no-progress",
+            *forced,
+            url.strip(),
+            f"{sha}:{target}",
+            token=token,
+            check=False,
+            stderr=err,
+        )
+        statuses = [s for s in push_refusal.ref_statuses(out) if s.ref == target]
+        if statuses and statuses[0].flag == "!":
+            status = statuses[0]
+            if status.summary == "[remote rejected]":
+                raise PushRefused(push_refusal.classify(status, push_refusal.remote_lines(err[0])))
+            raise GitError(f"git push refused {target}: {status.summary} ({status.reason})")
+        if not statuses or statuses[0].flag not in (" ", "+", "*", "="):
+            raise GitError(f"git push failed: {(err[0] if err else '').strip()[-2000:]}")
         with mirror_lock(mirror):
             git(mirror, "update-ref", f"refs/remotes/origin/{branch}", sha)
         return sha
@@ -616,6 +755,7 @@ __all__ = [
     "Checkout",
     "FileState",
     "GitError",
+    "PushRefused",
     "Worktrees",
     "defuse_tree",
     "files_at",

@@ -163,7 +163,9 @@ def _facts(r: LoopRecord) -> list[str]:
             f"{v.get('exit_code')}, {duration(float(v.get('seconds') or 0))}"
         )
     if r.detail:
-        lines.append(f"> {safe_text(r.detail)}")
+        # Every line quoted: a detail may hold a code block (GitHub's words on a refused
+        # push), which a quote's first line alone would leave outside it.
+        lines.append("\n".join(f"> {line}" for line in safe_text(r.detail).split("\n")))
     if section := metric_text.record_section(r):  # a metric loop's results table
         lines.append(section)
     return lines
@@ -438,3 +440,28 @@ def triage_refused(actor: str, command: str, why: str) -> str:
 
 
 # -- end readiness triage ---------------------------------------------------------------------
+
+
+MAX_PATCH_SHOWN = 20_000  # characters of the workflow patch a comment or body shows
+
+
+def workflow_patch(patches: dict[str, str]) -> str:
+    """The agent's workflow changes as one patch (``git apply`` reads it), fenced."""
+    text = "".join(patches[p] for p in sorted(patches))
+    if len(text) > MAX_PATCH_SHOWN:
+        text = text[:MAX_PATCH_SHOWN] + "\n… (cut: the rest is in the loop's event log)\n"
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}diff\n{text.rstrip(chr(10))}\n{fence}"
+
+
+def workflows_left_out(patches: dict[str, str]) -> str:
+    """The issue's comment (and the pull request's part) on workflow changes left out."""
+    names = ", ".join(code_span(p) for p in sorted(patches))
+    return (
+        f"**Workflow changes left out.** The agent changed {names}. loopbot's GitHub App "
+        "does not have the `workflows` permission, so GitHub refuses any push that changes "
+        "`.github/workflows/`: loopbot kept these changes out of its commits. A person "
+        "can apply them (`git apply`) on the branch or after the merge:\n\n"
+        + workflow_patch(patches)
+    )

@@ -62,6 +62,7 @@ class AppIdentity:
         self.redis = redis
         self._lock = threading.Lock()
         self._tokens: dict[int, tuple[str, float]] = {}
+        self._permissions: dict[int, dict[str, str]] = {}  # what each token was granted
         self._redactor: Redactor | None = None
         self._slug: str | None = None
         self.client = GitHub(
@@ -91,7 +92,15 @@ class AppIdentity:
         expires = datetime.strptime(data["expires_at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
         with self._lock:
             self._tokens[installation_id] = (data["token"], expires.timestamp())
+            self._permissions[installation_id] = dict(data.get("permissions") or {})
         return str(data["token"])
+
+    def installation_permissions(self, installation_id: int) -> dict[str, str]:
+        """What the installation's token may do (``permissions`` of the token's answer:
+        what its owner granted), e.g. whether ``workflows`` is ``write``."""
+        self.installation_token(installation_id)
+        with self._lock:
+            return dict(self._permissions.get(installation_id, {}))
 
     def redactor(self) -> Redactor:
         """Every secret value of the settings (built once: it reads the private key)."""

@@ -70,6 +70,10 @@ class InstallationBase:
     def token(self) -> str:
         return self.app.installation_token(self.installation_id)
 
+    def permissions(self) -> dict[str, str]:
+        """The installation token's permissions, as GitHub answered with it."""
+        return self.app.installation_permissions(self.installation_id)
+
     def _gh(self) -> GitHub[Any]:
         """A githubkit client for the current token, kept open for connection reuse.
 

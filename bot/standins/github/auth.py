@@ -125,11 +125,14 @@ def access_token(state: State, iid: int) -> tuple[Response, int]:
     if iid not in state.installations:
         abort(error(404, "Not Found"))
     token, expires = mint_installation_token(state, iid)
+    with state.lock:
+        # The token holds what the installation's owner granted (no narrowing asked).
+        granted = installation_json(state, iid)["permissions"]
     return jsonify(
         {
             "token": token,
             "expires_at": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "permissions": {},
+            "permissions": granted,
             "repository_selection": "all",
         }
     ), 201

@@ -6,6 +6,7 @@ requests skip fault injection and API auth (see server.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -14,6 +15,7 @@ from flask import Flask, Response, request
 
 from bot.standins.github.state import Repo, State
 from bot.standins.github.wire import add_routes
+from bot.standins.receive_hook import RULES_FILE
 
 
 def register(app: Flask, state: State) -> None:
@@ -30,8 +32,10 @@ def git_http(state: State, owner: str, rest: str) -> Response:
             "auth required", status=401, headers={"WWW-Authenticate": 'Basic realm="GitHub"'}
         )
     data = request.get_data()
-    if tail == "git-receive-pack" and state.push_delay:
-        time.sleep(state.push_delay)
+    if tail == "git-receive-pack":
+        _write_rules(state, repo)
+        if state.push_delay:
+            time.sleep(state.push_delay)
     env = _cgi_env(state, f"/{owner}/{name}.git/{tail}", len(data))
     proc = subprocess.run(
         ["git", "http-backend"], input=data, capture_output=True, env=env, timeout=300
@@ -51,6 +55,28 @@ def _allowed(state: State, repo: Repo) -> bool:
             or (entry[0] == "user" and entry[1] in repo.permissions)
         )
     )
+
+
+def _write_rules(state: State, repo: Repo) -> None:
+    """What receive-pack's hook (bot/standins/receive_hook.py) enforces on this push: who
+    pushes (an App's installation is held to the ``workflows`` permission it was
+    granted) and the repository's switches."""
+    creds = request.authorization
+    with state.lock:
+        entry = state.tokens.get(creds.password or "") if creds else None
+        app_push = entry is not None and entry[0] == "installation"
+        grant = state.grants.get(entry[1], {}) if app_push and entry else {}
+        rules = {
+            "repo": repo.full_name,
+            "html_url": state.url,
+            "app_push": app_push,
+            "workflows": grant.get("permissions", {}).get("workflows") == "write",
+            "push_protection": repo.push_protection,
+            "restrict_creation": list(repo.restrict_creation),
+        }
+    # One push at a time per repository writes it (the stand-in's tests push serially
+    # per repository; a concurrent push would at worst read the same rules).
+    (repo.path / RULES_FILE).write_text(json.dumps(rules))
 
 
 def _cgi_env(state: State, path_info: str, length: int) -> dict[str, str]:

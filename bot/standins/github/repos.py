@@ -114,6 +114,11 @@ def branch_rules(state: State, owner: str, name: str, branch: str) -> Response:
                 },
             }
         )
+    # What receive-pack enforces is listed too, as GitHub lists a ruleset's rules whether
+    # or not the caller may bypass them.
+    if any(fnmatchcase(f"refs/heads/{branch}", p) for p in repo.restrict_creation):
+        source = {"ruleset_source_type": "Repository", "ruleset_source": repo.full_name}
+        rules.append(source | {"ruleset_id": 4, "type": "creation"})
     for pattern, rule in repo.listed_rules:
         if fnmatchcase(branch, pattern):
             source = {"ruleset_source_type": "Repository", "ruleset_source": repo.full_name}

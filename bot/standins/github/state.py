@@ -8,6 +8,7 @@ calling, and the repository, issue or pull request the URL names (or GitHub's 40
 from __future__ import annotations
 
 import itertools
+import json
 import queue
 import re
 import secrets
@@ -23,6 +24,7 @@ from flask import abort, g
 
 from bot.standins import gitrepo
 from bot.standins.github.wire import Json, error
+from bot.standins.receive_hook import REFUSED_FILE
 
 APP_YML = Path(__file__).resolve().parents[2] / "ops" / "app.yml"
 
@@ -171,6 +173,12 @@ class Repo:
     queue_ci: dict[str, str] = field(default_factory=dict)
     enqueue_calls: list[tuple[int, str, str]] = field(default_factory=list)
     queue_events: dict[int, list[Json]] = field(default_factory=dict)
+    # What receive-pack refuses (bot/standins/receive_hook.py): secret scanning's push
+    # protection, and rulesets restricting creation of refs matching these patterns
+    # (fnmatch on the full ref name, e.g. ``refs/heads/loop/*``). Large files are always
+    # refused, and workflow changes from an installation without ``workflows``.
+    push_protection: bool = False
+    restrict_creation: list[str] = field(default_factory=list)
 
     @property
     def full_name(self) -> str:
@@ -180,6 +188,17 @@ class Repo:
         """The pull request's head: its branch, or where the branch was when it merged."""
         sha = gitrepo.resolve(self.path, f"refs/heads/{pull.head}")
         return sha or pull.closed_head_sha or ""
+
+    def refused_pushes(self) -> list[Json]:
+        """Every ref update receive-pack refused, oldest first: ``cause`` (workflows,
+        secret, large_file, creation_restricted), ``ref``, ``new``, ``reason``."""
+        log = self.path / REFUSED_FILE
+        if not log.is_file():
+            return []
+        return [json.loads(line) for line in log.read_text().splitlines() if line]
+
+    def refusals(self, cause: str) -> int:
+        return sum(1 for r in self.refused_pushes() if r["cause"] == cause)
 
     def branch_at(self, sha: str) -> str | None:
         out = gitrepo.git(

@@ -239,7 +239,11 @@ def test_a_pull_request_that_edits_ci_goes_to_a_human(
         m.text("Fixed, and simplified CI."),
         report(),
     )
-    run(github, drain)
+    # An App granted `workflows` (without it, the change never reaches the pull request:
+    # tests/e2e/loop/test_push_refusals.py).
+    sample_repo(github, loop_yml=YML, permissions={**github.registered()[0], "workflows": "write"})
+    label(github, "writer", open_issue(github))
+    drain()
     r = record(redis)
     assert (r.status, r.reason) == (Status.REFUSED, "needs_human"), r
     assert "`.github/workflows/ci.yml`" in r.detail

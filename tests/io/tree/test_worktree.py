@@ -205,3 +205,65 @@ def test_the_branch_diff_follows_its_head_across_a_merge_and_a_revert(
     assert not wt.tree_changed(co, reverted) and not wt.tree_changed(co)
     assert wt.changed_files(co, reverted) == [] and wt.files_with_added_lines(co, reverted) == []
     assert wt.changed_since_base(co, reverted)  # commits there are; a change there is not
+
+
+def test_a_refused_push_raises_with_githubs_words_and_moves_no_ref(
+    setup: tuple[Worktrees, str, str, Path], github: GitHubServer
+) -> None:
+    """The ref status decides (``--porcelain``), never git's exit code alone."""
+    from bot.core.rules.push_refusal import Kind
+    from jobs.tree.worktree import PushRefused
+
+    wt, _url, token, mirror = setup
+    github.repo(REPO).restrict_creation = ["refs/heads/loop/*"]
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", mirror)
+    (co.path / "a.py").write_text("x = 2\n")
+    wt.commit_all(co, "loop(turn-1): change")
+    with pytest.raises(PushRefused) as refused:
+        wt.push(co, token)
+    assert refused.value.refusal.kind == Kind.CREATION_RESTRICTED
+    assert "Cannot create ref due to creations being restricted." in refused.value.refusal.remote
+    assert token not in refused.value.refusal.remote
+    assert wt.remote_sha(mirror, "loop/issue-1") is None
+
+
+def test_workflow_changes_are_set_aside_and_a_base_merge_is_linearized_for_a_lease_push(
+    github: GitHubServer, tmp_path: Path
+) -> None:
+    """Against the local GitHub's rule (an App without ``workflows``): the agent's
+    workflow edit stays out of the commit as a patch; main's own workflow change, merged
+    in, goes up as one commit on main's head with a lease, and GitHub takes it."""
+    from bot.standins import gitrepo
+
+    iid = github.add_installation("acme")
+    github.add_repo(
+        REPO, {"a.py": "x = 1\n", ".github/workflows/ci.yml": "on: push\n"}, installation_id=iid
+    )
+    token = github.app_token_for(iid)
+    wt = Worktrees(tmp_path / "data")
+    url = f"{github.url}/git/{REPO}.git"
+    co = wt.checkout(REPO, 1, "loop/issue-1", "main", wt.sync_mirror(REPO, url, token))
+    (co.path / "a.py").write_text("x = 2\n")
+    (co.path / ".github/workflows/ci.yml").write_text("on: [push]\n")
+    (co.path / ".github/workflows/new.yml").write_text("on: pull_request\n")
+    aside = wt.set_aside(co, ".github/workflows/")
+    assert sorted(aside) == [".github/workflows/ci.yml", ".github/workflows/new.yml"]
+    assert "+on: [push]" in aside[".github/workflows/ci.yml"]
+    assert (co.path / ".github/workflows/ci.yml").read_text() == "on: push\n"
+    assert not (co.path / ".github/workflows/new.yml").exists()
+    first = wt.push(co, token, wt.commit_all(co, "loop(turn-1): a"))
+    gitrepo.seed(
+        github.repo(REPO).path, "main", {".github/workflows/ci.yml": "on: [push, pull_request]\n"}
+    )
+    wt.sync_mirror(REPO, url, token)
+    assert wt.merge_base_in(co, "main") == []
+    assert wt.merge_touches(co, ".github/workflows/")
+    squashed = wt.linearize(co)
+    assert squashed is not None
+    assert wt.push(co, token, squashed, lease=first) == squashed
+    assert github.ref(REPO, "loop/issue-1") == squashed
+    assert (
+        github.file_at(REPO, "loop/issue-1", ".github/workflows/ci.yml")
+        == "on: [push, pull_request]\n"
+    )
+    assert github.repo(REPO).refused_pushes() == []
