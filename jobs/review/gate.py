@@ -44,6 +44,7 @@ from bot.io.github.client import Installation
 from bot.io.github.failures import Conflict
 from bot.io.github.issues import IssueInfo
 from bot.io.github.pulls import PullInfo
+from bot.io.github.rules import ReviewState
 from bot.io.logs import get_logger
 from bot.io.queues import enqueue_gate
 from jobs import lifecycle, merge_slot
@@ -424,9 +425,15 @@ class Gate:
         }.get(method, False) and (rules.methods is None or method in rules.methods)
         state = gh.review_state(self.repo, pull.number)
         own = self._own_logins(gh)
-        people = sorted({t.author for t in state.threads if not t.resolved and t.author not in own})
-        if state.threads_total > len(state.threads):
-            people.append("(threads beyond the first 100 not read)")
+        people: list[str] = []
+        if rules.threads or _blocked_unexplained(state):
+            # Only a rule makes a person's open thread hold the merge (GitHub merges past
+            # it otherwise); a thread anyone but loopbot wrote in is theirs to resolve.
+            people = sorted(
+                {a for t in state.threads if not t.resolved for a in t.authors if a not in own}
+            )
+            if state.threads_total > len(state.threads):
+                people.append("(threads beyond the first 100 not read)")
         owners: tuple[str, ...] = ()
         if rules.code_owners and state.decision == "REVIEW_REQUIRED":
             text = gh.codeowners(self.repo, pull.base_ref)
@@ -455,12 +462,17 @@ class Gate:
         a person's thread. Whether any was resolved."""
         state = gh.review_state(self.repo, pull.number)
         own = self._own_logins(gh)
-        mine = [t for t in state.threads if not t.resolved and t.author in own]
+        # Loopbot's own: every comment in it is loopbot's. Once a person has replied
+        # (say, "not fixed"), the thread is theirs as much as loopbot's: never resolved.
+        mine = [
+            t
+            for t in state.threads
+            if not t.resolved and t.authors and all(a in own for a in t.authors)
+        ]
         if not mine:
             return False
         rules = gh.branch_review_rules(self.repo, pull.base_ref)
-        unexplained = state.merge_state == "BLOCKED" and state.decision in (None, "APPROVED")
-        if not (rules.threads or unexplained):
+        if not (rules.threads or _blocked_unexplained(state)):
             return False
         for thread in mine:
             gh.resolve_thread(thread.id)
@@ -576,3 +588,10 @@ class Gate:
 
     def _set(self, **fields: object) -> LoopRecord:
         return self.store.set_fields(self.key, **fields)
+
+
+def _blocked_unexplained(state: ReviewState) -> bool:
+    """GitHub blocks the merge and no review decision explains it: with the checks green
+    (the gate asks only then), classic protection's conversation rule, unreadable to the
+    App, is what is left."""
+    return state.merge_state == "BLOCKED" and state.decision in (None, "APPROVED")

@@ -1,0 +1,119 @@
+"""Merges that wait for a person, attacked: whose threads loopbot waits for and resolves,
+and what a base branch with no conversation rule asks (nothing). Real loops against the
+local GitHub, as in test_merge_rules.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis import Redis
+
+from bot.core.record import Status
+from bot.standins import anthropic as m
+from bot.standins.anthropic import AnthropicServer
+from bot.standins.github import GitHubServer
+from bot.standins.github.state import ReviewRule
+from tests.conftest import Web
+from tests.e2e.review.test_merge_rules import merged_within, record, review
+from tests.e2e.review.test_review_merge import FIX, YML, finding, is_critic, report
+from tests.helpers import REPO, label, open_issue, sample_repo
+
+
+def _critic_with_a_persons_line_comment(github: GitHubServer) -> Any:
+    """The agent fixes add; while the critic reads, a writer comments on a line (a
+    COMMENTED review: it asks for nothing on GitHub); the critic leaves one sev3 note."""
+    repo = github.repo(REPO)
+
+    def play(body: dict[str, Any]) -> m.Item:
+        if is_critic(body):
+            with github.as_user("writer") as u:
+                u.post(
+                    f"/repos/{REPO}/pulls/{max(repo.pulls)}/reviews",
+                    json={
+                        "event": "COMMENT",
+                        "body": "",
+                        "comments": [{"path": "calc.py", "line": 2, "body": "why?"}],
+                    },
+                ).raise_for_status()
+            return report(findings=[finding("sev3", "calc.py", 2, "nit: docstring", "docs")])
+        last = body["messages"][-1]["content"]
+        if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in last):
+            return m.text("Fixed add.")
+        return FIX
+
+    return play
+
+
+def test_a_persons_comment_thread_does_not_hold_a_merge_no_rule_asks_about(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    # No conversation rule (no ruleset, no classic protection): GitHub merges with the
+    # thread open, and so did loopbot before it learned to wait for people. A person's
+    # question is not a request for changes; waiting a week for it is not "promptly".
+    sample_repo(github, loop_yml=YML)
+    repo = github.repo(REPO)
+    n = open_issue(github)
+    model.responder = _critic_with_a_persons_line_comment(github)
+    label(github, "writer", n)
+    merged_within(github, redis, drain, 120)
+    r = record(redis)
+    theirs = [c["id"] for c in repo.review_comments[r.pr_number] if c["user"]["login"] == "writer"]
+    assert theirs and not set(theirs) & repo.resolved_threads  # never resolved for them
+    assert repo.merge_refusals == []
+
+
+def test_loopbot_never_resolves_its_own_thread_once_a_person_has_replied_in_it(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    # Classic protection (unreadable to the App) requires one approval and resolved
+    # conversations. The critic leaves a thread; a writer replies in it ("not fixed").
+    # When GitHub blocks the merge for the threads, loopbot resolves its own; the thread
+    # a person has spoken in is theirs to resolve, and the loop waits for them.
+    sample_repo(github, loop_yml=YML)
+    repo = github.repo(REPO)
+    repo.review_rules["main"] = ReviewRule(
+        required_approving_review_count=1,
+        required_review_thread_resolution=True,
+        source="classic",
+    )
+    n = open_issue(github)
+    calls = {"critic": 0}
+
+    def play(body: dict[str, Any]) -> m.Item:
+        if is_critic(body):
+            calls["critic"] += 1
+            return report(findings=[finding("sev3", "calc.py", 2, "nit: docstring", "docs")])
+        last = body["messages"][-1]["content"]
+        if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in last):
+            return m.text("Fixed add.")
+        return FIX
+
+    model.responder = play
+    label(github, "writer", n)
+    drain()
+    r = record(redis)
+    assert (r.status, r.phase) == (Status.MERGING, "awaiting_approval"), r
+    own = [c for c in repo.review_comments[r.pr_number] if c["user"]["login"].endswith("[bot]")]
+    assert len(own) == 1 and own[0]["id"] not in repo.resolved_threads
+    # A person's reply in the critic's thread (GitHub: POST .../comments/{id}/replies).
+    with github.lock:
+        repo.review_comments[r.pr_number].append(
+            own[0]
+            | {
+                "id": github.next_id(),
+                "in_reply_to_id": own[0]["id"],
+                "body": "this is not fixed: the docstring is still wrong",
+                "user": github.users["writer"].json(),
+            }
+        )
+    review(github, "writer", r.pr_number)  # the approval wakes the gate
+    drain()
+    r = record(redis)
+    assert own[0]["id"] not in repo.resolved_threads, "loopbot resolved a thread a person spoke in"
+    assert (r.status, r.phase) == (Status.MERGING, "awaiting_approval"), r
+    assert r.detail == "waiting for @writer to resolve their review thread(s)", r.detail
+    assert not repo.pulls[r.pr_number].merged
+    repo.resolved_threads.add(own[0]["id"])  # the person resolves it; their comment wakes it
+    review(github, "writer", r.pr_number, "COMMENT")
+    merged_within(github, redis, drain, 10)
+    assert repo.merge_refusals == []
