@@ -35,6 +35,7 @@ from bot.core.rules.merge import (
     classify_checks,
     decide,
     fold_checks,
+    head_approvers,
     needs_slot,
     post_action_head,
     protected_changes,
@@ -434,6 +435,17 @@ class Gate:
             )
             if state.threads_total > len(state.threads):
                 people.append("(threads beyond the first 100 not read)")
+        last_push_approved = True
+        if rules.last_push and state.decision != "CHANGES_REQUESTED":
+            # GitHub's decision may say APPROVED on an approval of an earlier head (the
+            # base merged in since, say): the rule asks a writer to approve this one.
+            reviews = [
+                (r.author, r.state, r.commit_id or "") for r in gh.reviews(self.repo, pull.number)
+            ]
+            last_push_approved = any(
+                gh.can_write(self.repo, login)
+                for login in sorted(head_approvers(reviews, pull.head_sha, own))
+            )
         owners: tuple[str, ...] = ()
         if rules.code_owners and state.decision == "REVIEW_REQUIRED":
             text = gh.codeowners(self.repo, pull.base_ref)
@@ -447,6 +459,7 @@ class Gate:
             "people_threads": tuple(people),
             "method": method,
             "method_allowed": allowed,
+            "last_push_approved": last_push_approved,
             "review_waited_seconds": now - record.review_since if record.review_since else 0.0,
             "max_review_wait_seconds": config.merge.approval_timeout_hours * 3600.0,
         }

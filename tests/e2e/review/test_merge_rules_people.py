@@ -10,6 +10,7 @@ from redis import Redis
 
 from bot.core.record import Status
 from bot.standins import anthropic as m
+from bot.standins import gitrepo
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from bot.standins.github.state import ReviewRule
@@ -115,5 +116,49 @@ def test_loopbot_never_resolves_its_own_thread_once_a_person_has_replied_in_it(
     assert not repo.pulls[r.pr_number].merged
     repo.resolved_threads.add(own[0]["id"])  # the person resolves it; their comment wakes it
     review(github, "writer", r.pr_number, "COMMENT")
+    merged_within(github, redis, drain, 10)
+    assert repo.merge_refusals == []
+
+
+def test_an_approval_before_loopbots_last_push_does_not_count_when_the_rule_asks_for_one_after(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    # require_last_push_approval without dismiss_stale_reviews_on_push: the approval stays
+    # on the pull request, but GitHub asks that the most recent push be approved by someone
+    # other than its pusher (community discussion 77578: "working as designed"). Loopbot
+    # pushes last when it merges the base in, so the earlier approval no longer lets it
+    # merge: the loop waits for a new one, and never has its merge call refused.
+    def agent(body: dict[str, Any]) -> m.Item:
+        if is_critic(body):
+            return report()
+        last = body["messages"][-1]["content"]
+        if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in last):
+            return m.text("Done.")
+        if len(body["messages"]) == 1:
+            return FIX
+        return m.write_file("NOTES.md", "merged main in\n")
+
+    model.responder = agent
+    sample_repo(github, loop_yml=YML)
+    repo = github.repo(REPO)
+    repo.review_rules["main"] = ReviewRule(
+        required_approving_review_count=1, require_last_push_approval=True
+    )
+    n = open_issue(github)
+    label(github, "writer", n)
+    drain()
+    r = record(redis)
+    assert r.phase == "awaiting_approval", r
+    first_head = repo.head_sha(repo.pulls[r.pr_number])
+    gitrepo.seed(repo.path, "main", {"OTHER.md": "a person's change\n"}, "Other change")
+    review(github, "writer", r.pr_number)
+    drain()
+    r = record(redis)
+    assert repo.head_sha(repo.pulls[r.pr_number]) != first_head and r.check_fixes == 1, r
+    assert repo.merge_refusals == [], repo.merge_refusals
+    assert not repo.pulls[r.pr_number].merged
+    assert (r.status, r.phase) == (Status.MERGING, "awaiting_approval"), r
+    assert "latest push" in r.detail, r.detail
+    review(github, "writer", r.pr_number)
     merged_within(github, redis, drain, 10)
     assert repo.merge_refusals == []
