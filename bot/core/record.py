@@ -147,6 +147,9 @@ class LoopRecord(BaseModel):
     # it asked to review: asked once, not at every wake-up.
     review_since: float = 0.0
     review_asked: list[str] = Field(default_factory=list)
+    # The head that wait is about: a push (a fix, the base merged in) asks people about a
+    # new head, and the waiting limit counts from then.
+    review_head: str = ""
     merge_sha: str = ""
     resume_note: str = ""  # why the loop continues: critic findings, a human review, checks
     verify_command: str = ""

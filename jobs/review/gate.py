@@ -300,8 +300,8 @@ class Gate:
         webhook wakes the gate; the timer is the sweep for a lost one."""
         merge_slot.release(self.rt.redis, LoopId(self.repo, self.issue))
         fields: dict[str, Any] = {"phase": AWAITING, "detail": why}
-        if not record.review_since:
-            fields["review_since"] = time.time()
+        if not record.review_since or record.review_head != pull.head_sha:
+            fields |= {"review_since": time.time(), "review_head": pull.head_sha}
         asker = record.approved_by or record.started_by
         ask = [asker] if asker and asker not in record.review_asked else []
         if ask and record.pr_number is not None:
@@ -460,7 +460,11 @@ class Gate:
             "method": method,
             "method_allowed": allowed,
             "last_push_approved": last_push_approved,
-            "review_waited_seconds": now - record.review_since if record.review_since else 0.0,
+            "review_waited_seconds": (
+                now - record.review_since
+                if record.review_since and record.review_head == pull.head_sha
+                else 0.0
+            ),
             "max_review_wait_seconds": config.merge.approval_timeout_hours * 3600.0,
         }
 

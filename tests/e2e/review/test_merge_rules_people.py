@@ -4,18 +4,22 @@ local GitHub, as in test_merge_rules.py."""
 
 from __future__ import annotations
 
+import re
+import threading
+import time
 from typing import Any
 
 from redis import Redis
 
 from bot.core.record import Status
+from bot.io.store import Store
 from bot.standins import anthropic as m
 from bot.standins import gitrepo
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
-from bot.standins.github.state import ReviewRule
+from bot.standins.github.state import Fault, ReviewRule
 from tests.conftest import Web
-from tests.e2e.review.test_merge_rules import merged_within, record, review
+from tests.e2e.review.test_merge_rules import KEY, merged_within, record, review
 from tests.e2e.review.test_review_merge import FIX, YML, finding, is_critic, report
 from tests.helpers import REPO, label, open_issue, sample_repo
 
@@ -161,4 +165,95 @@ def test_an_approval_before_loopbots_last_push_does_not_count_when_the_rule_asks
     assert "latest push" in r.detail, r.detail
     review(github, "writer", r.pr_number)
     merged_within(github, redis, drain, 10)
+    assert repo.merge_refusals == []
+
+
+def _agent_that_merges_main_in(body: dict[str, Any]) -> m.Item:
+    if is_critic(body):
+        return report()
+    last = body["messages"][-1]["content"]
+    if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in last):
+        return m.text("Done.")
+    if len(body["messages"]) == 1:
+        return FIX
+    return m.write_file("NOTES.md", "merged main in\n")
+
+
+def _pass_time(redis: Redis, seconds: float) -> None:
+    """The waiting clock, as if ``seconds`` went by (the record's start is moved back)."""
+
+    def back(rec: Any) -> None:
+        rec.review_since -= seconds
+
+    Store(redis).update(KEY, back)
+
+
+def test_the_waiting_limit_counts_the_wait_for_the_head_people_are_asked_about(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    # merge.approval_timeout_hours: 1. The loop waits 50 minutes; the writer approves; main
+    # moved, so loopbot merges it in (a push) and the rule dismisses the approval: people
+    # are asked again, about a new head. Fifteen minutes into that new wait the limit has
+    # not passed: the clock is the wait for this head, not since the first ask.
+    model.responder = _agent_that_merges_main_in
+    sample_repo(github, loop_yml=YML + "merge:\n  approval_timeout_hours: 1\n")
+    repo = github.repo(REPO)
+    repo.review_rules["main"] = ReviewRule(
+        required_approving_review_count=1, dismiss_stale_reviews_on_push=True
+    )
+    n = open_issue(github)
+    label(github, "writer", n)
+    drain()
+    r = record(redis)
+    assert r.phase == "awaiting_approval", r
+    _pass_time(redis, 50 * 60)
+    gitrepo.seed(repo.path, "main", {"OTHER.md": "a person's change\n"}, "Other change")
+    review(github, "writer", r.pr_number)
+    drain()
+    r = record(redis)
+    assert (r.status, r.phase, r.check_fixes) == (Status.MERGING, "awaiting_approval", 1), r
+    _pass_time(redis, 15 * 60)
+    review(github, "reader", r.pr_number, "COMMENT")  # wakes the gate: nothing changed
+    drain()
+    r = record(redis)
+    assert (r.status, r.phase) == (Status.MERGING, "awaiting_approval"), r
+    _pass_time(redis, 50 * 60)  # 65 minutes on this head: the limit has passed
+    review(github, "reader", r.pr_number, "COMMENT")
+    drain()
+    r = record(redis)
+    assert (r.status, r.reason) == (Status.REFUSED, "needs_human"), r
+    assert not repo.pulls[r.pr_number].merged
+
+
+def test_an_approval_landing_while_the_gate_runs_merges_without_waiting_for_the_sweep(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    # The gate has read "review required" and is still saying so (its review request is
+    # slow) when the writer approves: the approval's webhook must not be lost to the run
+    # in progress; the loop merges within the same drain, not at the five-minute sweep.
+    model.play(FIX, m.text("Fixed add."), report())
+    sample_repo(github, loop_yml=YML)
+    repo = github.repo(REPO)
+    repo.review_rules["main"] = ReviewRule(required_approving_review_count=1)
+    slow = Fault("POST", re.compile(r"/pulls/\d+/requested_reviewers$"), status=0, delay=3.0)
+    github.faults.append(slow)
+
+    def approve_meanwhile() -> None:
+        deadline = time.monotonic() + 60
+        while slow.hits == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        review(github, "writer", max(repo.pulls))
+
+    approver = threading.Thread(target=approve_meanwhile)
+    approver.start()
+    n = open_issue(github)
+    label(github, "writer", n)
+    started = time.monotonic()
+    drain()
+    approver.join()
+    drain()
+    r = record(redis)
+    assert slow.hits == 1
+    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    assert time.monotonic() - started < 60
     assert repo.merge_refusals == []
