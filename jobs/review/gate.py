@@ -37,6 +37,7 @@ from bot.core.rules.merge import (
     fold_checks,
     head_approvers,
     needs_slot,
+    people_wanted,
     post_action_head,
     protected_changes,
 )
@@ -188,7 +189,7 @@ class Gate:
                 **({"holder": decision.holder} if isinstance(decision, WaitTurn) else {}),
             )
             try:
-                return self._act(gh, record, config, decision, table, issue, pull, since)
+                return self._act(gh, record, config, decision, table, issue, pull, since, facts)
             finally:
                 after = store.get(self.key)
                 if after is None or after.status in TERMINAL:  # ended, however: let go
@@ -226,6 +227,7 @@ class Gate:
         issue: IssueInfo,
         pull: PullInfo,
         since: float,
+        facts: Facts,
     ) -> str:
         """Carry out ``decision`` (under the gate's lock)."""
         if isinstance(decision, Merge) and (unmet := receipt.unmet(table)):
@@ -240,7 +242,7 @@ class Gate:
                 self._post_receipt(
                     gh, record, table, pull.head_sha, f"Merging {pull.head_sha} now."
                 )
-                return self._merge(gh, record, sha, issue.title)
+                return self._merge(gh, record, config, facts, sha, issue.title)
             case AlreadyMerged():
                 return self._completed(gh, record, pull.merge_commit_sha or "")
             case Refuse(reason=reason, why=why):
@@ -519,7 +521,15 @@ class Gate:
         included = {"ahead": True, "identical": True, "behind": False, "diverged": False}
         return {"base_included": included.get(status), "base_sha": base_sha}
 
-    def _merge(self, gh: Installation, record: LoopRecord, sha: str, title: str) -> str:
+    def _merge(
+        self,
+        gh: Installation,
+        record: LoopRecord,
+        config: repo_config.RepoConfig,
+        facts: Facts,
+        sha: str,
+        title: str,
+    ) -> str:
         assert record.pr_number is not None
         try:
             result = gh.merge_pull(
@@ -541,6 +551,12 @@ class Gate:
             pull = gh.pull(self.repo, record.pr_number)  # 405: merged already, or not mergeable
             if pull.merged:
                 return self._completed(gh, record, pull.merge_commit_sha or "")
+            # A person may have acted between the read and the call (a thread opened, an
+            # approval dismissed, changes requested): that is a wait for them, not a
+            # reason to end the loop. Read what the base branch asks again.
+            people = self._people(gh, record, config, pull, time.time())
+            if pull.head_sha == sha and (wanted := people_wanted(replace(facts, **people))):
+                return self._await_people(gh, record, pull, wanted)
             return self._refuse(gh, record, Reason.NOT_MERGEABLE, str(exc))
         self._set(merge_sha=result.sha)
         self.store.event(self.key, "merged", sha=result.sha, pr=record.pr_number)

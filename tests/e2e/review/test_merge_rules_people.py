@@ -257,3 +257,48 @@ def test_an_approval_landing_while_the_gate_runs_merges_without_waiting_for_the_
     assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
     assert time.monotonic() - started < 60
     assert repo.merge_refusals == []
+
+
+def test_a_persons_thread_opened_while_the_merge_call_is_in_flight_is_waited_for(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    # The ruleset asks for resolved conversations. The gate read none open and asks GitHub
+    # to merge; a writer opens a thread just before GitHub handles the call, which it
+    # refuses (405). Nothing is wrong with the loop: it waits for the person, by name,
+    # and merges once they resolve it (it does not end refused on a person's question).
+    model.play(FIX, m.text("Fixed add."), report())
+    sample_repo(github, loop_yml=YML)
+    repo = github.repo(REPO)
+    repo.review_rules["main"] = ReviewRule(required_review_thread_resolution=True)
+    slow = Fault("PUT", re.compile(r"/pulls/\d+/merge$"), status=0, delay=2.0)
+    github.faults.append(slow)
+
+    def comment_meanwhile() -> None:
+        deadline = time.monotonic() + 60
+        while slow.hits == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with github.as_user("writer") as u:
+            u.post(
+                f"/repos/{REPO}/pulls/{max(repo.pulls)}/reviews",
+                json={
+                    "event": "COMMENT",
+                    "body": "",
+                    "comments": [{"path": "calc.py", "line": 2, "body": "wait, why?"}],
+                },
+            ).raise_for_status()
+
+    person = threading.Thread(target=comment_meanwhile)
+    person.start()
+    n = open_issue(github)
+    label(github, "writer", n)
+    drain()
+    person.join()
+    drain()
+    r = record(redis)
+    assert slow.hits == 1 and len(repo.merge_refusals) == 1, repo.merge_refusals
+    assert (r.status, r.phase) == (Status.MERGING, "awaiting_approval"), r
+    assert r.detail == "waiting for @writer to resolve their review thread(s)", r.detail
+    theirs = [c["id"] for c in repo.review_comments[r.pr_number] if c["user"]["login"] == "writer"]
+    repo.resolved_threads.update(theirs)
+    review(github, "writer", r.pr_number, "COMMENT")
+    merged_within(github, redis, drain, 10)
