@@ -302,3 +302,47 @@ def test_a_persons_thread_opened_while_the_merge_call_is_in_flight_is_waited_for
     repo.resolved_threads.update(theirs)
     review(github, "writer", r.pr_number, "COMMENT")
     merged_within(github, redis, drain, 10)
+
+
+def test_an_approval_dismissed_while_the_merge_call_is_in_flight_is_asked_again(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    # The gate read the approval and asks GitHub to merge; an admin dismisses the approval
+    # just before GitHub handles the call (405). The loop waits for an approval again
+    # (woken by the dismissed webhook too), and merges on the next one.
+    model.play(FIX, m.text("Fixed add."), report())
+    sample_repo(github, loop_yml=YML)
+    repo = github.repo(REPO)
+    repo.permissions["boss"] = "admin"
+    repo.review_rules["main"] = ReviewRule(required_approving_review_count=1)
+    n = open_issue(github)
+    label(github, "writer", n)
+    drain()
+    r = record(redis)
+    assert r.phase == "awaiting_approval", r
+    slow = Fault("PUT", re.compile(r"/pulls/\d+/merge$"), status=0, delay=2.0)
+    github.faults.append(slow)
+
+    def dismiss_meanwhile() -> None:
+        deadline = time.monotonic() + 60
+        while slow.hits == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        approval = repo.reviews[r.pr_number][-1]
+        with github.as_user("boss") as u:
+            u.put(
+                f"/repos/{REPO}/pulls/{r.pr_number}/reviews/{approval['id']}/dismissals",
+                json={"message": "not yet", "event": "DISMISS"},
+            ).raise_for_status()
+
+    boss = threading.Thread(target=dismiss_meanwhile)
+    boss.start()
+    review(github, "writer", r.pr_number)
+    drain()
+    boss.join()
+    drain()
+    r = record(redis)
+    assert slow.hits == 1 and len(repo.merge_refusals) == 1, repo.merge_refusals
+    assert (r.status, r.phase) == (Status.MERGING, "awaiting_approval"), r
+    assert r.detail == "waiting for 1 approving review by a writer", r.detail
+    review(github, "writer", r.pr_number)
+    merged_within(github, redis, drain, 10)
