@@ -99,3 +99,14 @@ def test_an_approval_of_an_earlier_head_does_not_satisfy_last_push_approval() ->
     ]
     assert head_approvers(reviews, "head", own) == {"bob"}
     assert head_approvers(reviews[:1], "head", own) == set()
+
+
+def test_codeowners_dir_star_owns_the_directorys_files_but_not_nested_ones() -> None:
+    # GitHub's own example: "docs/*" matches docs/getting-started.md but not
+    # docs/build-app/troubleshooting.md; "/docs/" and "apps/" own everything beneath.
+    rules = codeowners.parse("docs/* @flat\napps/ @apps\n/build/logs/ @logs\n")
+    assert codeowners.owners_of(rules, "docs/getting-started.md") == ("@flat",)
+    assert codeowners.owners_of(rules, "docs/build-app/troubleshooting.md") == ()
+    assert codeowners.owners_of(rules, "x/apps/y/z.py") == ("@apps",)
+    assert codeowners.owners_of(rules, "build/logs/a/b.log") == ("@logs",)
+    assert codeowners.owners_of(rules, "src/build/logs/a.log") == ()
