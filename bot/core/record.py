@@ -167,6 +167,9 @@ class LoopRecord(BaseModel):
     queue_head: str = ""
     queue_removals: int = 0
     queue_group: str = ""
+    # The head that wait is about: a push (a fix, the base merged in) asks people about a
+    # new head, and the waiting limit counts from then.
+    review_head: str = ""
     merge_sha: str = ""
     resume_note: str = ""  # why the loop continues: critic findings, a human review, checks
     verify_command: str = ""

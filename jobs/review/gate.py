@@ -37,7 +37,9 @@ from bot.core.rules.merge import (
     classify_checks,
     decide,
     fold_checks,
+    head_approvers,
     needs_slot,
+    people_wanted,
     post_action_head,
     protected_changes,
     queue_removal,
@@ -47,6 +49,7 @@ from bot.io.github.client import Installation
 from bot.io.github.failures import Conflict
 from bot.io.github.issues import IssueInfo
 from bot.io.github.pulls import PullInfo
+from bot.io.github.rules import ReviewState
 from bot.io.logs import get_logger
 from bot.io.queues import enqueue_gate
 from jobs import lifecycle, merge_slot
@@ -196,7 +199,7 @@ class Gate:
                 **({"holder": decision.holder} if isinstance(decision, WaitTurn) else {}),
             )
             try:
-                return self._act(gh, record, config, decision, table, issue, pull, since)
+                return self._act(gh, record, config, decision, table, issue, pull, since, facts)
             finally:
                 after = store.get(self.key)
                 if after is None or after.status in TERMINAL:  # ended, however: let go
@@ -234,6 +237,7 @@ class Gate:
         issue: IssueInfo,
         pull: PullInfo,
         since: float,
+        facts: Facts,
     ) -> str:
         """Carry out ``decision`` (under the gate's lock)."""
         if isinstance(decision, Merge | Enqueue) and (unmet := receipt.unmet(table)):
@@ -248,7 +252,7 @@ class Gate:
                 self._post_receipt(
                     gh, record, table, pull.head_sha, f"Merging {pull.head_sha} now."
                 )
-                return self._merge(gh, record, sha, issue.title, pull)
+                return self._merge(gh, record, config, facts, sha, issue.title, pull)
             case Enqueue(sha=sha):
                 self._post_receipt(
                     gh, record, table, pull.head_sha, f"Adding {sha} to the merge queue now."
@@ -328,8 +332,8 @@ class Gate:
         webhook wakes the gate; the timer is the sweep for a lost one."""
         merge_slot.release(self.rt.redis, LoopId(self.repo, self.issue))
         fields: dict[str, Any] = {"phase": AWAITING, "detail": why}
-        if not record.review_since:
-            fields["review_since"] = time.time()
+        if not record.review_since or record.review_head != pull.head_sha:
+            fields |= {"review_since": time.time(), "review_head": pull.head_sha}
         asker = record.approved_by or record.started_by
         ask = [asker] if asker and asker not in record.review_asked else []
         if ask and record.pr_number is not None:
@@ -535,9 +539,26 @@ class Gate:
         }.get(method, False) and (rules.methods is None or method in rules.methods)
         state = gh.review_state(self.repo, pull.number)
         own = self._own_logins(gh)
-        people = sorted({t.author for t in state.threads if not t.resolved and t.author not in own})
-        if state.threads_total > len(state.threads):
-            people.append("(threads beyond the first 100 not read)")
+        people: list[str] = []
+        if rules.threads or _blocked_unexplained(state):
+            # Only a rule makes a person's open thread hold the merge (GitHub merges past
+            # it otherwise); a thread anyone but loopbot wrote in is theirs to resolve.
+            people = sorted(
+                {a for t in state.threads if not t.resolved for a in t.authors if a not in own}
+            )
+            if state.threads_total > len(state.threads):
+                people.append("(threads beyond the first 100 not read)")
+        last_push_approved = True
+        if rules.last_push and state.decision != "CHANGES_REQUESTED":
+            # GitHub's decision may say APPROVED on an approval of an earlier head (the
+            # base merged in since, say): the rule asks a writer to approve this one.
+            reviews = [
+                (r.author, r.state, r.commit_id or "") for r in gh.reviews(self.repo, pull.number)
+            ]
+            last_push_approved = any(
+                gh.can_write(self.repo, login)
+                for login in sorted(head_approvers(reviews, pull.head_sha, own))
+            )
         owners: tuple[str, ...] = ()
         if rules.code_owners and state.decision == "REVIEW_REQUIRED":
             text = gh.codeowners(self.repo, pull.base_ref)
@@ -551,7 +572,12 @@ class Gate:
             "people_threads": tuple(people),
             "method": method,
             "method_allowed": allowed,
-            "review_waited_seconds": now - record.review_since if record.review_since else 0.0,
+            "last_push_approved": last_push_approved,
+            "review_waited_seconds": (
+                now - record.review_since
+                if record.review_since and record.review_head == pull.head_sha
+                else 0.0
+            ),
             "max_review_wait_seconds": config.merge.approval_timeout_hours * 3600.0,
             "merge_queue": rules.merge_queue or record.merge_queue,
         }
@@ -567,12 +593,17 @@ class Gate:
         a person's thread. Whether any was resolved."""
         state = gh.review_state(self.repo, pull.number)
         own = self._own_logins(gh)
-        mine = [t for t in state.threads if not t.resolved and t.author in own]
+        # Loopbot's own: every comment in it is loopbot's. Once a person has replied
+        # (say, "not fixed"), the thread is theirs as much as loopbot's: never resolved.
+        mine = [
+            t
+            for t in state.threads
+            if not t.resolved and t.authors and all(a in own for a in t.authors)
+        ]
         if not mine:
             return False
         rules = gh.branch_review_rules(self.repo, pull.base_ref)
-        unexplained = state.merge_state == "BLOCKED" and state.decision in (None, "APPROVED")
-        if not (rules.threads or unexplained):
+        if not (rules.threads or _blocked_unexplained(state)):
             return False
         for thread in mine:
             gh.resolve_thread(thread.id)
@@ -603,7 +634,14 @@ class Gate:
         return {"base_included": included.get(status), "base_sha": base_sha}
 
     def _merge(
-        self, gh: Installation, record: LoopRecord, sha: str, title: str, pull: PullInfo
+        self,
+        gh: Installation,
+        record: LoopRecord,
+        config: repo_config.RepoConfig,
+        facts: Facts,
+        sha: str,
+        title: str,
+        pull: PullInfo,
     ) -> str:
         assert record.pr_number is not None
         try:
@@ -631,6 +669,12 @@ class Gate:
                 # cannot read): the one refused merge says so; the queue takes it from here.
                 self.store.event(self.key, "merge_queue_required", why=str(exc)[:300])
                 return self._enqueue(gh, self._set(merge_queue=True), sha, pull)
+            # A person may have acted between the read and the call (a thread opened, an
+            # approval dismissed, changes requested): that is a wait for them, not a
+            # reason to end the loop. Read what the base branch asks again.
+            people = self._people(gh, record, config, now, time.time())
+            if now.head_sha == sha and (wanted := people_wanted(replace(facts, **people))):
+                return self._await_people(gh, record, now, wanted)
             return self._refuse(gh, record, Reason.NOT_MERGEABLE, str(exc))
         self._set(merge_sha=result.sha)
         self.store.event(self.key, "merged", sha=result.sha, pr=record.pr_number)
@@ -697,3 +741,10 @@ class Gate:
 
     def _set(self, **fields: object) -> LoopRecord:
         return self.store.set_fields(self.key, **fields)
+
+
+def _blocked_unexplained(state: ReviewState) -> bool:
+    """GitHub blocks the merge and no review decision explains it: with the checks green
+    (the gate asks only then), classic protection's conversation rule, unreadable to the
+    App, is what is left."""
+    return state.merge_state == "BLOCKED" and state.decision in (None, "APPROVED")

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from bot.core.record import Reason
 from bot.core.rules import codeowners
-from bot.core.rules.merge import AwaitPeople, Merge, Refuse, Wait, decide
+from bot.core.rules.merge import AwaitPeople, Merge, Refuse, Wait, decide, head_approvers
 from tests.helpers import merge_facts
 
 
@@ -80,3 +80,33 @@ def test_codeowners_last_matching_line_wins() -> None:
         ("@all",),
         ("@py", "@lead"),
     ]
+
+
+def test_an_approval_of_an_earlier_head_does_not_satisfy_last_push_approval() -> None:
+    # GitHub's decision says APPROVED (the approval stands), the rule wants one on the head.
+    f = replace(merge_facts(), review_decision="APPROVED", last_push_approved=False)
+    assert decide(f) == AwaitPeople("waiting for a writer's approval of the latest push")
+    own = frozenset({"loopbot", "loopbot[bot]"})
+    reviews = [
+        ("ann", "APPROVED", "old"),
+        ("bob", "APPROVED", "head"),
+        ("bob", "COMMENTED", "head"),  # a comment changes nothing: bob still approves
+        ("cy", "APPROVED", "head"),
+        ("cy", "DISMISSED", "head"),  # dismissed: cy no longer approves
+        ("dee", "APPROVED", "head"),
+        ("dee", "CHANGES_REQUESTED", "head"),
+        ("loopbot[bot]", "APPROVED", "head"),  # never its own
+    ]
+    assert head_approvers(reviews, "head", own) == {"bob"}
+    assert head_approvers(reviews[:1], "head", own) == set()
+
+
+def test_codeowners_dir_star_owns_the_directorys_files_but_not_nested_ones() -> None:
+    # GitHub's own example: "docs/*" matches docs/getting-started.md but not
+    # docs/build-app/troubleshooting.md; "/docs/" and "apps/" own everything beneath.
+    rules = codeowners.parse("docs/* @flat\napps/ @apps\n/build/logs/ @logs\n")
+    assert codeowners.owners_of(rules, "docs/getting-started.md") == ("@flat",)
+    assert codeowners.owners_of(rules, "docs/build-app/troubleshooting.md") == ()
+    assert codeowners.owners_of(rules, "x/apps/y/z.py") == ("@apps",)
+    assert codeowners.owners_of(rules, "build/logs/a/b.log") == ("@logs",)
+    assert codeowners.owners_of(rules, "src/build/logs/a.log") == ()

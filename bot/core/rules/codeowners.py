@@ -44,8 +44,10 @@ def _regex(pattern: str) -> re.Pattern[str]:
             out += re.escape(body[i])
             i += 1
     prefix = "^" if anchored else "^(?:.*/)?"
-    # A pattern names a file or a directory: a directory covers everything under it.
-    return re.compile(prefix + out + "(?:/.*)?$")
+    # A pattern names a file or a directory: a directory covers everything under it,
+    # except "dir/*", which GitHub documents as the directory's own files, not nested ones.
+    under = "" if body.endswith("/*") else "(?:/.*)?"
+    return re.compile(prefix + out + under + "$")
 
 
 def owners_of(rules: list[tuple[str, tuple[str, ...]]], path: str) -> tuple[str, ...]:

@@ -86,6 +86,10 @@ class Facts:
     people_threads: tuple[str, ...] = ()
     method: str = "squash"
     method_allowed: bool = True
+    # require_last_push_approval: whether a writer's latest review approves the head
+    # itself (an approval of an earlier head does not satisfy the rule, and GitHub's
+    # review decision may still say APPROVED); True when the rule is not set.
+    last_push_approved: bool = True
     review_waited_seconds: float = 0.0
     max_review_wait_seconds: float = 7 * 86400.0
     # The base requires a merge queue (a ``merge_queue`` rule, or the merge endpoint said
@@ -379,10 +383,26 @@ def people_wanted(f: Facts) -> str | None:
         parts.append("waiting for " + "; ".join(ask or ["an approving review"]))
     elif f.review_decision == "CHANGES_REQUESTED":
         parts.append("waiting: a writer requested changes, and their review must approve")
+    elif not f.last_push_approved:
+        parts.append("waiting for a writer's approval of the latest push")
     if f.people_threads:
         who = ", ".join(f"@{p}" for p in f.people_threads)
         parts.append(f"waiting for {who} to resolve their review thread(s)")
     return "; ".join(parts) if parts else None
+
+
+_COUNTED_REVIEWS = frozenset({"APPROVED", "CHANGES_REQUESTED", "DISMISSED"})
+
+
+def head_approvers(reviews: list[tuple[str, str, str]], head: str, own: frozenset[str]) -> set[str]:
+    """Who approves ``head`` itself, from (author, state, commit) in submission order:
+    each person's latest APPROVED, CHANGES_REQUESTED or DISMISSED review counts (a
+    COMMENTED one changes nothing, as on GitHub); loopbot's own never does."""
+    latest: dict[str, tuple[str, str]] = {}
+    for author, state, commit in reviews:
+        if state.upper() in _COUNTED_REVIEWS:
+            latest[author] = (state.upper(), commit)
+    return {a for a, (st, c) in latest.items() if st == "APPROVED" and c == head and a not in own}
 
 
 def reviewed_head(f: Facts) -> bool:

@@ -25,7 +25,10 @@ query($owner: String!, $name: String!, $number: Int!) {
       mergeStateStatus
       reviewThreads(first: 100) {
         totalCount
-        nodes { id isResolved comments(first: 1) { nodes { author { login } } } }
+        nodes {
+          id isResolved
+          comments(first: 100) { totalCount nodes { author { login } } }
+        }
       }
     }
   }
@@ -57,6 +60,9 @@ class Thread:
     id: str
     resolved: bool
     author: str  # the first comment's author (GraphQL names an App by its slug)
+    # Everyone who wrote in the thread, in order (replies too); "(more)" when a thread
+    # has comments beyond the first 100, so nobody unread is taken for loopbot.
+    authors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -147,12 +153,19 @@ class Rules(Repos):
         for node in conn.get("nodes") or []:
             if not node:
                 continue
-            first = ((node.get("comments") or {}).get("nodes") or [{}])[0] or {}
+            comments = node.get("comments") or {}
+            authors = [
+                str(((c or {}).get("author") or {}).get("login") or "")
+                for c in comments.get("nodes") or []
+            ]
+            if int(comments.get("totalCount") or 0) > len(authors):
+                authors.append("(more)")
             threads.append(
                 Thread(
                     str(node.get("id")),
                     bool(node.get("isResolved")),
-                    str((first.get("author") or {}).get("login") or ""),
+                    authors[0] if authors else "",
+                    tuple(authors),
                 )
             )
         return ReviewState(

@@ -436,7 +436,11 @@ def _thread(state: State, repo: Repo, comment: Json) -> Json:
         for c in repo.review_comments.get(comment["_pull"], [])
         if c["id"] == comment["id"] or c.get("in_reply_to_id") == comment["id"]
     ]
-    user = state.users.get(comment["user"]["login"])
+
+    def kind(login: str) -> str:  # each comment's own author: a person may reply to a bot
+        user = state.users.get(login)
+        return user.type if user else "User"
+
     return {
         "id": f"PRRT_{comment['id']}",
         "isResolved": comment["id"] in repo.resolved_threads,
@@ -448,7 +452,7 @@ def _thread(state: State, repo: Repo, comment: Json) -> Json:
                 [
                     {
                         "databaseId": c["id"],
-                        "author": _actor(state, c["user"]["login"], user.type if user else "User"),
+                        "author": _actor(state, c["user"]["login"], kind(c["user"]["login"])),
                         "body": c["body"],
                     }
                     for c in replies

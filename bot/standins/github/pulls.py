@@ -43,6 +43,7 @@ def register(app: Flask, state: State) -> None:
             ("POST", f"{_PULL}/reviews", create_review),
             ("PUT", f"{_PULL}/merge", merge),
             ("POST", f"{_PULL}/requested_reviewers", request_reviewers),
+            ("PUT", f"{_PULL}/reviews/<int:review_id>/dismissals", dismiss_review),
         ],
     )
 
@@ -183,6 +184,34 @@ def create_review(state: State, owner: str, name: str, number: int) -> Response:
         {
             "action": "submitted",
             "review": review,
+            "pull_request": pull_json(state, repo, pull),
+            **event_base(state, repo, actor),
+        },
+    )
+    return jsonify(review)
+
+
+def dismiss_review(state: State, owner: str, name: str, number: int, review_id: int) -> Response:
+    """``PUT pulls/{n}/reviews/{id}/dismissals``: a writer dismisses an approval or a
+    change request (a comment cannot be dismissed: 422); the review's state becomes
+    DISMISSED and ``pull_request_review`` ``dismissed`` is sent."""
+    repo = state.find_repo(owner, name)
+    pull = state.find_pull(repo, number)
+    actor = state.actor()
+    if repo.permissions.get(actor.login) not in review_rules.WRITERS and actor.type != "Bot":
+        abort(error(403, "Must have write access to dismiss a review."))
+    with state.lock:
+        review = next((r for r in repo.reviews.get(number, []) if r["id"] == review_id), None)
+        if review is None:
+            abort(error(404, "Not Found"))
+        if review["state"] not in ("APPROVED", "CHANGES_REQUESTED"):
+            abort(error(422, "Can not dismiss a commented pull request review"))
+        review["state"] = "DISMISSED"
+    state.emit(
+        "pull_request_review",
+        {
+            "action": "dismissed",
+            "review": review | {"state": "dismissed"},
             "pull_request": pull_json(state, repo, pull),
             **event_base(state, repo, actor),
         },

@@ -10,9 +10,13 @@ GitHub's documented behaviour, kept here:
   access"); a reader's approval is shown but does not count.
 - ``dismiss_stale_reviews_on_push``: an approval of an earlier head is dismissed (here:
   read as DISMISSED once the head moved past the commit it approved).
-- ``require_last_push_approval``: the person who pushed last cannot be the approval
-  (loopbot's branches are pushed by the App, which can never approve its own pull
-  request, so this rule never lets an approval count that the others would not).
+- ``require_last_push_approval``: the most recent push must be approved by someone
+  other than its pusher: an approval of an earlier head, still standing when stale
+  approvals are not dismissed, does not satisfy it (community discussion 77578, GitHub
+  support: "working as designed"). Whether ``reviewDecision`` then still says APPROVED
+  is not documented; here it does (the merge is BLOCKED, the merge call refused), the
+  stricter reading for a client that must not trust the decision alone. The pusher is
+  not tracked here (loopbot's pushes are the App's, which cannot approve).
 - Code owners: for every changed file that CODEOWNERS gives owners, one of them must
   approve (review_rules reads CODEOWNERS on the base branch).
 - Conversation resolution: every review thread must be resolved.
@@ -110,6 +114,25 @@ def unresolved_threads(repo: Repo, number: int) -> list[Json]:
     return [c for c in threads(repo, number) if c["id"] not in repo.resolved_threads]
 
 
+def last_push_unapproved(repo: Repo, pull: Pull) -> bool:
+    """The rule asks for an approval of the most recent push and no writer's latest
+    review approves the head."""
+    rule = rule_for(repo, pull.base)
+    if rule is None or not rule.require_last_push_approval:
+        return False
+    head = repo.head_sha(pull)
+    latest: dict[str, Json] = {}
+    for review in repo.reviews.get(pull.number, []):
+        if effective_state(repo, pull, review) in _COUNTED:
+            latest[review["user"]["login"]] = review
+    return not any(
+        effective_state(repo, pull, r) == "APPROVED"
+        and r.get("commit_id") == head
+        and repo.permissions.get(login) in WRITERS
+        for login, r in latest.items()
+    )
+
+
 def review_blockers(repo: Repo, pull: Pull) -> list[str]:
     """Why the rule keeps ``pull`` from merging, in GitHub's words (empty: it does not)."""
     rule = rule_for(repo, pull.base)
@@ -122,6 +145,10 @@ def review_blockers(repo: Repo, pull: Pull) -> list[str]:
     if need and len(writers_approving(repo, pull)) < need:
         noun = "review is" if need == 1 else "reviews are"
         out.append(f"At least {need} approving {noun} required by reviewers with write access.")
+    if last_push_unapproved(repo, pull):
+        out.append(
+            "The most recent push must be approved by someone other than the person who pushed it."
+        )
     if rule.require_code_owner_review and (waiting := owners_waited_on(repo, pull)):
         out.append(f"Waiting on code owner review from {', '.join(waiting)}.")
     if rule.required_review_thread_resolution and unresolved_threads(repo, pull.number):
