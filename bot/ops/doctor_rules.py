@@ -154,10 +154,15 @@ def loop_branch_checks(where: str, rules: Sequence[Rule]) -> list[Check]:
                 Check(
                     name,
                     False,
-                    f"{stop}: each loop's first push is refused, and the loop ends "
-                    "failed / push_refused after its first turn",
-                    "add the App to the ruleset's bypass list, or narrow its branch pattern "
-                    "so it does not match loop/*",
+                    f"{stop}: "
+                    + (
+                        "each loop's first push is refused, and the loop ends failed / "
+                        "push_refused after its first turn"
+                        if kind == "update"
+                        else "each loop stops before any work, failed / push_refused"
+                    ),
+                    "narrow the ruleset's branch pattern so it does not match loop/* "
+                    "(loopbot does not rely on a bypass)",
                 )
             )
         elif kind == "non_fast_forward":

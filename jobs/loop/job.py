@@ -200,6 +200,11 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, PullRequests, Handover, 
             stop := triage.before_coding(self.rt, gh, self.store, self._record(), config)
         ):
             return self._finish(Status.REFUSED, stop.reason, stop.detail)
+        # Rules on the loop's branch that would refuse its first push (creation restricted,
+        # signed commits required): stop before any git, sandbox or model work.
+        rules = None if record.head_sha else gh.branch_rules(self.repo, record.branch)
+        if rules and (refused := push_refusal.branch_rules_stop(rules, record.branch, new=True)):
+            return self._finish(Status.FAILED, Reason.PUSH_REFUSED, refused)
         token = gh.token()
         mirror = self.worktrees.sync_mirror(self.repo, repo_info.clone_url, token)
         checkout = self.worktrees.checkout(

@@ -116,8 +116,8 @@ def test_a_repository_with_every_rule_has_each_named(
     assert f"{main} updates are restricted to the ruleset's bypass list (update)" in failed
     assert f"{loop} creating loop/* branches is restricted (creation)" in failed
     assert f"{loop} signed commits are required on loop/* (required_signatures)" in failed
-    assert failed.count("failed / push_refused after its first turn") == 2
-    assert "add the App to the ruleset's bypass list" in out
+    assert failed.count("each loop stops before any work, failed / push_refused") == 2
+    assert "narrow the ruleset's branch pattern so it does not match loop/*" in out
     assert "turn on 'Allow squash merging'" in out
     # What makes loops wait is a warning saying what loopbot does about it.
     assert f"{main} requires 2 approving reviews by a writer: the loop waits" in warned

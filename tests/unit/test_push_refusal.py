@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bot.core.rules import push_refusal
 from bot.core.rules.push_refusal import (
     Kind,
     LargeFile,
@@ -128,7 +129,7 @@ def test_creation_restricted_stops_with_what_to_do() -> None:
     assert (r.kind, r.fixable) == (Kind.CREATION_RESTRICTED, False)
     detail = maintainer_detail(r)
     assert "Cannot create ref due to creations being restricted." in detail
-    assert "bypass list" in detail and "/loop-restart" in detail
+    assert "Narrow the ruleset's pattern" in detail and "/loop-restart" in detail
 
 
 def test_anything_else_is_other_with_githubs_words_defused() -> None:
@@ -150,3 +151,16 @@ def test_accepted_and_other_statuses_are_read_too() -> None:
         ("*", REF, ""),
         ("+", "refs/heads/b", "forced update"),
     ]
+
+
+def test_branch_rules_that_refuse_the_first_push_stop_the_loop_before_any_work() -> None:
+    creation = {"type": "creation", "ruleset_id": 7, "ruleset_source": "acme/app"}
+    signed = {"type": "required_signatures"}
+    other = {"type": "non_fast_forward"}
+    stop = push_refusal.branch_rules_stop([other, creation], "loop/issue-3", new=True)
+    assert stop is not None and "creating branches" in stop and "ruleset 7" in stop
+    # Creation matters only to a branch not yet pushed; signatures always.
+    assert push_refusal.branch_rules_stop([creation], "loop/issue-3", new=False) is None
+    assert push_refusal.branch_rules_stop([signed], "loop/issue-3", new=False) is not None
+    assert push_refusal.branch_rules_stop([other], "loop/issue-3", new=True) is None
+    assert push_refusal.branch_rules_stop([], "loop/issue-3", new=True) is None

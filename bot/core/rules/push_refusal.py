@@ -177,9 +177,9 @@ def agent_note(refusal: Refusal) -> str:
 
 _WHAT_TO_DO = {
     Kind.CREATION_RESTRICTED: (
-        "A ruleset restricts who may create branches matching `{ref}`. Let loopbot's App "
-        "create its `loop/*` branches (add it to the ruleset's bypass list for creation, "
-        "or narrow the ruleset's pattern), then `/loop-restart`."
+        "A ruleset restricts who may create branches matching `{ref}`. Narrow the "
+        "ruleset's pattern so it does not cover loopbot's `loop/*` branches, then "
+        "`/loop-restart`."
     ),
     Kind.WORKFLOWS: (
         "The App may not push changes under `.github/workflows/` (it does not have the "
@@ -218,3 +218,40 @@ def maintainer_detail(refusal: Refusal, *, repeated: bool = False) -> str:
         + code_block(safe_text(refusal.words()))
         + f"\n\n{todo}"
     )
+
+
+# Rules on the loop's branch that refuse every push loopbot can make: its commits are
+# made by git in the worktree, unsigned, and the branch is new. Found before any work
+# (``GET rules/branches/{branch}`` lists them whether or not the App could bypass them,
+# and loopbot never relies on a bypass), the loop stops instead of spending a turn.
+_BRANCH_STOPS = {
+    "creation": (
+        "a ruleset restricts creating branches matching `{branch}`",
+        "Narrow the ruleset's pattern so it does not cover loopbot's `loop/*` branches, "
+        "then `/loop-restart`.",
+    ),
+    "required_signatures": (
+        "a ruleset requires signed commits on `{branch}`",
+        "loopbot's commits are not signed (it commits with git in its worktree, not "
+        "through GitHub's API). Exclude `loop/*` from the ruleset's signed-commit rule "
+        "(the squash merge GitHub makes on the default branch is signed by GitHub), then "
+        "`/loop-restart`.",
+    ),
+}
+
+
+def branch_rules_stop(rules: list[dict[str, object]], branch: str, *, new: bool) -> str | None:
+    """The loop's detail when a rule on its (``new``: not yet pushed) branch would refuse
+    its first push; None when none would. ``creation`` matters only to a new branch."""
+    for rule in rules:
+        kind = str(rule.get("type") or "")
+        if kind not in _BRANCH_STOPS or (kind == "creation" and not new):
+            continue
+        what, todo = _BRANCH_STOPS[kind]
+        source = str(rule.get("ruleset_source") or "")
+        where = f" (ruleset {rule.get('ruleset_id')} of {code_span(source)})" if source else ""
+        return (
+            f"Stopped before any work: {what.replace('{branch}', branch)}{where}, so GitHub "
+            f"would refuse loopbot's push of {code_span(branch)}.\n\n{todo}"
+        )
+    return None

@@ -185,21 +185,44 @@ def test_a_file_over_100_mb_refused_while_the_next_turn_ran_is_that_turns_news(
     assert "fixture.bin" not in tree and "NOTES.md" in tree
 
 
-def test_a_ruleset_restricting_loop_branches_stops_the_loop_with_push_refused(
+def test_a_ruleset_restricting_loop_branches_stops_the_loop_before_any_work(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:
     model.play(FIX, m.text("Fixed add."))
     n = start(github, drain, NO_MERGE, restrict_creation=["refs/heads/loop/*"])
     r = record_of(redis, n)
     assert (r.status, r.reason) == (Status.FAILED, "push_refused"), r.detail
-    assert refused(github) == ["creation_restricted"]  # no retry
-    assert "Cannot create ref due to creations being restricted." in r.detail
-    assert "bypass list" in r.detail
+    assert refused(github) == []  # read from the rules: no push was tried
+    assert not agent_prompts(model) and not events(redis, n, "turn_started")
+    assert "Stopped before any work" in r.detail and "creating branches" in r.detail
+    assert "Narrow the ruleset's pattern" in r.detail and "bypass" not in r.detail
     assert github.ref(REPO, "loop/issue-1") is None and not github.repo(REPO).pulls
     status = [c for c in bot_comments(github) if "<!-- loopbot:status -->" in c["body"]]
     assert "push_refused" in status[0]["body"]
-    # GitHub's words inside the status comment's quote, fenced, every line quoted.
-    assert "> - Cannot create ref due to creations being restricted." in status[0]["body"]
+
+
+def test_signed_commits_required_on_loop_branches_stop_the_loop_before_any_work(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    model.play(FIX, m.text("Fixed add."))
+    signed = {"type": "required_signatures"}
+    n = start(github, drain, NO_MERGE, listed_rules=[("loop/*", signed)])
+    r = record_of(redis, n)
+    assert (r.status, r.reason) == (Status.FAILED, "push_refused"), r.detail
+    assert "requires signed commits" in r.detail and "not signed" in r.detail
+    assert not agent_prompts(model) and refused(github) == []
+    assert github.ref(REPO, "loop/issue-1") is None
+
+
+def test_signed_commits_required_on_the_default_branch_only_do_not_stop_a_loop(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    # GitHub signs the squash merge it makes, so a rule on main alone is no obstacle.
+    model.play(FIX, m.text("Fixed add."))
+    n = start(github, drain, NO_MERGE, listed_rules=[("main", {"type": "required_signatures"})])
+    r = record_of(redis, n)
+    assert r.reason != "push_refused", r.detail
+    assert agent_prompts(model) and github.ref(REPO, "loop/issue-1") is not None
 
 
 def test_a_secret_the_agent_keeps_is_refused_twice_then_the_loop_stops(
