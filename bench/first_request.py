@@ -109,9 +109,30 @@ def main() -> None:
         )
     finally:
         if worker is not None:
-            worker.terminate()
-            worker.wait(10)
+            stop_worker(worker, b.root / "worker.log")
         b.close()
+
+
+def stop_worker(worker: subprocess.Popen[bytes], log: Path) -> None:
+    """SIGTERM, as a deploy: a worker drains (a short job it runs, say a status comment's
+    writes in GitHub's one-a-second line, finishes first), so it may take a while on a
+    loaded machine; how long, and what it was doing when it took more than 10 s, is
+    printed. A worker still running after 60 s is a failure, with its log's end."""
+    started = time.monotonic()
+    worker.terminate()
+    try:
+        worker.wait(60)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait()
+        raise SystemExit(f"the worker did not stop in 60 s; its log ends:\n{_tail(log)}") from None
+    took = time.monotonic() - started
+    if took > 10:
+        print(f"  the worker took {took:.1f} s to stop; its log ends:\n{_tail(log)}")
+
+
+def _tail(log: Path) -> str:
+    return log.read_bytes()[-3000:].decode(errors="replace") if log.exists() else "(no log)"
 
 
 if __name__ == "__main__":
