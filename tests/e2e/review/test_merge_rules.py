@@ -58,6 +58,19 @@ def merged_within(github: GitHubServer, redis: Redis, drain: Any, seconds: float
     return took
 
 
+def agent_that_merges_main_in(body: dict[str, Any]) -> m.Item:
+    """The fix on turn one, then, sent back to catch up with main, a note: the loop
+    pushes again after its first head was approved."""
+    if is_critic(body):
+        return report()
+    last = body["messages"][-1]["content"]
+    if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in last):
+        return m.text("Done.")
+    if len(body["messages"]) == 1:
+        return FIX
+    return m.write_file("NOTES.md", "merged main in\n")
+
+
 def test_a_required_approval_waits_for_a_writer_and_merges_within_seconds(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:
@@ -116,17 +129,7 @@ def test_an_approval_of_an_older_head_is_stale_and_asked_again(
 ) -> None:
     # The writer approves; main moved meanwhile, so the gate merges it in first (a push),
     # and the rule dismisses the approval of the head it no longer is: asked again.
-    def agent(body: dict[str, Any]) -> m.Item:
-        if is_critic(body):
-            return report()
-        last = body["messages"][-1]["content"]
-        if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in last):
-            return m.text("Done.")
-        if len(body["messages"]) == 1:
-            return FIX
-        return m.write_file("NOTES.md", "merged main in\n")
-
-    model.responder = agent
+    model.responder = agent_that_merges_main_in
     rule = ReviewRule(required_approving_review_count=1, dismiss_stale_reviews_on_push=True)
     start(github, drain, rule)
     r = record(redis)

@@ -19,7 +19,13 @@ from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from bot.standins.github.state import Fault, ReviewRule
 from tests.conftest import Web
-from tests.e2e.review.test_merge_rules import KEY, merged_within, record, review
+from tests.e2e.review.test_merge_rules import (
+    KEY,
+    agent_that_merges_main_in,
+    merged_within,
+    record,
+    review,
+)
 from tests.e2e.review.test_review_merge import FIX, YML, finding, is_critic, report
 from tests.helpers import REPO, label, open_issue, sample_repo
 
@@ -132,17 +138,7 @@ def test_an_approval_before_loopbots_last_push_does_not_count_when_the_rule_asks
     # other than its pusher (community discussion 77578: "working as designed"). Loopbot
     # pushes last when it merges the base in, so the earlier approval no longer lets it
     # merge: the loop waits for a new one, and never has its merge call refused.
-    def agent(body: dict[str, Any]) -> m.Item:
-        if is_critic(body):
-            return report()
-        last = body["messages"][-1]["content"]
-        if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in last):
-            return m.text("Done.")
-        if len(body["messages"]) == 1:
-            return FIX
-        return m.write_file("NOTES.md", "merged main in\n")
-
-    model.responder = agent
+    model.responder = agent_that_merges_main_in
     sample_repo(github, loop_yml=YML)
     repo = github.repo(REPO)
     repo.review_rules["main"] = ReviewRule(
@@ -168,17 +164,6 @@ def test_an_approval_before_loopbots_last_push_does_not_count_when_the_rule_asks
     assert repo.merge_refusals == []
 
 
-def _agent_that_merges_main_in(body: dict[str, Any]) -> m.Item:
-    if is_critic(body):
-        return report()
-    last = body["messages"][-1]["content"]
-    if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in last):
-        return m.text("Done.")
-    if len(body["messages"]) == 1:
-        return FIX
-    return m.write_file("NOTES.md", "merged main in\n")
-
-
 def _pass_time(redis: Redis, seconds: float) -> None:
     """The waiting clock, as if ``seconds`` went by (the record's start is moved back)."""
 
@@ -195,7 +180,7 @@ def test_the_waiting_limit_counts_the_wait_for_the_head_people_are_asked_about(
     # moved, so loopbot merges it in (a push) and the rule dismisses the approval: people
     # are asked again, about a new head. Fifteen minutes into that new wait the limit has
     # not passed: the clock is the wait for this head, not since the first ask.
-    model.responder = _agent_that_merges_main_in
+    model.responder = agent_that_merges_main_in
     sample_repo(github, loop_yml=YML + "merge:\n  approval_timeout_hours: 1\n")
     repo = github.repo(REPO)
     repo.review_rules["main"] = ReviewRule(
