@@ -189,6 +189,11 @@ class LoopRecord(BaseModel):
     base_verify: dict[str, Any] = Field(default_factory=dict)
     idle_turns: int = 0
     tests_changed: list[str] = Field(default_factory=list)
+    # Held-out verify on the last verified head (bot/core/evidence/held_out.py): whether
+    # the change made verify pass by changing the tests; and the turns the agent was given
+    # to fix the code instead (one, then a person decides).
+    test_evidence: dict[str, Any] = Field(default_factory=dict)
+    tamper_turns: int = 0
     # Findings that persist across review rounds (bot/core/rules/findings.py), and the verdict on
     # each reviewed head: a sha in ``verdicts`` is never reviewed again.
     finding_log: list[dict[str, Any]] = Field(default_factory=list)

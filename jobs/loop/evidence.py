@@ -12,59 +12,18 @@ Everything but ``BaseVerifyCache`` is pure.
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 from collections.abc import Iterable
 from typing import Any
 
+from bot.core.evidence import runs
+from bot.core.evidence.paths import is_test_path
 from jobs.sandbox.bwrap import Result
 
 TAIL_CHARS = 2000  # of the base verify output kept in the record and the first prompt
 CACHE_TTL = 3 * 24 * 3600  # a base commit's result outlives a burst of issues, not a week
 CACHE_PREFIX = "loopbot:baseverify:"
-
-# What a test file looks like, by directory or by name, across the usual ecosystems.
-# One rule, so the loop and the critic agree on what "a test changed" means.
-_TEST_DIRS = frozenset({"test", "tests", "spec", "specs", "__tests__", "testing", "testdata"})
-_TEST_NAMES = (
-    "test_*.py",
-    "*_test.py",
-    "tests.py",
-    "conftest.py",
-    "*_test.go",
-    "*.test.js",
-    "*.test.jsx",
-    "*.test.ts",
-    "*.test.tsx",
-    "*.test.mjs",
-    "*.test.cjs",
-    "*.spec.*",
-    "*_spec.rb",
-    "*_test.rb",
-    "*Test.java",
-    "*Tests.java",
-    "*Test.kt",
-    "*Tests.cs",
-    "*_test.exs",
-    "*_test.rs",
-    "test_*.c",
-    "*_test.c",
-    "*_test.cc",
-    "*_test.cpp",
-    "*.bats",
-)
-
-
-def is_test_path(path: str) -> bool:
-    """Whether ``path`` (relative, ``/``-separated) looks like a test file."""
-    parts = [p for p in path.strip("/").split("/") if p]
-    if not parts:
-        return False
-    if any(d.lower() in _TEST_DIRS for d in parts[:-1]):
-        return True
-    name = parts[-1]
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in _TEST_NAMES)
 
 
 def tests_changed(paths: Iterable[str]) -> list[str]:
@@ -82,6 +41,9 @@ def outcome(result: Result, sha: str) -> dict[str, Any]:
         "tail": result.output[-TAIL_CHARS:],
         "seconds": round(result.seconds, 3),
         "cached": False,
+        # What the test runners said they ran (bot/core/evidence/runs.py), read from the
+        # whole output: the head's verify is compared with it.
+        "tests": runs.to_json(runs.parse(result.output)),
     }
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from bot.core.evidence import held_out
 from bot.core.record import LoopRecord, Reason, Status
 from bot.core.text import messages
 from bot.io.github.pulls import PullInfo
@@ -95,6 +96,7 @@ def pull_body(record: LoopRecord, summary: str, stat: str) -> str:
         f"| {turns} | ${record.cost_usd:.2f} | `{record.verify_command}` {verify} |\n\n"
         f"Evidence: {evidence.evidence_line(record.base_verify, record.last_verify)}; "
         f"tests changed: {tests}.\n\n"
+        + _held_out_lines(record)
         + _milestone_lines(record)
         + (
             messages.workflows_left_out(record.workflow_patches) + "\n\n"
@@ -105,6 +107,22 @@ def pull_body(record: LoopRecord, summary: str, stat: str) -> str:
         f"{messages.code_block(stat.strip(chr(10)).rstrip())}\n</details>\n\n"
         "<sub>Opened by loopbot. `/loop <request>` on this PR asks for another turn.</sub>"
     )
+
+
+def _held_out_lines(record: LoopRecord) -> str:
+    """What held-out verify said on the head (bot/core/evidence/held_out.py); "" when it
+    has nothing to say (no file verify runs changed)."""
+    ev = record.test_evidence
+    lines = held_out.facts(ev)
+    if not lines or ev.get("sha") != record.last_verify.get("sha"):
+        return ""
+    warn = (
+        f"⚠️ **The tests were changed to pass**: {held_out.summary(ev)}. loopbot does not "
+        "merge this on its own.\n\n"
+        if held_out.stands(ev)
+        else ""
+    )
+    return warn + "".join(f"- {messages.safe_text(line)}\n" for line in lines) + "\n"
 
 
 def _milestone_lines(record: LoopRecord) -> str:

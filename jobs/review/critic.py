@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from bot.core import repo_config
 from bot.core.diffmap import changed_line_count
+from bot.core.evidence import held_out
 from bot.core.ids import LoopId
 from bot.core.models import ModelSpec, merged, thinking_params
 from bot.core.record import LoopRecord, Reason, Status, Usage
@@ -25,6 +26,8 @@ from bot.core.rules.lifecycle import Guard, Requeue
 from bot.core.rules.review import (
     NO_TEST,
     NO_TEST_FINGERPRINT,
+    OWN_FINGERPRINTS,
+    TESTS_CHANGED_FINGERPRINT,
     CodeAgain,
     CriticReport,
     MergeNext,
@@ -42,6 +45,8 @@ from bot.core.rules.review import (
     plan_for_reviewed_head,
     review_body,
     tally,
+    tests_changed_finding,
+    tests_changed_stands,
 )
 from bot.core.rules.review_check import check_run
 from bot.core.text import messages, prompts
@@ -198,7 +203,7 @@ class Critic:
         asked = [
             e
             for e in flog.open_entries(record.finding_log)
-            if e["fingerprint"] != NO_TEST_FINGERPRINT
+            if e["fingerprint"] not in OWN_FINGERPRINTS
         ]
         # Frozen intake: the critic judges against the text a writer approved.
         try:
@@ -210,7 +215,11 @@ class Critic:
                     since=self._since(gh, record.reviewed_sha, sha),
                     facts=[
                         *evidence(
-                            record.base_verify, record.last_verify, record.tests_changed, sha
+                            record.base_verify,
+                            record.last_verify,
+                            record.tests_changed,
+                            sha,
+                            record.test_evidence,
                         ),
                         *metric_text.critic_facts(record),  # a metric loop's results table
                     ],
@@ -230,6 +239,21 @@ class Critic:
                 for e in flog.open_entries(record.finding_log):
                     if e["fingerprint"] == NO_TEST_FINGERPRINT:
                         given[e["id"]] = ("resolved", "the pull request now changes tests")
+            # Held-out verify: loopbot's own sev1 while the evidence stands on this head.
+            tampered = (
+                tests_changed_finding(record.test_evidence, sha)
+                if record.kind != "metric"
+                else None
+            )
+            if tampered is not None:
+                raised.append(tampered)
+            else:
+                for e in flog.open_entries(record.finding_log):
+                    if e["fingerprint"] == TESTS_CHANGED_FINGERPRINT:
+                        given[e["id"]] = (
+                            "resolved",
+                            "verify passes on this head with the tests as on the base",
+                        )
 
         def merged(log: list[dict[str, Any]], next_id: int) -> flog.RoundResult:
             return flog.merge_round(log, next_id, raised, given, round_=round_, sha=sha)
@@ -246,6 +270,18 @@ class Critic:
             unread_chars=max(len(diff) - MAX_DIFF_CHARS, 0),
             blocking=standing,
         )
+        if not isinstance(plan, StopLoop) and tests_changed_stands(result.log):
+            # The agent had its turn to fix the code instead (or the issue asked for the
+            # test change): a person decides, whatever the critic thought of it.
+            fid = next(
+                (
+                    str(e["id"])
+                    for e in result.log
+                    if e.get("fingerprint") == TESTS_CHANGED_FINGERPRINT
+                ),
+                "",
+            )
+            plan = NeedsHuman(held_out.person_detail(record.test_evidence, fid))
         shown = report.model_copy(update={"findings": raised})
         inline, others = place_findings(shown, diff, finding_ids(result.log))
         body = review_body(shown, others, round_, plan, result)

@@ -15,8 +15,10 @@ from dataclasses import replace
 from typing import Any, assert_never
 
 from bot.core import repo_config
+from bot.core.evidence import held_out
 from bot.core.ids import LoopId
 from bot.core.record import TERMINAL, LoopRecord, Reason, Status
+from bot.core.rules import findings as flog
 from bot.core.rules.codeowners import required_owners
 from bot.core.rules.lifecycle import Guard, Requeue
 from bot.core.rules.merge import (
@@ -44,6 +46,7 @@ from bot.core.rules.merge import (
     protected_changes,
     queue_removal,
 )
+from bot.core.rules.review import TESTS_CHANGED_FINGERPRINT
 from bot.core.text import messages, receipt
 from bot.io.github.client import Installation
 from bot.io.github.failures import Conflict
@@ -503,6 +506,7 @@ class Gate:
                     }
                 )
             ),
+            **_held_out(record, judged),
             changed_lines=(
                 None
                 if pull.additions is None or pull.deletions is None
@@ -748,3 +752,40 @@ def _blocked_unexplained(state: ReviewState) -> bool:
     (the gate asks only then), classic protection's conversation rule, unreadable to the
     App, is what is left."""
     return state.merge_state == "BLOCKED" and state.decision in (None, "APPROVED")
+
+
+def _held_out(record: LoopRecord, judged: str) -> dict[str, Any]:
+    """Held-out verify on the judged head (bot/core/evidence/held_out.py): loopbot's own
+    evidence, read from the record as the loop left it, not from the critic. Evidence on
+    another head (a loop resumed past the check) is no evidence: when this head changed
+    tests after a base whose verify failed, a person decides."""
+    ev = record.test_evidence
+    dismissed = sorted(
+        {
+            f"@{e.get('dismissed_by')}"
+            for e in record.finding_log
+            if e.get("fingerprint") == TESTS_CHANGED_FINGERPRINT
+            and e.get("status") == flog.DISMISSED
+        }
+    )
+    out: dict[str, Any] = {"held_out": tuple(held_out.facts(ev)) if ev.get("sha") == judged else ()}
+    why = ""
+    if record.kind == "metric":
+        return out
+    if held_out.stands(ev, judged):
+        why = held_out.summary(ev)
+    elif (
+        ev.get("sha") != judged
+        and record.tests_changed
+        and record.base_verify
+        and record.base_verify.get("passed") is False
+    ):
+        why = (
+            f"held-out verify was not run on {judged[:10]}, which changes tests after verify "
+            "failed on the base: loopbot cannot show the tests as approved pass"
+        )
+    if why and dismissed:
+        out["tests_dismissed_by"] = ", ".join(dismissed)
+    elif why:
+        out["tests_changed_to_pass"] = "the tests were changed to pass: " + why
+    return out

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from bot.core.rules import push_refusal
@@ -481,6 +482,63 @@ class Worktrees(TreeFiles):
             head,
         )
         return [p for p in out.split("\0") if p]
+
+    def changed_paths(self, checkout: Checkout, head: str | None = None) -> list[str]:
+        """Every path the branch adds, changes or deletes against its fork point (a
+        rename is its two paths)."""
+        head = head or self.head(checkout.path, checkout.mirror)
+        out = git(
+            checkout.mirror,
+            "diff",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--no-renames",
+            "--name-only",
+            "-z",
+            self.fork_point(checkout, head),
+            head,
+        )
+        return [p for p in out.split("\0") if p]
+
+    @contextlib.contextmanager
+    def held_out(self, checkout: Checkout, base: str, paths: list[str]) -> Iterator[None]:
+        """The worktree with ``paths`` as they are on ``base``: changed ones put back,
+        ones the branch added removed. Everything else stays the branch's head. Put back
+        to the head's commit on the way out (ignored files kept: setup's output)."""
+        path, mirror = checkout.path, checkout.mirror
+        listed = self._git(
+            path,
+            mirror,
+            "--literal-pathspecs",
+            "ls-tree",
+            "-r",
+            "-z",
+            "--name-only",
+            base,
+            "--",
+            *paths,
+        )
+        on_base = {p for p in listed.split("\0") if p}
+        try:
+            with self._tree(checkout):
+                # Literal pathspecs: a test file named ``*.py`` is that file, not a glob.
+                if kept := [p for p in paths if p in on_base]:
+                    self._git(path, mirror, "--literal-pathspecs", "checkout", base, "--", *kept)
+                if added := [p for p in paths if p not in on_base]:
+                    self._git(
+                        path,
+                        mirror,
+                        "--literal-pathspecs",
+                        "rm",
+                        "-q",
+                        "-f",
+                        "--ignore-unmatch",
+                        "--",
+                        *added,
+                    )
+            yield
+        finally:
+            self.restore_committed(checkout)
 
     def files_with_added_lines(self, checkout: Checkout, head: str | None = None) -> list[str]:
         """Files where the branch adds at least one non-blank line against its fork point:

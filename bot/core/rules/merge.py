@@ -103,6 +103,12 @@ class Facts:
     queue_removed: str = ""
     queue_removed_by: str = ""
     queue_failing: tuple[str, ...] = ()
+    # Held-out verify (bot/core/evidence/held_out.py): why the head passes verify only with
+    # the tests it changed ("" when it does not, or a writer dismissed loopbot's finding:
+    # ``tests_dismissed_by``), and what was run, for the receipt.
+    tests_changed_to_pass: str = ""
+    tests_dismissed_by: str = ""
+    held_out: tuple[str, ...] = ()
     # For the receipt only: what the checks were, and the findings still open.
     check_results: tuple[CheckResult, ...] = ()
     open_findings: tuple[tuple[str, str, str], ...] = ()  # (id, severity, title)
@@ -221,6 +227,8 @@ def decide(f: Facts) -> Decision:
         return Refuse(Reason.PULL_CLOSED, "the pull request was closed")
     if f.open_sev1:
         return Refuse(Reason.CRITIC_ROUNDS, f"{f.open_sev1} sev1 finding(s) stand")
+    if f.tests_changed_to_pass:  # loopbot's own evidence, whatever the critic said
+        return Refuse(Reason.NEEDS_HUMAN, f.tests_changed_to_pass)
     if not reviewed_head(f):
         return Review(
             f"the head moved to {f.head_sha[:10]} after the review of "

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from bot.core.diffmap import right_side_lines
+from bot.core.evidence import held_out
 from bot.core.record import Reason, Status
 from bot.core.rules import findings as flog
 from bot.core.text.messages import safe_text
@@ -165,11 +166,53 @@ def evidence_finding(base_verify: Mapping[str, Any], tests_changed: Sequence[str
     return base_verify.get("passed") is True and not tests_changed
 
 
+# Held-out verify (bot/core/evidence/held_out.py): verify passes on the head only with
+# the tests the change rewrote, or runs fewer of them. loopbot's own sev1, raised on the
+# head the evidence is about, never asked of the critic: a lenient critic must not be
+# able to wave it through. Only a writer's ``/loop-dismiss`` lets it merge.
+TESTS_CHANGED = Finding(
+    severity="sev1",
+    category="tests",
+    path="",
+    line=None,
+    title="The tests were changed to pass",
+    body="verify passes on this head only because the tests changed.",
+)
+TESTS_CHANGED_FINGERPRINT = flog.fingerprint(
+    TESTS_CHANGED.path, TESTS_CHANGED.category, TESTS_CHANGED.title
+)
+OWN_FINGERPRINTS = frozenset({NO_TEST_FINGERPRINT, TESTS_CHANGED_FINGERPRINT})
+
+
+def tests_changed_finding(test_evidence: Mapping[str, Any], sha: str) -> Finding | None:
+    """loopbot's own sev1 for the head ``sha`` when the held-out evidence stands on it,
+    its body naming the tests and what the commands said."""
+    if not held_out.stands(test_evidence, sha):
+        return None
+    lines = "\n".join(f"- {line}" for line in held_out.facts(test_evidence))
+    return TESTS_CHANGED.model_copy(
+        update={
+            "body": f"{held_out.summary(test_evidence)}.\n\n{lines}\n\nA writer decides: "
+            "fix the code so the tests as they were pass, or, if the test change is "
+            "right, dismiss this finding with `/loop-dismiss <id> <why>`."
+        }
+    )
+
+
+def tests_changed_stands(log: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether loopbot's own held-out finding is open (not resolved, not dismissed)."""
+    return any(
+        e.get("fingerprint") == TESTS_CHANGED_FINGERPRINT and e.get("status") == flog.OPEN
+        for e in log
+    )
+
+
 def evidence(
     base_verify: Mapping[str, Any],
     last_verify: Mapping[str, Any],
     tests_changed: Sequence[str],
     sha: str,
+    test_evidence: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """What the loop observed, as lines for the critic's prompt."""
     lines = []
@@ -198,6 +241,14 @@ def evidence(
             "describes wrong behaviour, a change with no test for it must not merge: raise "
             "it as a sev1 finding of your own"
         )
+    if test_evidence and test_evidence.get("sha") == sha:
+        lines.extend(f"- {line}" for line in held_out.facts(test_evidence))
+        if held_out.stands(test_evidence, sha):
+            lines.append(
+                f'- loopbot records the sev1 finding "{TESTS_CHANGED.title}" itself: judge '
+                "whether the code change fixes the issue with the tests as the writer "
+                "approved them"
+            )
     return lines
 
 

@@ -59,6 +59,7 @@ def rows(f: Facts, *, ready_label: str) -> list[Row]:
             else f"head is {_short(head)}, reviewed {_short(f.reviewed_sha) or 'nothing'}",
         ),
         _verify_row(f),
+        _held_out_row(f),
         _verdict_row(f),
         *_finding_rows(f),
         *_check_rows(f),
@@ -161,6 +162,24 @@ def _verify_row(f: Facts) -> Row:
         _ok(f.verify_passed),
         "passed" if f.verify_passed else "failed",
     )
+
+
+def _held_out_row(f: Facts) -> Row:
+    """Whether verify passes with the tests as the writer approved them."""
+    name = "tests as approved"
+    if f.tests_changed_to_pass:
+        return Row(name, f.head_sha, "fail", f.tests_changed_to_pass)
+    said = "; ".join(f.held_out)
+    if f.tests_dismissed_by:
+        return Row(
+            name,
+            f.head_sha,
+            "pass",
+            f"the tests were changed to pass; {f.tests_dismissed_by} dismissed loopbot's "
+            f"finding{': ' + said if said else ''}",
+        )
+    ran = any(line.startswith("held-out verify:") for line in f.held_out)
+    return Row(name, f.head_sha, "pass" if ran else "info", said or "no test file changed")
 
 
 def _verdict_row(f: Facts) -> Row:

@@ -47,6 +47,8 @@ _EVENT_KINDS = {
     "turn_started": "turn",
     "verify": "verify",
     "base_verify": "verify",
+    "held_out_verify": "verify",
+    "tests_changed_to_pass": "verify",
     "pushed": "pushed",
     "pr_opened": "pr_opened",
     "review_started": "review",
@@ -471,6 +473,15 @@ def _describe_event(kind: str, data: dict[str, Any], state: _EventState) -> tupl
             return f"turn {data.get('turn')}", "", None
         case "verify" | "base_verify":
             return _verify_title(kind, data), _tail(data), bool(data.get("passed"))
+        case "held_out_verify":
+            return _held_out_title(data), _held_out_body(data), not data.get("stands")
+        case "tests_changed_to_pass":
+            then = (
+                "the agent gets a turn to fix the code instead"
+                if data.get("then") == "turn"
+                else "a person decides"
+            )
+            return f"the tests were changed to pass: {then}", str(data.get("summary") or ""), False
         case "pushed":
             return f"pushed {_short(data.get('sha'))}", "", True
         case "pr_opened":
@@ -502,6 +513,27 @@ def _shrunk_words(data: dict[str, Any]) -> str:
         f"context shrunk ({how.get(level, level)}): about {_int(data.get('tokens_before')):,}"
         f" → {_int(data.get('tokens_after')):,} tokens of a {_int(data.get('window')):,} window"
     )
+
+
+def _held_out_title(data: dict[str, Any]) -> str:
+    """``held-out verify failed (exit 1)``: verify with the tests as on the base."""
+    if not data.get("ran"):
+        return f"held-out verify not run: {data.get('not_run') or 'no reason recorded'}"
+    if data.get("passed"):
+        return "held-out verify passed (the tests as on the base)"
+    if data.get("timed_out"):
+        return "held-out verify failed (timed out)"
+    return f"held-out verify failed (exit {data.get('exit_code')})"
+
+
+def _held_out_body(data: dict[str, Any]) -> str:
+    held = data.get("held") if isinstance(data.get("held"), list) else []
+    lines = [f"command: {data.get('command')}"]
+    if held:
+        lines.append("as on the base: " + ", ".join(str(p) for p in held))
+    lines.extend(f"tests run: {line}" for line in data.get("ran_less") or [])
+    tail = _tail(data)
+    return "\n".join(lines) + (f"\n\n{tail}" if tail else "")
 
 
 def _verify_title(kind: str, data: dict[str, Any]) -> str:

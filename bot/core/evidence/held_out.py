@@ -1,0 +1,256 @@
+"""Held-out verify: did the change make verify pass by changing what verify checks?
+
+verify failed on the base; on the head it passes. That is a fix shown only if the tests
+that failed are the tests that now pass. When the pull request changes files verify runs
+(test files, their fixtures, the test runner's own configuration, files the verify
+command names), the harness runs verify once more on the head with those files as they
+are on the base: the code under the change, the tests as the writer approved them.
+Failing there while the head's own verify passes says the tests were changed to pass.
+With the runners' summaries (``bot.core.evidence.runs``) on the base and the head: fewer
+tests, newly skipped or expected-to-fail ones, or none at all, say the same.
+
+The evidence is loopbot's, not the critic's opinion: it becomes a sev1 finding of its
+own (``bot.core.rules.review.TESTS_CHANGED``), the agent gets one turn to fix the code
+instead, and then a person decides. When the issue itself asks for a test to change
+(``asks_for_test_change``), the agent is not told to undo it: the evidence goes
+straight to a person, who merges by dismissing the finding.
+
+Pure: paths, texts and the record's dict in, decisions out. The loop job
+(``jobs.loop.held_out``) runs the commands.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from bot.core.evidence import runs
+from bot.core.evidence.paths import is_test_path
+from bot.core.rules import metric
+from bot.core.text.messages import code_span
+
+# A test runner's own configuration (the metric loop's guard list, and the shared files
+# that hold a runner's section in Python projects). pyproject.toml, package.json and
+# Cargo.toml are left out: code changes touch them for other reasons (a dependency), and
+# a test deselected there shows in the runner's counts.
+RUNNER_CONFIGS = metric.RUNNER_CONFIG | {"setup.cfg", ".coveragerc", "pytest.toml", ".pytest.ini"}
+# What a verify command's first word runs, by the file that says what it does.
+_TOOL_FILES = {
+    "make": ("Makefile", "makefile", "GNUmakefile"),
+    "npm": ("package.json",),
+    "yarn": ("package.json",),
+    "pnpm": ("package.json",),
+    "npx": ("package.json",),
+    "bun": ("package.json",),
+    "just": ("justfile", "Justfile"),
+    "tox": ("tox.ini",),
+    "nox": ("noxfile.py",),
+}
+MAX_HELD = 500  # paths put back at once; more is a change no one should merge unread
+
+
+def held_out_paths(changed: Iterable[str], verify: str) -> list[str]:
+    """The changed paths (added, changed or deleted) that verify runs or reads: tests
+    and their fixtures, the runner's configuration, files the command names."""
+    named = _named(verify)
+    out = []
+    for path in changed:
+        name = path.rsplit("/", 1)[-1]
+        if (
+            is_test_path(path)
+            or metric.is_test_path(path)  # the broader rule: Swift, .NET, e2e folders
+            or name in RUNNER_CONFIGS
+            or path in named
+            or any(path.startswith(d) for d in named if d.endswith("/"))
+        ):
+            out.append(path)
+    return sorted(set(out))
+
+
+def _named(verify: str) -> set[str]:
+    """Paths a verify command names: scripts and test files (``./run_tests.sh``,
+    ``tests/test_x.py::test_y``), Python modules (``-m unittest test_calc`` is
+    ``test_calc.py``), directories (``tests/``) and the file its tool reads (``make`` is
+    the Makefile)."""
+    try:
+        words = shlex.split(verify)
+    except ValueError:
+        words = verify.split()
+    named: set[str] = set()
+    for i, word in enumerate(words):
+        if word in _TOOL_FILES and (i == 0 or words[i - 1] in ("&&", "||", ";", "|")):
+            named.update(_TOOL_FILES[word])
+        if word.startswith("-") or "=" in word:
+            continue
+        word = word.split("::", 1)[0].removeprefix("./")
+        if not word:
+            continue
+        named.add(word)
+        if "/" not in word and re.fullmatch(r"[A-Za-z_][\w.]*", word):
+            dotted = word.removesuffix(".py")
+            named.add(dotted.replace(".", "/") + ".py")
+            named.add(dotted.replace(".", "/") + "/")
+        elif word.endswith("/") or "." not in word.rsplit("/", 1)[-1]:
+            named.add(word.rstrip("/") + "/")
+    return named
+
+
+# An issue that asks for tests to change: a verb of change before a word for tests, or
+# tests said to be wrong. Deliberately narrow: either answer ends with a person (asked:
+# at once; not asked: after the agent's one turn to fix the code instead), so a miss here
+# costs a turn, never a merge.
+_TESTS = r"(?:tests?|test cases?|test files?|assertions?|expectations?|fixtures?|snapshots?)"
+_ASK = re.compile(
+    r"\b(?:fix|correct|update|change|rewrite|adjust|amend|repair|remove|delete)\w*\s+"
+    r"(?:[\w`'\".()/-]+\s+){0,3}?" + _TESTS + r"\b",
+    re.IGNORECASE,
+)
+_WRONG = re.compile(
+    r"\b" + _TESTS + r"\s+(?:[\w`'\".()/-]+\s+){0,3}?(?:is|are|was|were)\s+(?:\w+\s+)?"
+    r"(?:wrong|incorrect|outdated|out of date|stale|broken|buggy|mistaken|invalid)\b",
+    re.IGNORECASE,
+)
+
+
+def asks_for_test_change(title: str, body: str) -> bool:
+    """Whether the approved issue text asks for a test to be changed (see ``_ASK``)."""
+    text = f"{title}\n{body}"
+    return bool(_ASK.search(text) or _WRONG.search(text))
+
+
+def record(
+    *,
+    sha: str,
+    base: str,
+    verify: str,
+    held: Sequence[str],
+    changed: Sequence[str],
+    base_counts: Mapping[str, runs.Counts],
+    head_counts: Mapping[str, runs.Counts],
+    held_result: Mapping[str, Any] | None,
+    not_run: str,
+    asked: bool,
+) -> dict[str, Any]:
+    """The record's ``test_evidence`` for the head ``sha``. ``held_result``: the
+    held-out verify's outcome (None when it did not run, ``not_run`` says why)."""
+    return {
+        "sha": sha,
+        "base": base,
+        "command": verify,
+        "held": list(held[:MAX_HELD]),
+        "held_count": len(held),
+        "code_changed": any(p not in set(held) for p in changed),
+        "held_out": dict(held_result) if held_result is not None else {},
+        "not_run": "" if held_result is not None else not_run,
+        "counts": {"base": runs.to_json(base_counts), "head": runs.to_json(head_counts)},
+        "ran_less": runs.ran_less(base_counts, head_counts),
+        "asked": asked,
+    }
+
+
+def failed_held_out(ev: Mapping[str, Any]) -> bool:
+    held = ev.get("held_out") or {}
+    return bool(held) and held.get("passed") is not True
+
+
+def stands(ev: Mapping[str, Any], sha: str | None = None) -> bool:
+    """Whether the evidence says the tests were changed to pass (on ``sha``, when given:
+    evidence about another head says nothing about this one)."""
+    if not ev or (sha is not None and ev.get("sha") != sha):
+        return False
+    return failed_held_out(ev) or bool(ev.get("ran_less"))
+
+
+def _paths(paths: Sequence[str], limit: int = 8) -> str:
+    shown = ", ".join(code_span(p) for p in paths[:limit])
+    return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+
+
+def facts(ev: Mapping[str, Any]) -> list[str]:
+    """What was run and what it said, one line each (the critic's prompt, the receipt,
+    the pull request body, the session log)."""
+    if not ev:
+        return []
+    lines = []
+    held = list(ev.get("held") or [])
+    base = str(ev.get("base") or "")[:10]
+    command = code_span(str(ev.get("command") or ""))
+    result = ev.get("held_out") or {}
+    if result:
+        outcome = (
+            "passed"
+            if result.get("passed")
+            else "timed out"
+            if result.get("timed_out")
+            else f"failed (exit {result.get('exit_code')})"
+        )
+        lines.append(
+            f"held-out verify: {command} on the head {str(ev.get('sha'))[:10]} with "
+            f"{_paths(held)} as on the base {base}: {outcome}"
+        )
+    elif held:
+        lines.append(f"held-out verify not run ({ev.get('not_run') or 'no reason recorded'})")
+    if held:
+        lines.append(
+            "files verify runs that the change touches: "
+            + _paths(held)
+            + (
+                "; the change touches other files too"
+                if ev.get("code_changed")
+                else "; the change touches no other file (the code under test is unchanged)"
+            )
+        )
+    lines.extend(f"tests run: {line}" for line in ev.get("ran_less") or [])
+    return lines
+
+
+def summary(ev: Mapping[str, Any]) -> str:
+    """One sentence: what shows the tests were changed to pass (call when ``stands``)."""
+    held = list(ev.get("held") or [])
+    parts = []
+    if failed_held_out(ev):
+        code = (
+            "the code under test was not changed"
+            if not ev.get("code_changed")
+            else "the code changed too, but not enough to pass the tests as they were"
+        )
+        parts.append(
+            f"verify passes on the head only with the changed tests: with {_paths(held)} as "
+            f"on the base it fails, and {code}"
+        )
+    parts.extend(ev.get("ran_less") or [])
+    return "; ".join(parts)
+
+
+def turn_note(ev: Mapping[str, Any]) -> str:
+    """The agent's next prompt: its change passed verify by changing the tests."""
+    tail = str((ev.get("held_out") or {}).get("tail") or "")[-1500:]
+    held = list(ev.get("held") or [])
+    return (
+        "verify passes, but only because the tests changed: "
+        + summary(ev)
+        + ".\n\nThe issue is fixed when the tests as the writer approved them pass. Put "
+        + (_paths(held) if held else "the tests")
+        + " back as they are on the base (unless the issue asks for a test to change) and "
+        "fix the code under test instead; do not skip, delete or weaken tests. "
+        + (f"verify with the tests as on the base said:\n{tail}" if tail else "")
+    ).strip()
+
+
+def person_detail(ev: Mapping[str, Any], finding_id: str) -> str:
+    """Why the loop stopped for a person, on the issue."""
+    asked = (
+        "The issue asks for a test to change, so a writer decides whether this one should: "
+        if ev.get("asked")
+        else "The agent had a turn to fix the code instead and did not: "
+    )
+    how = (
+        f"`/loop-dismiss {finding_id} <why the test change is right>` merges it through the gate"
+        if finding_id
+        else "a writer reviews it"
+    )
+    return (
+        f"the tests were changed to pass: {summary(ev)}. {asked}{how}, or close the pull request."
+    )
