@@ -5,6 +5,7 @@ runners' counts say when verify ran less."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -132,6 +133,10 @@ def test_a_test_rewritten_to_expect_the_bug_never_merges(
     issue_text = "\n".join(bot_comments(github, 1))
     assert "`test_calc.py`" in issue_text and "the code under test was not changed" in issue_text
     assert "loop:needs-human" in github.repo(REPO).issues[1].labels
+    # The critic was shown the evidence, with the command and its outcome.
+    critic = json.dumps(next(b for b in model.requests if "output_config" in b)["messages"])
+    assert "held-out verify: `python3 -m unittest test_calc`" in critic
+    assert "failed (exit 1)" in critic
 
 
 def test_an_agent_that_fixes_the_code_after_being_told_merges(
