@@ -210,6 +210,13 @@ def test_real_pytest_output(tmp_path: Path) -> None:
         (["t/x.py", "t/y.py"], "pytest t/x.py::test_one", ["t/x.py"]),
         (["CalcTests/AddTests.swift"], "swift test", ["CalcTests/AddTests.swift"]),
         (["jest.config.js", "src/a.ts"], "npx jest", ["jest.config.js"]),
+        (["tools/check.py", "calc.py"], "python3 tools/check.py", ["tools/check.py"]),
+        (["ci/unit"], "CI=1 bash ci/unit --fast", ["ci/unit"]),
+        (["pkg/a.py", "pkg/b.py"], "python3 -m unittest pkg.a.T.test_x", ["pkg/a.py"]),
+        # Words that name code, not tests: never held out.
+        (["calc.py"], "python3 -m py_compile calc.py && python3 -m unittest -q", []),
+        (["notes/a.md"], "test -d notes", []),
+        (["calc.py", "lint.cfg"], "ruff check calc.py && pytest", []),
     ],
 )
 def test_held_out_paths(changed: list[str], verify: str, held: list[str]) -> None:

@@ -69,32 +69,79 @@ def held_out_paths(changed: Iterable[str], verify: str) -> list[str]:
     return sorted(set(out))
 
 
+_SEPARATORS = frozenset({"&&", "||", ";", "|", "&"})
+_INTERPRETERS = frozenset(
+    {"sh", "bash", "zsh", "dash", "python", "python3", "node", "ruby", "perl", "bun", "deno"}
+)
+# Runners whose arguments are the tests to run (paths, modules, folders).
+_RUNNERS = frozenset({"pytest", "py.test", "jest", "vitest", "mocha", "rspec", "phpunit"})
+_PY_RUNNERS = frozenset({"unittest", "pytest"})
+
+
 def _named(verify: str) -> set[str]:
-    """Paths a verify command names: scripts and test files (``./run_tests.sh``,
-    ``tests/test_x.py::test_y``), Python modules (``-m unittest test_calc`` is
-    ``test_calc.py``), directories (``tests/``) and the file its tool reads (``make`` is
-    the Makefile)."""
+    """What a verify command runs as tests or as its script: the script of each command
+    (``./run_tests.sh``, ``sh ci/test.sh``, ``python tools/check.py``), a Python module it
+    runs (``python -m checks.calc``), the tests it hands a runner (``pytest t/x.py::t``,
+    ``-m unittest test_calc``, ``jest src/``), and the file its tool reads (``make``: the
+    Makefile). Not any word: ``py_compile calc.py`` or ``test -d notes`` name code, not
+    tests."""
     try:
         words = shlex.split(verify)
     except ValueError:
         words = verify.split()
     named: set[str] = set()
-    for i, word in enumerate(words):
-        if word in _TOOL_FILES and (i == 0 or words[i - 1] in ("&&", "||", ";", "|")):
-            named.update(_TOOL_FILES[word])
-        if word.startswith("-") or "=" in word:
+    commands: list[list[str]] = [[]]
+    for word in words:
+        if word in _SEPARATORS:
+            commands.append([])
+        else:
+            commands[-1].append(word)
+    for command in commands:
+        while command and re.fullmatch(r"[A-Za-z_]\w*=.*", command[0]):
+            command = command[1:]  # FOO=1 ./run_tests.sh
+        if not command:
             continue
-        word = word.split("::", 1)[0].removeprefix("./")
-        if not word:
-            continue
-        named.add(word)
-        if "/" not in word and re.fullmatch(r"[A-Za-z_][\w.]*", word):
-            dotted = word.removesuffix(".py")
-            named.add(dotted.replace(".", "/") + ".py")
-            named.add(dotted.replace(".", "/") + "/")
-        elif word.endswith("/") or "." not in word.rsplit("/", 1)[-1]:
-            named.add(word.rstrip("/") + "/")
-    return named
+        program, args = command[0], [a for a in command[1:] if a and not a.startswith("-")]
+        named.update(_TOOL_FILES.get(program.rsplit("/", 1)[-1], ()))
+        if "/" in program or program.endswith((".sh", ".py", ".js", ".rb")):
+            named.add(_path(program))
+        name = program.rsplit("/", 1)[-1]
+        if name in _INTERPRETERS or re.fullmatch(r"python3(\.\d+)?", name):
+            if "-m" in command:
+                after = command[command.index("-m") + 1 :]
+                module, rest = (after[0], after[1:]) if after else ("", [])
+                if module in _PY_RUNNERS:
+                    for a in rest:
+                        if not a.startswith("-"):
+                            named.update(_selection(a))
+                elif module:
+                    named.update(_module(module))
+            elif args:
+                named.add(_path(args[0]))
+        elif name in _RUNNERS:
+            for a in args:
+                named.update(_selection(a))
+    return {n for n in named if n}
+
+
+def _path(word: str) -> str:
+    return word.split("::", 1)[0].removeprefix("./")
+
+
+def _module(word: str) -> set[str]:
+    dotted = word.removesuffix(".py").replace(".", "/")
+    return {dotted + ".py", dotted + "/"}
+
+
+def _selection(word: str) -> set[str]:
+    """A test a runner is handed, as the paths it may live in: a path
+    (``t/x.py::test_one``), a folder, or a dotted module (``tests.test_calc.AddTest`` may
+    be ``tests.py``, ``tests/test_calc.py``, ...)."""
+    path = _path(word)
+    if "/" in path or path.endswith((".py", ".js", ".ts", ".rb", ".php")):
+        return {path if "." in path.rsplit("/", 1)[-1] else path.rstrip("/") + "/"}
+    parts = path.split(".")
+    return {"/".join(parts[:i]) + ".py" for i in range(1, len(parts) + 1)}
 
 
 # An issue that asks for tests to change: a verb of change before a word for tests, or
