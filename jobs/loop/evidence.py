@@ -76,7 +76,8 @@ def cache_key(repo: str, sha: str, verify: str, setup: str | None, environment: 
     shapes what verify sees) and the sandbox's ``environment`` (network, timeout), so a
     ``loop.yml`` that changes either never reuses an old answer."""
     commands = hashlib.sha256(
-        json.dumps([verify, setup or "", environment], default=str).encode()
+        # "tests": results from before the runners' counts were kept are not reused.
+        json.dumps([verify, setup or "", environment, "tests"], default=str).encode()
     ).hexdigest()[:16]
     return f"{CACHE_PREFIX}{repo}:{sha}:{commands}"
 

@@ -21,15 +21,21 @@ TAMPER_TURNS = 1  # turns the agent gets to fix the code instead; then a person 
 class HeldOut(RunnerBase):
     """Held-out verify and the runners' counts, once per verified head."""
 
-    def _tests_changed_to_pass(self, head: str, verify: Result, title: str, body: str) -> str:
+    def _tests_changed_to_pass(
+        self, head: str, verify: Result | None, title: str, body: str
+    ) -> str:
         """The note for one more turn when the tests were changed to pass and the agent
         has not had its turn to fix the code instead; "" to go on (to the pull request,
-        where loopbot's own sev1 stands for a person when the evidence still does)."""
+        where loopbot's own sev1 stands for a person when the evidence still does).
+        ``verify``: the head's verify run, or None when the loop resumed past it (a
+        worker killed between verify and this check): verify runs again then."""
         record = self._record()
         if record.kind == "metric":  # its evidence is the results table and its guard
             return ""
         ev = record.test_evidence
         if ev.get("sha") != head:
+            if verify is None:
+                verify = self._harness(self.config.verify)
             ev = self._gather(head, verify, title, body)
         if not held_out.stands(ev, head):
             return ""
@@ -92,6 +98,8 @@ class HeldOut(RunnerBase):
             held_result=result,
             not_run=not_run,
             asked=held_out.asks_for_test_change(title, body),
+            held_tree=self.worktrees.listed(self.checkout, head, held),
+            head_passed=verify.passed,
         )
         self._set(test_evidence=ev)
         self.store.event(

@@ -407,7 +407,14 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
                 case str() as stopped:
                     return stopped
                 case _AllAudited():
-                    return self._open_pull(base, resumed_outcome(conversation))
+                    # Resumed past the held-out check (a worker killed after verify)?
+                    head = self.worktrees.head(self.checkout.path, self.checkout.mirror)
+                    issue = self.gh.issue(self.repo, self.issue_number)
+                    approved = intake.approved_text(self._record(), issue.title, issue.body)
+                    failure = self._tests_changed_to_pass(head, None, *approved)
+                    if not failure:
+                        return self._open_pull(base, resumed_outcome(conversation))
+                    self._status_comment()
                 case _SectionNext(note=first_note):
                     failure = first_note
                     self._status_comment()

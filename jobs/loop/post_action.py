@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bot.core.evidence import held_out
 from bot.core.record import Reason, Status
 from bot.core.rules import budget
 from bot.core.rules.merge import protected_changes
@@ -149,6 +150,10 @@ class PostAction(RunnerBase):
         hit = protected_changes([p for p, _ in touched], self.config.merge.protected_paths)
         if hit:
             return "it changed protected paths: " + ", ".join(hit[:5])
+        # Nor may it change what verify runs: the tests were judged on the reviewed head
+        # (bot/core/evidence/held_out.py), and a test rewritten now would be judged by no one.
+        if tests := held_out.held_out_paths([p for p, _ in touched], self.config.verify):
+            return "it changed files verify runs: " + ", ".join(tests[:5])
         # A binary file has no line count to bound it, and nobody could read it anyway.
         if binary := [p for p, n in touched if n is None]:
             return "it changed binary files: " + ", ".join(binary[:5])

@@ -39,6 +39,7 @@ from bot.core.rules.review import (
     evidence,
     evidence_finding,
     finding_ids,
+    lapse_stale_dismissal,
     output_schema,
     place_findings,
     plan_after_review,
@@ -256,6 +257,8 @@ class Critic:
                         )
 
         def merged(log: list[dict[str, Any]], next_id: int) -> flog.RoundResult:
+            # A dismissal of other tests (an earlier head's) does not cover this head's.
+            log = lapse_stale_dismissal(log, record.test_evidence, sha)
             return flog.merge_round(log, next_id, raised, given, round_=round_, sha=sha)
 
         result = merged(record.finding_log, record.next_finding)

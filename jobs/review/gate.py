@@ -18,7 +18,6 @@ from bot.core import repo_config
 from bot.core.evidence import held_out
 from bot.core.ids import LoopId
 from bot.core.record import TERMINAL, LoopRecord, Reason, Status
-from bot.core.rules import findings as flog
 from bot.core.rules.codeowners import required_owners
 from bot.core.rules.lifecycle import Guard, Requeue
 from bot.core.rules.merge import (
@@ -46,7 +45,7 @@ from bot.core.rules.merge import (
     protected_changes,
     queue_removal,
 )
-from bot.core.rules.review import TESTS_CHANGED_FINGERPRINT
+from bot.core.rules.review import TESTS_CHANGED_FINGERPRINT, dismissal_holds
 from bot.core.text import messages, receipt
 from bot.io.github.client import Installation
 from bot.io.github.failures import Conflict
@@ -764,8 +763,7 @@ def _held_out(record: LoopRecord, judged: str) -> dict[str, Any]:
         {
             f"@{e.get('dismissed_by')}"
             for e in record.finding_log
-            if e.get("fingerprint") == TESTS_CHANGED_FINGERPRINT
-            and e.get("status") == flog.DISMISSED
+            if e.get("fingerprint") == TESTS_CHANGED_FINGERPRINT and dismissal_holds(e, ev)
         }
     )
     out: dict[str, Any] = {"held_out": tuple(held_out.facts(ev)) if ev.get("sha") == judged else ()}

@@ -66,6 +66,9 @@ _SAFE_ENV = {
     "USER": "sandbox",
     "TMPDIR": "/tmp",
     "PYTHONDONTWRITEBYTECODE": "1",
+    # Python reads bytecode from here only, never from a __pycache__ in the worktree: an
+    # unchecked .pyc committed there would run instead of the test beside it (red team).
+    "PYTHONPYCACHEPREFIX": "/tmp/pycache",
     "GIT_TERMINAL_PROMPT": "0",
     "PAGER": "cat",
     # The worktree's git metadata lives in the mirror, owned by another uid: let the

@@ -56,6 +56,7 @@ from jobs.tree.git import (
     mirror_lock,
 )
 
+HELD_OUT = "loopbot-held-out"  # in the worktree's admin dir while held-out verify runs
 log = get_logger("loopbot.worktree")
 
 
@@ -146,6 +147,7 @@ class Worktrees(TreeFiles):
         with mirror_lock(mirror):
             if path.exists() and self._valid(path, mirror, branch):
                 self._restore_gitfile(path, mirror)
+                self._held_out_interrupted(Checkout(path, mirror, branch, base_sha, resumed=True))
                 head = self.head(path, mirror)
                 if pushed and head != pushed and self._is_ancestor(mirror, head, pushed):
                     # Another worker pushed further (we were presumed dead): move up to it.
@@ -163,6 +165,22 @@ class Worktrees(TreeFiles):
             if admin is not None:
                 (admin / LEFTOVERS).write_text("")  # a new loop: nothing left over yet
         return Checkout(path, mirror, branch, base_sha, resumed=pushed is not None)
+
+    def _held_out_interrupted(self, checkout: Checkout) -> None:
+        """A worker died during held-out verify (``held_out``): what is uncommitted is
+        the base's tests, not the agent's work. Back to the head's commit. Called with the
+        mirror's lock held."""
+        admin = self._admin_dir(checkout.path, checkout.mirror)
+        marker = admin / HELD_OUT if admin is not None else None
+        if marker is None or not marker.exists():
+            return
+        defuse_tree(checkout.path)
+        self._git(checkout.path, checkout.mirror, "reset", "-q", "--hard")
+        self._git(checkout.path, checkout.mirror, "clean", "-q", "-fd")
+        not_on_head = [p for p in marker.read_text().split("\0") if p]
+        self._clean_paths(checkout, not_on_head, locked=True)
+        marker.unlink(missing_ok=True)
+        log.warning("worktree.held_out_interrupted", path=str(checkout.path))
 
     # -- spares: finished worktrees kept for reuse ---------------------------------------
 
@@ -506,20 +524,16 @@ class Worktrees(TreeFiles):
         ones the branch added removed. Everything else stays the branch's head. Put back
         to the head's commit on the way out (ignored files kept: setup's output)."""
         path, mirror = checkout.path, checkout.mirror
-        listed = self._git(
-            path,
-            mirror,
-            "--literal-pathspecs",
-            "ls-tree",
-            "-r",
-            "-z",
-            "--name-only",
-            base,
-            "--",
-            *paths,
-        )
-        on_base = {p for p in listed.split("\0") if p}
+        on_base = set(self.listed(checkout, base, paths, names_only=True).split("\0")) - {""}
+        on_head = set(self.listed(checkout, "HEAD", paths, names_only=True).split("\0")) - {""}
+        not_on_head = [p for p in paths if p not in on_head]
+        admin = self._admin_dir(path, mirror)
+        marker = admin / HELD_OUT if admin is not None else None
         try:
+            if marker is not None:
+                # A worker killed in here leaves the base's tests in the worktree: the
+                # next one puts the head back first (``checkout``), never commits them.
+                marker.write_text("\0".join(not_on_head))
             with self._tree(checkout):
                 # Literal pathspecs: a test file named ``*.py`` is that file, not a glob.
                 if kept := [p for p in paths if p in on_base]:
@@ -539,6 +553,39 @@ class Worktrees(TreeFiles):
             yield
         finally:
             self.restore_committed(checkout)
+            self._clean_paths(checkout, not_on_head)
+            if marker is not None:
+                marker.unlink(missing_ok=True)
+
+    def _clean_paths(self, checkout: Checkout, paths: list[str], *, locked: bool = False) -> None:
+        """``paths`` removed from the worktree, ignored or not: the base's files the head
+        does not have, after held-out verify (the head's .gitignore may hide them)."""
+        if not paths:
+            return
+        with contextlib.nullcontext() if locked else self._tree(checkout):
+            self._git(
+                checkout.path,
+                checkout.mirror,
+                "--literal-pathspecs",
+                "clean",
+                "-q",
+                "-ffdx",
+                "--",
+                *paths,
+            )
+
+    def listed(
+        self, checkout: Checkout, sha: str, paths: list[str], *, names_only: bool = False
+    ) -> str:
+        """``git ls-tree -r`` of ``paths`` at ``sha`` ("HEAD": the worktree's), NUL-separated:
+        modes, blob ids and names, or the names only."""
+        if not paths:
+            return ""
+        names = ["--name-only"] if names_only else []
+        at = self.head(checkout.path, checkout.mirror) if sha == "HEAD" else sha
+        return git(
+            checkout.mirror, "--literal-pathspecs", "ls-tree", "-r", "-z", *names, at, "--", *paths
+        )
 
     def files_with_added_lines(self, checkout: Checkout, head: str | None = None) -> list[str]:
         """Files where the branch adds at least one non-blank line against its fork point:

@@ -13,6 +13,7 @@ import pytest
 
 from bot.core.evidence import held_out, runs
 from bot.core.evidence.runs import Counts
+from bot.core.rules import review
 from bot.core.rules.merge import Refuse, decide
 from tests.e2e.review.test_receipt import FACTS
 
@@ -150,6 +151,13 @@ def test_what_the_head_ran_less_of(head: dict[str, Counts], said: list[str]) -> 
     assert runs.ran_less(BASE, head) == said
 
 
+def test_a_passing_verify_whose_runner_reported_failures_is_said() -> None:
+    head = {"unittest": Counts(collected=3, failed=1)}
+    said = runs.ran_less(BASE, head, head_passed=True)
+    assert said == ["unittest reported 1 failing test(s) on the head, yet verify passed"]
+    assert runs.ran_less(BASE, head) == []  # a failing verify says so itself
+
+
 def test_a_head_that_runs_nothing_is_said_even_without_a_base() -> None:
     assert runs.ran_less({}, {"pytest": Counts()}) == ["verify ran no test at all on the head"]
     assert runs.ran_less({}, {"go test": Counts(collected=None)}) == []  # unknown, not none
@@ -213,6 +221,26 @@ def test_real_pytest_output(tmp_path: Path) -> None:
         (["tools/check.py", "calc.py"], "python3 tools/check.py", ["tools/check.py"]),
         (["ci/unit"], "CI=1 bash ci/unit --fast", ["ci/unit"]),
         (["pkg/a.py", "pkg/b.py"], "python3 -m unittest pkg.a.T.test_x", ["pkg/a.py"]),
+        # Behind wrappers and runners of runners.
+        (["Makefile"], "timeout 600 make test", ["Makefile"]),
+        (["Makefile"], "env CI=1 nice -n 5 make check", ["Makefile"]),
+        (["tests/x.py", "t.py"], "uv run --frozen pytest t.py", ["t.py", "tests/x.py"]),
+        # What Python runs instead of the tests, or before them.
+        (
+            ["__pycache__/test_calc.cpython-311.pyc"],
+            "pytest",
+            ["__pycache__/test_calc.cpython-311.pyc"],
+        ),
+        (["calc.pyc", "calc.py"], "pytest", ["calc.pyc"]),
+        (
+            ["test_calc.cpython-311-x86_64-linux-gnu.so"],
+            "pytest",
+            ["test_calc.cpython-311-x86_64-linux-gnu.so"],
+        ),
+        (["difflib.py", "calc.py"], "python3 -m unittest", ["difflib.py"]),
+        (["json/__init__.py", "json/x.py"], "pytest", ["json/__init__.py"]),
+        (["sitecustomize.py", "x.pth"], "pytest", ["sitecustomize.py", "x.pth"]),
+        (["pkg/json.py", "pkg/types.py", "site/index.html"], "pytest", []),  # not first on the path
         # Words that name code, not tests: never held out.
         (["calc.py"], "python3 -m py_compile calc.py && python3 -m unittest -q", []),
         (["notes/a.md"], "test -d notes", []),
@@ -276,3 +304,27 @@ def test_the_gate_refuses_on_the_evidence_whatever_the_critic_said() -> None:
     assert isinstance(refused, Refuse) and refused.reason == "needs_human"
     assert "the tests were changed to pass" in refused.why
     assert not isinstance(decide(replace(FACTS, tests_dismissed_by="@writer")), Refuse)
+
+
+def test_a_dismissal_covers_the_evidence_it_judged_only() -> None:
+    ev = _evidence(digest="d1")
+    log = [
+        {
+            "id": "F1",
+            "fingerprint": review.TESTS_CHANGED_FINGERPRINT,
+            "status": "open",
+            "severity": "sev1",
+        }
+    ]
+    log[0].update(status="dismissed", dismissed_by="writer", dismissed_sha="h" * 40)
+    review.bind_dismissal(log, "F1", ev)
+    assert review.dismissal_holds(log[0], ev)
+    assert review.lapse_stale_dismissal(log, ev, "h" * 40) == log  # the same evidence
+    later = _evidence(sha="k" * 40, digest="d2")  # the tests changed again on a new head
+    assert not review.dismissal_holds(log[0], later)
+    lapsed = review.lapse_stale_dismissal(log, later, "k" * 40)
+    assert lapsed[0]["status"] == "resolved"  # raised again, it reopens for a writer
+    assert lapsed[0]["lapsed_dismissals"] == [
+        {"dismissed_by": "writer", "dismissed_reason": None, "dismissed_sha": "h" * 40}
+    ]
+    assert not review.dismissal_holds({**log[0], "evidence_digest": ""}, _evidence(digest=""))

@@ -21,8 +21,11 @@ Pure: paths, texts and the record's dict in, decisions out. The loop job
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import shlex
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -64,9 +67,36 @@ def held_out_paths(changed: Iterable[str], verify: str) -> list[str]:
             or name in RUNNER_CONFIGS
             or path in named
             or any(path.startswith(d) for d in named if d.endswith("/"))
+            or _runs_instead(path)
         ):
             out.append(path)
     return sorted(set(out))
+
+
+# Bytecode: a committed unchecked .pyc runs instead of the source beside it (the sandbox
+# also points Python's cache elsewhere: PYTHONPYCACHEPREFIX). Native modules named like a
+# test module win over its .py. And what Python imports before the tests: a module at the
+# root (a runner puts it first on sys.path) named like the standard library's (a
+# ``difflib.py`` imported by unittest itself), site hooks and .pth files (red team).
+_COMPILED = re.compile(r"(?:^|/)__pycache__/|\.py[co]$")
+_NATIVE = re.compile(r"\.(?:so|pyd)$")
+_SITE_HOOKS = frozenset({"sitecustomize.py", "usercustomize.py"})
+
+
+def _runs_instead(path: str) -> bool:
+    """Whether ``path`` is something Python would run in place of the tests or before
+    them, whatever its name says."""
+    parts = path.split("/")
+    name = parts[-1]
+    module = name.split(".", 1)[0]
+    if _COMPILED.search(path) or name in _SITE_HOOKS or name.endswith(".pth"):
+        return True
+    if _NATIVE.search(name) and is_test_path("/".join([*parts[:-1], module + ".py"])):
+        return True
+    # At the root: ``difflib.py``, ``difflib.cpython-311-x86_64-linux-gnu.so``, or a
+    # package ``difflib/__init__.py`` (a folder without one never wins over the library).
+    top = module if len(parts) == 1 else parts[0] if parts[1:] == ["__init__.py"] else ""
+    return bool(top) and top in sys.stdlib_module_names and name.endswith((".py", ".so", ".pyd"))
 
 
 _SEPARATORS = frozenset({"&&", "||", ";", "|", "&"})
@@ -96,9 +126,8 @@ def _named(verify: str) -> set[str]:
             commands.append([])
         else:
             commands[-1].append(word)
-    for command in commands:
-        while command and re.fullmatch(r"[A-Za-z_]\w*=.*", command[0]):
-            command = command[1:]  # FOO=1 ./run_tests.sh
+    for words_of in commands:
+        command = _unwrapped(words_of)
         if not command:
             continue
         program, args = command[0], [a for a in command[1:] if a and not a.startswith("-")]
@@ -122,6 +151,36 @@ def _named(verify: str) -> set[str]:
             for a in args:
                 named.update(_selection(a))
     return {n for n in named if n}
+
+
+# Programs that run another program: what they run is the command (``timeout 600 make
+# test``, ``env CI=1 pytest``, ``uv run pytest``). Their options and a duration, priority
+# or CPU mask before it are theirs.
+_WRAPPERS = frozenset(
+    {"env", "timeout", "nice", "nohup", "time", "stdbuf", "ionice", "taskset", "xvfb-run",
+     "exec", "command", "sudo", "chronic", "unbuffer", "setsid", "flock"}
+)  # fmt: skip
+_RUN_VIA = frozenset({"uv", "poetry", "pipenv", "hatch", "pdm", "rye"})
+_WRAPPER_ARG = re.compile(r"-.*|\d+(?:\.\d+)?[smhd]?|0x[0-9a-fA-F]+|[A-Za-z_]\w*=.*")
+
+
+def _unwrapped(command: list[str]) -> list[str]:
+    """``command`` without the environment assignments and wrappers in front of it."""
+    while command:
+        first = command[0].rsplit("/", 1)[-1]
+        if re.fullmatch(r"[A-Za-z_]\w*=.*", command[0]):
+            command = command[1:]  # FOO=1 ./run_tests.sh
+        elif first in _WRAPPERS:
+            command = command[1:]
+            while command and _WRAPPER_ARG.fullmatch(command[0]):
+                command = command[1:]
+        elif first in _RUN_VIA and command[1:2] in (["run"], ["exec"], ["-e"]):
+            command = command[2:]
+            while command and command[0].startswith("-"):
+                command = command[1:]
+        else:
+            return command
+    return command
 
 
 def _path(word: str) -> str:
@@ -179,9 +238,18 @@ def record(
     held_result: Mapping[str, Any] | None,
     not_run: str,
     asked: bool,
+    held_tree: str = "",
+    head_passed: bool = True,
 ) -> dict[str, Any]:
-    """The record's ``test_evidence`` for the head ``sha``. ``held_result``: the
-    held-out verify's outcome (None when it did not run, ``not_run`` says why)."""
+    """The record's ``test_evidence`` for the head ``sha`` (whose verify passed).
+    ``held_result``: the held-out verify's outcome (None when it did not run, ``not_run``
+    says why). ``held_tree``: the held-out files as the head has them (``git ls-tree``):
+    with what the counts said, the evidence's ``digest``, which a writer's dismissal is
+    bound to (a later head that changes the tests again is judged again)."""
+    ran_less = runs.ran_less(base_counts, head_counts, head_passed=head_passed)
+    digest = hashlib.sha256(json.dumps([held_tree, sorted(held), ran_less]).encode()).hexdigest()[
+        :16
+    ]
     return {
         "sha": sha,
         "base": base,
@@ -192,8 +260,9 @@ def record(
         "held_out": dict(held_result) if held_result is not None else {},
         "not_run": "" if held_result is not None else not_run,
         "counts": {"base": runs.to_json(base_counts), "head": runs.to_json(head_counts)},
-        "ran_less": runs.ran_less(base_counts, head_counts),
+        "ran_less": ran_less,
         "asked": asked,
+        "digest": digest,
     }
 
 

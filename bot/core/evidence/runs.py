@@ -94,11 +94,21 @@ def from_json(raw: Any) -> dict[str, Counts]:
     return out
 
 
-def ran_less(base: Mapping[str, Counts], head: Mapping[str, Counts]) -> list[str]:
+def ran_less(
+    base: Mapping[str, Counts], head: Mapping[str, Counts], *, head_passed: bool = False
+) -> list[str]:
     """What the head's verify ran less of than the base's, one sentence each; [] when
     nothing. A runner the base reported and the head does not is a verify that no longer
-    runs it; a head that ran no test at all is said whatever the base did."""
+    runs it; a head that ran no test at all is said whatever the base did; and a verify
+    that passed (``head_passed``) while its runner reported failing tests did not run
+    them as a check (``make`` told to ignore the error, ``|| true``)."""
     out: list[str] = []
+    if head_passed:
+        out.extend(
+            f"{runner} reported {c.failed} failing test(s) on the head, yet verify passed"
+            for runner, c in sorted(head.items())
+            if c.failed
+        )
     for runner, b in sorted(base.items()):
         h = head.get(runner)
         if h is None:

@@ -199,6 +199,48 @@ def tests_changed_finding(test_evidence: Mapping[str, Any], sha: str) -> Finding
     )
 
 
+def bind_dismissal(log: list[dict[str, Any]], fid: str, test_evidence: Mapping[str, Any]) -> None:
+    """A writer just dismissed ``fid``: when it is loopbot's held-out finding, bind the
+    dismissal to the evidence it judged (its digest: the held-out files as that head has
+    them, and what the counts said). Changes ``log`` in place."""
+    for e in log:
+        if e.get("id") == fid and e.get("fingerprint") == TESTS_CHANGED_FINGERPRINT:
+            e["evidence_digest"] = str(test_evidence.get("digest") or "")
+
+
+def dismissal_holds(e: Mapping[str, Any], test_evidence: Mapping[str, Any]) -> bool:
+    """Whether the dismissed held-out finding ``e`` covers ``test_evidence``: the same
+    tests changed the same way. A head that changed them again is judged again."""
+    digest = str(test_evidence.get("digest") or "")
+    return e.get("status") == flog.DISMISSED and bool(digest) and e.get("evidence_digest") == digest
+
+
+def lapse_stale_dismissal(
+    log: Sequence[Mapping[str, Any]], test_evidence: Mapping[str, Any], sha: str
+) -> list[dict[str, Any]]:
+    """``log`` where a writer's dismissal of the held-out finding no longer covers the
+    evidence standing on ``sha`` (``dismissal_holds``): that finding is set back to
+    resolved, its dismissal kept as history, so raising it again reopens it (a new
+    question for a writer). Unchanged otherwise."""
+    out = [dict(e) for e in log]
+    if not held_out.stands(test_evidence, sha):
+        return out
+    for e in out:
+        if (
+            e.get("fingerprint") == TESTS_CHANGED_FINGERPRINT
+            and e.get("status") == flog.DISMISSED
+            and not dismissal_holds(e, test_evidence)
+        ):
+            e["lapsed_dismissals"] = [
+                *e.get("lapsed_dismissals", []),
+                {k: e.get(k) for k in ("dismissed_by", "dismissed_reason", "dismissed_sha")},
+            ]
+            e["status"] = flog.RESOLVED
+            e["resolved_round"] = e.get("last_round")
+            e["resolved_sha"] = e.get("dismissed_sha")
+    return out
+
+
 def tests_changed_stands(log: Sequence[Mapping[str, Any]]) -> bool:
     """Whether loopbot's own held-out finding is open (not resolved, not dismissed)."""
     return any(
