@@ -52,8 +52,9 @@ _code = compile('def score(mod):\\n    return 1000\\n', os.path.abspath('score.p
 _data = bytes(importlib.util.MAGIC_NUMBER) + (0).to_bytes(4, 'little')
 _data += (int(_st.st_mtime) & 0xFFFFFFFF).to_bytes(4, 'little')
 _data += (_st.st_size & 0xFFFFFFFF).to_bytes(4, 'little') + marshal.dumps(_code)
-os.makedirs('__pycache__', exist_ok=True)
-with open(importlib.util.cache_from_source('score.py'), 'wb') as _f:
+_cache = importlib.util.cache_from_source('score.py')  # wherever Python reads it
+os.makedirs(os.path.dirname(_cache), exist_ok=True)
+with open(_cache, 'wb') as _f:
     _f.write(_data)
 VALUE = 1
 """

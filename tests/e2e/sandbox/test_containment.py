@@ -946,8 +946,9 @@ def test_git_is_never_found_in_the_worktree_through_path(
 def test_what_setup_and_verify_leave_behind_is_never_committed(
     github: GitHubServer, hostile: Hostile
 ) -> None:
-    """8. verify (``py_compile``) writes ``__pycache__`` and a report the repository does
-    not ignore: the next commit holds the agent's new file and its edit, not those. A
+    """8. verify writes a ``__pycache__`` (a build step's own; the sandbox's Python keeps
+    its cache in /tmp) and a report the repository does not ignore: the next commit holds
+    the agent's new file and its edit, not those. A
     file of the agent's that was already there uncommitted (a turn a killed worker left)
     stays the agent's and is committed."""
     wt, mirror, _token = _repo(github, hostile, {"calc.py": "X = 1\n"})
@@ -956,7 +957,10 @@ def test_what_setup_and_verify_leave_behind_is_never_committed(
     before = wt.untracked(co)
     assert before == {"unfinished.py"}
     with _box(hostile, co) as box:
-        r = box.run("python3 -m py_compile calc.py && echo ran > 'report [1].txt' && ls")
+        r = box.run(
+            "mkdir __pycache__ && echo x > __pycache__/calc.pyc && "
+            "echo ran > 'report [1].txt' && ls"
+        )
         assert r.passed and "__pycache__" in r.output, r.output
     left = wt.exclude_leftovers(co, before)
     assert set(left) == {"__pycache__/", "report [1].txt"}
