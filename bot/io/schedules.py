@@ -23,6 +23,8 @@ from redis import Redis
 
 from bot.core import repo_config
 from bot.core.repo_config import ScheduleConfig
+from bot.core.schedules import slots
+from bot.io.store import SUMMARIES
 
 P = "loopbot:"
 TABLE = P + "schedules"
@@ -230,3 +232,42 @@ class Book:
         two of the schedule's intervals, by when a later slot has superseded it."""
         ttl = int(max(DONE_MIN_SECONDS, 2 * interval))
         self.redis.set(self._slot(repo, task, slot), "done", ex=ttl)
+
+
+def overview(redis: Redis, now: float) -> list[dict[str, Any]]:
+    """Every booked schedule as ``loopbot schedules``, the dashboard and ``/metrics`` show
+    it: its repository, task and cron; its last slot, what it came to, and its loop's
+    status now (the last run's outcome); its next slot; a repository whose loop.yml is
+    not valid shows its error with no schedule."""
+    book = Book(redis)
+    rows: list[dict[str, Any]] = []
+    for repo, table in sorted(book.tables().items()):
+        if table.error:
+            rows.append({"repo": repo, "task": "", "cron": "", "error": table.error})
+        for s in table.schedules:
+            st = book.standing(repo, s.task)
+            loop = _summary(redis, st.loop) if st.loop else {}
+            rows.append(
+                {
+                    "repo": repo,
+                    "task": s.task,
+                    "cron": s.cron,
+                    "next": slots.following(s.cron, now),
+                    "last_slot": st.last_slot,
+                    "outcome": st.outcome,
+                    "detail": st.detail,
+                    "issue": st.issue or None,
+                    "commit": st.commit,
+                    "loop_status": loop.get("status", ""),
+                    "loop_reason": loop.get("reason", ""),
+                    "runs": st.runs,
+                    "skips": st.skips,
+                    "error": "",
+                }
+            )
+    return rows
+
+
+def _summary(redis: Redis, key: str) -> dict[str, Any]:
+    raw = redis.hget(SUMMARIES, key)
+    return dict(json.loads(raw)) if raw is not None else {}
