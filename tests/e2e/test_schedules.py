@@ -4,17 +4,21 @@ loop through the critic to a squash merge, real git, the local GitHub and model.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from click.testing import CliRunner
 from redis import Redis
 
 from bot.core.ids import LoopId
 from bot.core.record import LoopRecord, Status
+from bot.io.metrics import render
 from bot.io.schedules import Book
 from bot.io.store import Store
+from bot.ops.cli import main
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
@@ -179,7 +183,7 @@ def test_a_worker_stopped_over_two_slots_runs_one_catch_up(
 
 
 def test_a_slot_while_the_last_run_is_active_is_skipped_and_says_so(
-    github: GitHubServer, model: AnthropicServer, redis: Redis, rt: Runtime
+    github: GitHubServer, model: AnthropicServer, redis: Redis, rt: Runtime, env: dict[str, str]
 ) -> None:
     setup(github, rt)
     github.webhooks_enabled = False
@@ -204,3 +208,127 @@ def test_a_slot_while_the_last_run_is_active_is_skipped_and_says_so(
     standing = Book(redis).standing(REPO, TASK_PATH)
     assert (standing.outcome, standing.runs, standing.skips) == ("skipped", 1, 1)
     assert standing.detail == f"the last run (#{loop.issue}) is still queued"
+    # Visible to the operator: `loopbot schedules` and /metrics.
+    shown = CliRunner().invoke(main, ["schedules"], env={"REDIS_URL": env["REDIS_URL"]}).output
+    assert "acme/widgets  .github/loop-tasks/notes.md  * * * * *   2026-05-04T10:02Z" in shown
+    assert f"skipped #{loop.issue} (queued)" in shown
+    (row,) = json.loads(
+        CliRunner()
+        .invoke(main, ["schedules", "--json"], env={"REDIS_URL": env["REDIS_URL"]})
+        .output
+    )
+    assert (row["outcome"], row["runs"], row["skips"], row["loop_status"]) == (
+        "skipped",
+        1,
+        1,
+        "queued",
+    )
+    metrics = render(redis).decode()
+    labels = f'{{repo="{REPO}",task="{TASK_PATH}"}}'
+    assert f"loopbot_schedule_skips_total{labels} 1.0" in metrics
+    assert f"loopbot_schedule_runs_total{labels} 1.0" in metrics
+
+
+NEW_TASK = TASK.replace("saying what day it is", "saying what week it is")
+
+
+def test_a_task_edited_on_a_branch_never_runs_and_runs_once_merged(
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    rt: Runtime,
+    drain: Callable[..., None],
+) -> None:
+    prompts = note_writer(model)
+    # No schedule at first: a push of loop.yml to the default branch books it (the webhook).
+    sample_repo(github, extra={TASK_PATH: TASK, "check.py": CHECK}, loop_yml="verify: 'true'\n")
+    sweep(rt)
+    github.push_files(REPO, "main", {".github/loop.yml": YML}, "Schedule the note", "writer")
+    drain()
+    assert [s.task for s in Book(redis).tables()[REPO].schedules] == [TASK_PATH]
+    # The task edited on a branch, not merged: the next slot runs the default branch's text.
+    github.push_files(REPO, "edit-task", {TASK_PATH: NEW_TASK}, "Weekly notes", "writer")
+    now = [at("10:00:30")]
+    (rec, _) = reconcilers(rt, redis, now)
+    for moment in ("10:00:30", "10:01:05"):
+        now[0] = at(moment)
+        rec.run_schedules(rt)
+        drain()
+    # It merges (a writer's pull request); the next slot runs the new text.
+    with github.as_user("writer") as u:
+        pr = u.post(
+            f"/repos/{REPO}/pulls",
+            json={"title": "Weekly notes", "head": "edit-task", "base": "main", "body": ""},
+        ).json()["number"]
+        u.put(f"/repos/{REPO}/pulls/{pr}/merge", json={"merge_method": "squash"}).raise_for_status()
+    merged = github.ref(REPO, "main")
+    now[0] = at("10:02:05")
+    rec.run_schedules(rt)
+    drain()
+    first, second = runs(redis)
+    assert "what day it is" in first.approved_body and "what week" not in first.approved_body
+    assert "what week it is" in second.approved_body and second.approved_commit == merged
+    assert any("what day it is" in p for p in prompts) and "what week it is" in prompts[-1]
+    assert [r.reason for r in (first, second)] == ["merged", "merged"]
+
+
+METRIC = "print('x count:', open('src/work.txt').read().count('x'))\n"
+METRIC_TASK = """\
+---
+title: Nightly x count
+loop:
+  metric:
+    command: python3 metric.py
+    direction: higher
+    guard: python3 check.py
+    scope: ['src/**']
+    max_iterations: 2
+---
+Raise the x count of src/work.txt.
+"""
+
+
+def test_a_metric_task_on_a_schedule_keeps_and_discards_as_its_metric_says(
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    rt: Runtime,
+    drain: Callable[..., None],
+) -> None:
+    # Seed 004's nightly job: loop.yml has no metric section; the task file brings it.
+    yml = YML.replace("notes.md", "nightly.md").replace("'* * * * *'", "'0 3 * * *'")
+    sample_repo(
+        github,
+        loop_yml=yml,
+        extra={
+            ".github/loop-tasks/nightly.md": METRIC_TASK,
+            "metric.py": METRIC,
+            "check.py": CHECK,
+            "src/work.txt": "xx\n",
+        },
+    )
+    sweep(rt)
+    model.play(
+        m.write_file("src/work.txt", "xxxx\n"),
+        m.text("Double the x"),  # 2 -> 4: kept
+        m.write_file("src/work.txt", "x\n"),
+        m.text("Trim to one x"),  # worse: discarded
+        m.structured({"verdict": "approve", "summary": "Sound.", "findings": []}),
+    )
+    now = [at("02:59:30")]
+    (rec, _) = reconcilers(rt, redis, now)
+    rec.run_schedules(rt)
+    now[0] = at("03:00:10")
+    (taken,) = rec.run_schedules(rt)
+    drain()
+    assert taken.endswith("2026-05-04T03:00Z: started")
+    (record,) = runs(redis)
+    assert record.kind == "metric" and record.schedule == ".github/loop-tasks/nightly.md"
+    assert (record.status, record.reason) == (Status.COMPLETED, "merged"), record.detail
+    rows = [(r["iteration"], r["status"], r["metric"]) for r in record.metric_results]
+    assert rows == [(0, "baseline", 2.0), (1, "keep", 4.0), (2, "discard", 1.0)]
+    assert github.file_at(REPO, "main", "src/work.txt") == "xxxx\n"
+    issue = github.repo(REPO).issues[record.issue]
+    assert "loop:optimize" in issue.labels and issue.state == "closed"

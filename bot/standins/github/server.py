@@ -310,10 +310,15 @@ class GitHubServer(State):
     def push_files(
         self, full_name: str, branch: str, files: dict[str, str], message: str, pusher: str
     ) -> str:
-        """``pusher`` pushes one commit of ``files`` onto ``branch`` (as ``git push`` would):
+        """``pusher`` pushes one commit of ``files`` onto ``branch`` (as ``git push`` would;
+        a new branch from the default branch's head):
         the commit, and the ``push`` webhook GitHub sends for it. Returns the commit."""
         repo = self.repos[full_name]
         before = gitrepo.resolve(repo.path, f"refs/heads/{branch}") or "0" * 40
+        if before == "0" * 40:  # a new branch starts from the default branch, as a clone's would
+            base = gitrepo.resolve(repo.path, f"refs/heads/{repo.default_branch}")
+            if base is not None:
+                gitrepo.git(repo.path, "update-ref", f"refs/heads/{branch}", base)
         sha = gitrepo.seed(repo.path, branch, files, message)
         with self.lock:
             sender = self.users[pusher]
