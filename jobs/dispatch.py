@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import assert_never
+from dataclasses import dataclass
+from typing import Any, assert_never
 
 from bot.core import repo_config
 from bot.core.commands import (
     ChecksCompleted,
     ControlCommand,
+    DefaultBranchPushed,
     DismissFinding,
     IssueEdited,
     IssueInactive,
@@ -48,6 +50,7 @@ from bot.io.github.issues import IssueEdits, IssueInfo
 from bot.io.logs import get_logger
 from bot.io.pace import Pace
 from bot.io.queues import enqueue_gate
+from bot.io.schedules import Book
 from jobs import lifecycle
 from jobs.agents.agent import MAX_TOKENS
 from jobs.intake import plan, triage
@@ -87,6 +90,8 @@ def handle_command(raw: str) -> str:
             result = _queue_changed(rt, cmd)
         case MergeGroupChanged():
             result = _merge_group(rt, gh, cmd)
+        case DefaultBranchPushed():
+            result = _pushed(rt, gh, cmd)
         case _:
             assert_never(cmd)
     bound.info("dispatch.done", result=result)
@@ -212,6 +217,7 @@ def start_loop(
     note: str = "",
     approved: IssueInfo | None = None,
     kind: str | None = None,
+    scheduled: Scheduled | None = None,
 ) -> str:
     """Create or resume the loop record and enqueue its one job. Safe to call twice.
 
@@ -222,7 +228,8 @@ def start_loop(
     ``note`` tells the agent why it continues (the first line of its next prompt).
     ``approved``: the issue as the writer ``actor`` approved it (frozen intake); None
     keeps the text approved before. ``kind``: "code" or "metric", as the label that
-    starts it says; None keeps the record's (a new record: "code").
+    starts it says; None keeps the record's (a new record: "code"). ``scheduled``: a
+    schedule's run (jobs/schedules.py): the commit that approved ``approved``, its task.
     """
     if approved is not None and any(x.startswith(AGENT_LABEL) for x in approved.labels):
         approved = _writers_backend_labels(rt.github.installation(installation_id), repo, approved)
@@ -254,6 +261,7 @@ def start_loop(
                     approved=approved,
                     pacing=_pacing(rt, gh, loop, config, approved),
                     kind=kind or "code",
+                    also=scheduled.stamp if scheduled is not None else None,
                 )
                 return "restarted" if restart else "started"
             case Restart():
@@ -271,7 +279,7 @@ def start_loop(
                     Requeue.RESTART,
                     note=note,
                     by=actor,
-                    also=_renew(installation_id, actor, config, approved, kind),
+                    also=_renew(installation_id, actor, config, approved, kind, scheduled),
                     pacing=_pacing(rt, gh, loop, config, approved),
                 )
                 return "restarted" if record.restarts or restart else "started"
@@ -327,6 +335,7 @@ def _renew(
     config: repo_config.RepoConfig,
     approved: IssueInfo | None,
     kind: str | None = None,
+    scheduled: Scheduled | None = None,
 ) -> Callable[[LoopRecord], None]:
     """What a restart takes from now: this repository's limits, the installation the
     command came through, the text the restarting writer approved (if any), and the
@@ -339,8 +348,25 @@ def _renew(
             r.kind = kind
         if approved is not None:
             approve(r, approved.title, approved.body, actor, approved.labels)
+        if scheduled is not None:
+            scheduled.stamp(r)
 
     return renew
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """A schedule's run: no person approved its text, the default branch's ``commit``
+    that held the task file ``task`` did; ``settings``: the task's ``loop:`` settings."""
+
+    task: str
+    commit: str
+    settings: dict[str, Any]
+
+    def stamp(self, r: LoopRecord) -> None:
+        r.approved_commit = self.commit
+        r.schedule = self.task
+        r.task_loop = dict(self.settings)
 
 
 def _out_of_budget(rt: Runtime, record: LoopRecord, config: repo_config.RepoConfig) -> str:
@@ -732,3 +758,16 @@ def _merge_group(rt: Runtime, gh: Installation, cmd: MergeGroupChanged) -> str:
     rt.store.event(key, "merge_group", action=cmd.action, group=cmd.group_sha, reason=cmd.reason)
     enqueue_gate(rt.redis, record.repo, record.issue)
     return f"gate woken: merge group {cmd.action}"
+
+
+# -- schedules ----------------------------------------------------------------------------------
+
+
+def _pushed(rt: Runtime, gh: Installation, cmd: DefaultBranchPushed) -> str:
+    """The default branch's ``loop.yml`` changed: its schedules as it says now (a new or
+    removed schedule takes effect at the reconciler's next pass, not the next sweep)."""
+    text = gh.file(cmd.repo, repo_config.CONFIG_PATH)
+    table = Book(rt.redis).read(cmd.repo, cmd.installation_id, text, time.time())
+    if table.error:
+        return f"schedules not read: {table.error}"
+    return f"{len(table.schedules)} schedule(s) read"

@@ -103,12 +103,15 @@ def create(
     approved: IssueInfo | None = None,
     pacing: Pacing | None = None,
     kind: str = "code",
+    also: Callable[[LoopRecord], None] | None = None,
 ) -> LoopRecord:
     """The issue's first loop: a new record, queued, and its job.
 
     ``approved``: the issue as ``actor``, a writer, approved it (frozen intake).
     ``pacing``: the job waits for a slot (``Pacing``); None enqueues it at once.
     ``kind``: "code" (the ready label) or "metric" (the optimize label: jobs/loop/metric.py).
+    ``also``: what else the new record holds (a scheduled run's approving commit), set
+    before it is written, so its job never reads it without.
     """
     record = LoopRecord(
         repo=loop.repo,
@@ -121,6 +124,8 @@ def create(
     )
     if approved is not None:
         approve(record, approved.title, approved.body, actor, approved.labels)
+    if also is not None:
+        also(record)
     queues.func_name(JobKind.LOOP)  # no job function to enqueue: fail before any write
     store.put(record)
     store.event(loop, "loop_created", actor=actor)

@@ -17,6 +17,9 @@ starts, so starting a process changes no loop.
   write to the repository.
 - **Reaping.** Worktrees on this machine whose loop completed, or that no loop owns,
   are removed.
+- **Schedules.** Each schedule's due slot starts its loop once (``jobs/schedules.py``),
+  by the reconciler's clock. The sweep also reads every repository's ``loop.yml`` into the
+  schedules' book (a push to the default branch does so at once: ``jobs.dispatch``).
 - **Pace.** The slots and the line (``bot/core/rules/pace.py``) are kept true to the
   records: an ended loop's slot or place is given back, an active loop that has neither
   is counted (running) or put in line (queued, no job); then whoever may start is
@@ -46,7 +49,8 @@ from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
 from bot.io.pace import Pace
 from bot.io.queues import JobKind, fetch_job, waits_where_it_says
-from jobs import lifecycle, merge_slot
+from bot.io.schedules import Book
+from jobs import lifecycle, merge_slot, schedules
 from jobs.dispatch import start_loop
 from jobs.runtime import Runtime
 from jobs.tree.worktree import Worktrees
@@ -251,8 +255,12 @@ def revive_stranded(rt: Runtime) -> list[str]:
 
 
 def sweep(rt: Runtime) -> list[str]:
-    """Start loops for labelled issues whose webhook never arrived."""
+    """Start loops for labelled issues whose webhook never arrived; book each repository's
+    schedules as its ``loop.yml`` says now (a missed push, a file removed)."""
     started = []
+    book = Book(rt.redis)
+    seen: set[str] = set()
+    complete = True  # every installation's repositories were listed
     for iid in rt.github.installation_ids():
         gh = rt.github.installation(iid)
         try:
@@ -261,12 +269,16 @@ def sweep(rt: Runtime) -> list[str]:
             # One installation GitHub refuses (paused, a token it will not mint) must not
             # stop the sweep of the others: found by bench/chaos.py.
             log.warning("reconciler.sweep_failed", installation=iid, error=str(exc))
+            complete = False
             continue
         for repo in repos:
+            seen.add(repo)
             try:
                 text = gh.file(repo, repo_config.CONFIG_PATH)
                 if text is None:
+                    book.drop(repo)
                     continue
+                book.read(repo, iid, text, time.time())
                 # The ready label's fix loops, and the optimize label's metric loops when
                 # loop.yml has a ``metric:`` section (jobs/loop/metric.py).
                 kinds = [(repo_config.ready_label(text), "code")]
@@ -298,6 +310,9 @@ def sweep(rt: Runtime) -> list[str]:
                     started.append(key)
             except (GitHubError, repo_config.ConfigError) as exc:
                 log.warning("reconciler.sweep_failed", repo=repo, error=str(exc))
+    if complete:  # repositories no installation reaches any more: their schedules end
+        for repo in book.tables().keys() - seen:
+            book.drop(repo)
     return started
 
 
@@ -356,9 +371,11 @@ FINISH_PASS_SECONDS = 120.0
 class Reconciler(threading.Thread):
     """The timer that runs the passes above; one worker acts per interval (Redis lock)."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, clock: Callable[[], float] = time.time) -> None:
         super().__init__(daemon=True, name="loopbot-reconciler")
         self.rt = rt
+        # What time it is for the schedules (a test passes its own, to run minutes in seconds).
+        self.clock = clock
         self.stop = threading.Event()
         self._last_sweep = time.time()
         self.in_pass = False
@@ -408,7 +425,12 @@ class Reconciler(threading.Thread):
         if time.time() - self._last_sweep >= self.rt.settings.sweep_interval:
             self._last_sweep = time.time()
             self._step("sweep", sweep)
+        self._step("schedules", self.run_schedules)  # after the sweep: its fresh schedules
         self._step("places", show_places)  # last: the only part that waits for GitHub
+
+    def run_schedules(self, rt: Runtime) -> list[str]:
+        """The schedules step at this reconciler's clock."""
+        return schedules.run(rt, self.clock())
 
     def _step(self, name: str, step: Callable[[Runtime], object]) -> None:
         if self.stop.is_set():

@@ -139,6 +139,15 @@ class MergeGroupChanged(_Command):
     reason: str = ""
 
 
+class DefaultBranchPushed(_Command):
+    """A push to the repository's default branch changed ``.github/loop.yml`` (or may
+    have: a payload lists 20 commits at most): its ``schedules:`` are read again."""
+
+    kind: Literal["default_pushed"] = "default_pushed"
+    issue: int = Field(default=0, ge=0)  # no issue: the repository's schedules
+    head_sha: str = ""
+
+
 Command = Annotated[
     LabelAdded
     | ControlCommand
@@ -149,7 +158,8 @@ Command = Annotated[
     | ChecksCompleted
     | ReviewChanged
     | QueueChanged
-    | MergeGroupChanged,
+    | MergeGroupChanged
+    | DefaultBranchPushed,
     Field(discriminator="kind"),
 ]
 COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)

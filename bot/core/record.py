@@ -182,6 +182,12 @@ class LoopRecord(BaseModel):
     # The agent backend a ``loop:agent-<name>`` label picked when a writer approved the
     # issue (bot/core/repo_config.py, ``label_backend``); "" = loop.yml's.
     approved_backend: str = ""
+    # A scheduled loop's approval (README, Scheduled loops): no person approved its text,
+    # the default branch's commit that held the task file did. Its task file's path, and
+    # its ``loop:`` settings (repo_config.TaskSettings, those set), in place of loop.yml's.
+    approved_commit: str = ""
+    schedule: str = ""
+    task_loop: dict[str, Any] = Field(default_factory=dict)
     # Evidence from the base: verify on the base commit before any change (sha, passed,
     # exit_code, tail, seconds, cached); turns in a row that changed nothing; the test
     # files the pull request adds or changes.
@@ -305,6 +311,7 @@ def approve(
     record.approved_body = body or ""
     record.approved_sha256 = intake_hash(title, body)
     record.approved_by = actor
+    record.approved_commit = ""  # a person's approval; a schedule's sets its commit after
     if labels is not None:
         record.approved_backend = label_backend(labels)
 

@@ -23,6 +23,7 @@ from pydantic import (
 
 from bot.core.models import DEFAULT_MODEL, Effort, clamp_effort
 from bot.core.pricing import is_openai
+from bot.core.schedules import slots
 
 if TYPE_CHECKING:
     from bot.core.settings import Settings
@@ -257,6 +258,69 @@ class MetricConfig(_Strict):
         return (v,) if isinstance(v, str) else v  # `scope: src/**`, a list of one
 
 
+# The most schedules one repository may have: each is a loop that starts on its own, with
+# nobody labelling an issue, so a repository gets a few (README, Scheduled loops).
+MAX_SCHEDULES = 5
+TASK_DIR = ".github/loop-tasks/"
+_TASK_PATH = re.compile(r"^\.github/loop-tasks/[A-Za-z0-9][A-Za-z0-9._-]{0,99}\.md$")
+
+
+class ScheduleConfig(_Strict):
+    """One entry of ``schedules:``: a cron expression (five fields, UTC) and the task file
+    (``.github/loop-tasks/<name>.md``) whose text loopbot opens as an issue and starts."""
+
+    cron: str = Field(min_length=1, max_length=200)
+    task: str
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str) -> str:
+        try:
+            return slots.check(v)
+        except slots.CronError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("task")
+    @classmethod
+    def _task(cls, v: str) -> str:
+        if not _TASK_PATH.match(v):
+            raise ValueError(
+                f"a task is a file directly in `{TASK_DIR}`, named with letters, digits, "
+                f"`.`, `-` and `_`, ending `.md` (got {v[:120]!r})"
+            )
+        return v
+
+
+class TaskSettings(_Strict):
+    """A task file's ``loop:`` settings: what its runs change of ``loop.yml``. ``metric``
+    (a metric loop's whole section) makes its runs metric loops; ``kind: metric`` alone
+    uses ``loop.yml``'s own ``metric:``."""
+
+    kind: Literal["code", "metric"] | None = None
+    metric: MetricConfig | None = None
+    max_turns: int | None = Field(None, ge=1, le=100)
+    max_cost_usd: float | None = Field(None, gt=0)
+    milestones: Literal["off", "on", "auto"] | None = None
+
+    @field_validator("milestones", mode="before")
+    @classmethod
+    def _yaml_switch(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # `milestones: off` reads as False (see RepoConfig)
+            return "on" if v else "off"
+        return v
+
+    @model_validator(mode="after")
+    def _kind(self) -> TaskSettings:
+        if self.kind == "code" and self.metric is not None:
+            raise ValueError("`kind: code` with a `metric:` section: a metric loop has kind metric")
+        return self
+
+    @property
+    def loop_kind(self) -> str:
+        """ "metric" when the settings ask for a metric loop, else "code"."""
+        return self.kind or ("metric" if self.metric is not None else "code")
+
+
 class RepoConfig(_Strict):
     verify: str = Field(min_length=1)
     setup: str | None = None
@@ -290,6 +354,19 @@ class RepoConfig(_Strict):
     milestones: Literal["off", "on", "auto"] = "on"
     post_action: PostActionConfig | None = None
     metric: MetricConfig | None = None
+    # Recurring loops (README, Scheduled loops; bot/core/schedules/, jobs/schedules.py).
+    schedules: tuple[ScheduleConfig, ...] = Field((), max_length=MAX_SCHEDULES)
+
+    @field_validator("schedules")
+    @classmethod
+    def _one_schedule_per_task(cls, v: tuple[ScheduleConfig, ...]) -> tuple[ScheduleConfig, ...]:
+        # A task's runs share an issue while one is open: two schedules of one task
+        # would take turns on it. One schedule per task file.
+        tasks = [s.task for s in v]
+        twice = sorted({t for t in tasks if tasks.count(t) > 1})
+        if twice:
+            raise ValueError(f"a task file has one schedule: {', '.join(twice)} has more")
+        return v
 
     @field_validator("milestones", mode="before")
     @classmethod
@@ -521,6 +598,21 @@ def with_backend(
         ]
     agent = config.agent.model_copy(update={"backend": asked})
     return config.model_copy(update={"agent": agent}), []
+
+
+def with_task(
+    config: RepoConfig, settings: dict[str, Any], ceilings: Ceilings
+) -> tuple[RepoConfig, list[str]]:
+    """``config`` with a scheduled task's ``loop:`` settings (``TaskSettings``, as the
+    record keeps them) in place of loop.yml's, within ``ceilings``: a task may ask for
+    no more than loop.yml may. Returns the notes of what the ceilings lowered."""
+    task = TaskSettings.model_validate(settings)
+    data = config.model_dump()
+    for key in ("metric", "max_turns", "max_cost_usd", "milestones"):
+        value = getattr(task, key)
+        if value is not None:
+            data[key] = value.model_dump() if isinstance(value, BaseModel) else value
+    return clamp(RepoConfig.model_validate(data), ceilings)
 
 
 def clamped_comment(notes: list[str]) -> str:

@@ -10,6 +10,7 @@ histogram for the same reason. Webhook latency is measured in the web process it
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from bot.core.record import Status
+from bot.io import schedules
 from bot.io.queues import ALL_QUEUES
 from bot.io.store import Store
 
@@ -134,6 +136,36 @@ class RedisCollector(Collector):
         for kind, seconds in sorted(self.redis.hgetall(_PACE_KEY).items()):
             paced.add_metric([kind.decode()], float(seconds))
         yield paced
+        yield from _schedules(self.redis)
+
+
+def _schedules(redis: Any) -> Iterator[Any]:
+    """Each schedule's runs and skipped slots, and when its next and last slots are."""
+    labels = ["repo", "task"]
+    runs = CounterMetricFamily(
+        "loopbot_schedule_runs", "Slots a schedule ran (any outcome but skipped)", labels=labels
+    )
+    skips = CounterMetricFamily(
+        "loopbot_schedule_skips", "Slots skipped: the last run was still active", labels=labels
+    )
+    next_slot = GaugeMetricFamily(
+        "loopbot_schedule_next_slot_timestamp_seconds", "A schedule's next slot", labels=labels
+    )
+    last_slot = GaugeMetricFamily(
+        "loopbot_schedule_last_slot_timestamp_seconds",
+        "The slot a schedule last ran or skipped",
+        labels=labels,
+    )
+    for row in schedules.overview(redis, time.time()):
+        if row["error"]:
+            continue
+        key = [row["repo"], row["task"]]
+        runs.add_metric(key, row["runs"])
+        skips.add_metric(key, row["skips"])
+        next_slot.add_metric(key, row["next"])
+        if row["last_slot"] is not None:
+            last_slot.add_metric(key, row["last_slot"])
+    yield from (runs, skips, next_slot, last_slot)
 
 
 def render(redis: Any) -> bytes:

@@ -289,6 +289,52 @@ def status(as_json: bool, limit: int, only: str | None) -> None:
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def schedules(as_json: bool) -> None:
+    """Each repository's schedules: cron, last slot and its outcome, next slot."""
+    import json
+    import time
+
+    from redis.exceptions import RedisError
+
+    from bot.core.schedules.slots import iso
+    from bot.io.schedules import overview
+
+    try:
+        rows = overview(_redis_only(), time.time())
+    except RedisError as exc:
+        click.echo(f"loopbot: cannot read Redis: {exc}", err=True)
+        raise SystemExit(1) from None
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no schedules (none in any repository's loop.yml, or none read yet)")
+        return
+    table = [("REPO", "TASK", "CRON (UTC)", "LAST", "OUTCOME", "NEXT")]
+    errors = []
+    for r in rows:
+        if r["error"]:
+            errors.append(f"{r['repo']}: loop.yml is not valid, no schedule runs: {r['error']}")
+            continue
+        outcome = r["outcome"] or "-"
+        if r["issue"]:
+            outcome += f" #{r['issue']}"
+        if r["loop_status"]:
+            outcome += f" ({r['loop_status']}{', ' + r['loop_reason'] if r['loop_reason'] else ''})"
+        elif r["detail"]:
+            outcome += f" ({r['detail'][:80]})"
+        last = iso(r["last_slot"]) if r["last_slot"] is not None else "-"
+        table.append((r["repo"], r["task"], r["cron"], last, outcome, iso(r["next"])))
+    if len(table) > 1:
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+        for row in table:
+            click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    for line in errors:
+        click.echo(line)
+
+
+@main.command()
 @click.argument("loop", required=False)
 @click.option("-n", "--lines", default=20, show_default=True, help="how many past events")
 @click.option("-f", "--follow", is_flag=True, help="keep printing new events")

@@ -4,11 +4,13 @@ file the operator names, not this machine."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from bot.core import repo_config
 from bot.core.repo_config import Ceilings
+from bot.core.schedules import slots, tasks
 from bot.core.settings import SettingsError, load_settings
 from bot.ops.doctor import Check
 
@@ -42,7 +44,55 @@ def config_checks(path: str, text: str, ceilings: Ceilings) -> list[Check]:
     if config.post_action is not None:
         parts.append("a post-action turn after the final audit")
     checks.append(Check(name, True, "valid: " + "; ".join(parts)))
+    checks.extend(schedule_checks(path, config))
     return checks
+
+
+def schedule_checks(path: str, config: repo_config.RepoConfig) -> list[Check]:
+    """Each schedule: when it runs next, and its task file as loopbot would read it, when
+    ``path`` is a checkout's ``.github/loop.yml`` (the task files are beside it)."""
+    checks = []
+    root = _checkout_root(Path(path))
+    now = time.time()
+    for s in config.schedules:
+        name = f"schedule {s.task}"
+        when = f"`{s.cron}` (UTC), next {slots.iso(slots.following(s.cron, now))}"
+        if root is None:
+            checks.append(Check(name, True, f"{when}; task file not checked (not a checkout)"))
+            continue
+        file = root / s.task
+        try:
+            task = tasks.parse(s.task, file.read_text(encoding="utf-8") if file.exists() else None)
+        except tasks.TaskError as exc:
+            checks.extend(
+                Check(name, False, p, "fix the task file; see README, Scheduled loops")
+                for p in exc.problems
+            )
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            checks.append(Check(name, False, f"cannot be read: {exc}", "save it as UTF-8"))
+            continue
+        kind = "a metric loop" if task.kind == "metric" else "a fix loop"
+        if task.kind == "metric" and task.settings.metric is None and config.metric is None:
+            checks.append(
+                Check(
+                    name,
+                    False,
+                    "asks for a metric loop, and neither it nor loop.yml has a `metric:` section",
+                    "add one",
+                )
+            )
+            continue
+        checks.append(Check(name, True, f"{when}: {kind}, {task.title!r}"))
+    return checks
+
+
+def _checkout_root(path: Path) -> Path | None:
+    """The repository root of ``<root>/.github/loop.yml``; None for a file elsewhere."""
+    resolved = path.resolve()
+    if resolved.name == "loop.yml" and resolved.parent.name == ".github":
+        return resolved.parent.parent
+    return None
 
 
 def run_config_checks(paths: tuple[str, ...], env: Mapping[str, str] | None = None) -> list[Check]:

@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.resources import files
@@ -32,6 +33,7 @@ from bot.core.rules import budget
 from bot.core.settings import Settings
 from bot.core.text import sessionlog
 from bot.core.text.redact import Redactor, deep, settings_secrets
+from bot.io import schedules
 from bot.io.store import Store
 
 COOKIE = "loopbot_session"
@@ -150,6 +152,10 @@ def blueprint(settings: Settings, store: Store, redis: Redis) -> Blueprint:
                 "status": page.status,
             }
         ), 200
+
+    @bp.get("/api/schedules")
+    def api_schedules() -> tuple[Response, int]:
+        return jsonify({"schedules": schedules.overview(redis, time.time())}), 200
 
     @bp.get("/dashboard/loops/<owner>/<repo>/<int:issue>/log")
     def log_page(owner: str, repo: str, issue: int) -> str:

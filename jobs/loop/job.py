@@ -151,6 +151,9 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
                 messages.config_error(exc.problems, record.started_by),
             )
             return self._finish(Status.FAILED, Reason.BAD_CONFIG, "; ".join(exc.problems))
+        if record.task_loop:  # a scheduled task's `loop:` settings (README, Scheduled loops)
+            config, lowered = repo_config.with_task(config, record.task_loop, self.rt.ceilings)
+            clamped = [*clamped, *lowered]
         if record.approved_backend:  # a writer's loop:agent-<name> label
             config, picked = repo_config.with_backend(
                 config, record.approved_backend, self.rt.ceilings

@@ -107,3 +107,23 @@ def test_a_file_that_is_not_utf8_is_a_failed_check_not_a_traceback(tmp_path: Pat
     bad.write_bytes(b"verify: \xff\xfe\n")
     out = CliRunner().invoke(main, ["doctor", "--config", str(bad)])
     assert out.exit_code == 1 and "cannot be read" in out.output, out.output
+
+
+def test_schedules_and_their_task_files_in_a_checkout(tmp_path: Path) -> None:
+    github = tmp_path / ".github"
+    (github / "loop-tasks").mkdir(parents=True)
+    (github / "loop.yml").write_text(
+        "verify: 'true'\nschedules:\n"
+        "  - {cron: '0 3 * * 1', task: .github/loop-tasks/deps.md}\n"
+        "  - {cron: '0 4 * * *', task: .github/loop-tasks/speed.md}\n"
+        "  - {cron: '0 5 * * *', task: .github/loop-tasks/gone.md}\n"
+    )
+    (github / "loop-tasks" / "deps.md").write_text("---\ntitle: Deps\n---\nUpdate them.\n")
+    (github / "loop-tasks" / "speed.md").write_text(
+        "---\ntitle: Speed\nloop: {kind: metric}\n---\nFaster.\n"
+    )
+    result = CliRunner().invoke(main, ["doctor", "--config", str(github / "loop.yml")])
+    assert result.exit_code == 1, result.output
+    assert "`0 3 * * 1` (UTC), next " in result.output and ": a fix loop, 'Deps'" in result.output
+    assert "neither it nor loop.yml has a `metric:` section" in result.output
+    assert "`.github/loop-tasks/gone.md` is not on the default branch" in result.output

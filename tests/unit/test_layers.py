@@ -83,7 +83,7 @@ SHARED = frozenset(
     }
 )
 # Modules directly in jobs/ above every room: the job entry points and what starts jobs.
-TOP = frozenset({"jobs.dispatch", "jobs.entry", "jobs.reconciler"})
+TOP = frozenset({"jobs.dispatch", "jobs.entry", "jobs.reconciler", "jobs.schedules"})
 SHARED_ROOM, TOP_ROOM = "jobs (shared)", "jobs (top)"
 LOOP_KEY_BUILDER = "bot/core/ids.py"
 STATUS_WRITERS = ("jobs/lifecycle.py", "bot/core/rules/lifecycle.py")

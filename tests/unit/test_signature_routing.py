@@ -182,7 +182,7 @@ def test_malformed_payloads_are_reported_not_raised() -> None:
 
 
 def test_unused_events_are_ignored() -> None:
-    assert isinstance(route("push", {}, app_id=APP_ID), Ignore)
+    assert isinstance(route("fork", {}, app_id=APP_ID), Ignore)
     assert isinstance(route("issues", envelope(action="opened"), app_id=APP_ID), Ignore)
 
 

@@ -18,6 +18,7 @@ from bot.core.commands import (
     Command,
     ControlAction,
     ControlCommand,
+    DefaultBranchPushed,
     DismissFinding,
     IssueEdited,
     IssueInactive,
@@ -28,6 +29,7 @@ from bot.core.commands import (
     ReviewChanged,
 )
 from bot.core.ids import issue_from_branch
+from bot.core.repo_config import CONFIG_PATH
 
 CONTROL_WORDS: dict[str, ControlAction] = {
     "/loop-cancel": "cancel",
@@ -158,6 +160,30 @@ class _GroupEvent(_Envelope):
     merge_group: _Group
     reason: str | None = None
 
+
+class _PushRepo(_Repo):
+    default_branch: str
+
+
+class _PushCommit(_Model):
+    added: list[str] = []
+    modified: list[str] = []
+    removed: list[str] = []
+
+
+class _PushEvent(_Model):
+    ref: str
+    after: str = ""
+    deleted: bool = False
+    sender: _User
+    installation: _Installation
+    repository: _PushRepo
+    commits: list[_PushCommit] = []
+
+
+# GitHub lists at most this many commits in a push payload: a longer push may have changed
+# loop.yml in a commit it does not list.
+PUSH_COMMITS_LISTED = 20
 
 # A merge group's temporary branch: gh-readonly-queue/<base>/pr-<number>-<base sha>.
 GROUP_REF = re.compile(r"^refs/heads/gh-readonly-queue/.+/pr-(\d+)-[0-9a-f]{7,64}$")
@@ -423,6 +449,28 @@ def _merge_group(payload: dict[str, Any], app_id: int, delivery: str) -> Route:
     )
 
 
+def _push(payload: dict[str, Any], app_id: int, delivery: str) -> Route:
+    """A push to the default branch that changed ``loop.yml``: its schedules are read
+    again (README, Scheduled loops). Whoever pushed: reading the default branch is safe."""
+    ev = _PushEvent.model_validate(payload)
+    if ev.ref != f"refs/heads/{ev.repository.default_branch}":
+        return Ignore("push to a branch other than the default")
+    if ev.deleted:
+        return Ignore("the default branch was deleted")
+    touched = any(CONFIG_PATH in (*c.added, *c.modified, *c.removed) for c in ev.commits)
+    if not touched and len(ev.commits) < PUSH_COMMITS_LISTED:
+        return Ignore(f"{CONFIG_PATH} unchanged")
+    return Enqueue(
+        DefaultBranchPushed(
+            installation_id=ev.installation.id,
+            repo=ev.repository.full_name,
+            actor=ev.sender.login,
+            delivery=delivery,
+            head_sha=ev.after,
+        )
+    )
+
+
 _HANDLERS = {
     "issues": _issues,
     "issue_comment": _issue_comment,
@@ -431,4 +479,5 @@ _HANDLERS = {
     "check_run": _check_run,
     "pull_request": _pull_request,
     "merge_group": _merge_group,
+    "push": _push,
 }

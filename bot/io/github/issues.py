@@ -197,6 +197,19 @@ class Issues(InstallationBase):
             lambda: self.find_issue(repo, key),
         )
 
+    def rewrite_issue(self, repo: str, number: int, key: str, title: str, body: str) -> IssueInfo:
+        """Set an issue loopbot opened to a new title and body (redacted and defused, with
+        ``key``'s marker), as ``create_issue`` would have written them: a scheduled task's
+        next run on the issue its last run left open (a PATCH: repeating it is harmless)."""
+        title, text = self._title(title), f"{self._text(body)}\n\n{marker(key)}"
+        return _issue(
+            self._call(
+                lambda gh: gh.rest.issues.update(
+                    *_split(repo), number, title=title, body=text
+                ).json()
+            )
+        )
+
     def append_to_issue(
         self, repo: str, number: int, key: str, addition: str, base: IssueInfo | None = None
     ) -> IssueInfo:

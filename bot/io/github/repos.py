@@ -57,6 +57,12 @@ class Repos(InstallationBase):
             )
         ]
 
+    def branch_head(self, repo: str, branch: str) -> str:
+        """The commit ``branch`` points at now (a scheduled run reads its files there)."""
+        owner, name = _split(repo)
+        d = self._call(lambda gh: gh.rest.repos.get_branch(owner, name, branch).json())
+        return str(d["commit"]["sha"])
+
     def file(self, repo: str, path: str, ref: str | None = None) -> str | None:
         """A file's text at ``ref`` (default branch when None); None when absent."""
         owner, name = _split(repo)

@@ -28,6 +28,7 @@ from bot.standins.github import (
     merge_queue,
     pulls,
     repos,
+    shapes,
     webhooks,
 )
 from bot.standins.github.state import Fault, MergeQueueRule, Repo, State
@@ -305,6 +306,47 @@ class GitHubServer(State):
         """The CI reports every required check on ``branch``'s front merge group (the
         queue then merges it or dequeues it); the group's commit."""
         return merge_queue.report_group_checks(self, self.repos[full_name], branch, conclusion)
+
+    def push_files(
+        self, full_name: str, branch: str, files: dict[str, str], message: str, pusher: str
+    ) -> str:
+        """``pusher`` pushes one commit of ``files`` onto ``branch`` (as ``git push`` would;
+        a new branch from the default branch's head):
+        the commit, and the ``push`` webhook GitHub sends for it. Returns the commit."""
+        repo = self.repos[full_name]
+        before = gitrepo.resolve(repo.path, f"refs/heads/{branch}") or "0" * 40
+        if before == "0" * 40:  # a new branch starts from the default branch, as a clone's would
+            base = gitrepo.resolve(repo.path, f"refs/heads/{repo.default_branch}")
+            if base is not None:
+                gitrepo.git(repo.path, "update-ref", f"refs/heads/{branch}", base)
+        sha = gitrepo.seed(repo.path, branch, files, message)
+        with self.lock:
+            sender = self.users[pusher]
+        self.emit(
+            "push",
+            {
+                "ref": f"refs/heads/{branch}",
+                "before": before,
+                "after": sha,
+                "created": before == "0" * 40,
+                "deleted": False,
+                "forced": False,
+                "commits": [
+                    {
+                        "id": sha,
+                        "message": message,
+                        "timestamp": now(),
+                        "added": [],
+                        "modified": sorted(files),
+                        "removed": [],
+                    }
+                ],
+                "head_commit": {"id": sha, "message": message},
+                "pusher": {"name": pusher},
+                **shapes.event_base(self, repo, sender),
+            },
+        )
+        return sha
 
     def complete_check_suite(self, full_name: str, sha: str, conclusion: str = "success") -> None:
         """Send ``check_suite.completed`` for ``sha`` as another CI App would."""
