@@ -16,6 +16,7 @@ from bot.core.ids import LoopId
 from bot.core.record import Status
 from bot.core.settings import load_settings
 from bot.core.text.defuse import JOINER as J
+from bot.io.github import failures
 from bot.io.queues import fetch_job
 from bot.io.store import Store
 from bot.standins import anthropic as m
@@ -310,11 +311,13 @@ def test_sweep_picks_up_a_label_whose_webhook_never_arrived(
 
 
 def test_one_installation_github_refuses_does_not_stop_the_sweep_of_the_others(
-    github: GitHubServer, redis: Redis, rt: Runtime
+    github: GitHubServer, redis: Redis, rt: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Found by bench/chaos.py (seed 406282): an installation GitHub had paused made the
     whole sweep pass fail (reconciler.step_failed), so a lost label in every other
     installation waited for a pass where none was paused."""
+    # The same retries of the refused token request, without their pauses (1+2+4+8+16 s).
+    monkeypatch.setattr(failures, "_backoff", lambda attempt: 0.0)
     broken = github.add_installation("paused-org")  # listed first: the lower id
     github.add_repo("paused-org/app", {".github/loop.yml": YML}, installation_id=broken)
     sample_repo(github, loop_yml=YML)
