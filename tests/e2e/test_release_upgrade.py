@@ -91,8 +91,8 @@ def test_a_loop_started_by_the_first_release_is_finished_by_this_one(
     n = open_issue(github)
     label(github, "writer", n)
     wait_for(lambda: len(model.requests) >= 3, 90, "turn 2's model call on the old release")
-    pushed = github.ref(REPO, "loop/issue-1")
-    assert pushed is not None
+    # Turn 2 may start while turn 1's push is still on the wire: wait for it to land.
+    wait_for(lambda: github.ref(REPO, "loop/issue-1"), 30, "turn 1's push")
     stopping = time.monotonic()
     assert old.terminate(timeout=60) == 0, old.output()
     assert time.monotonic() - stopping < 30
