@@ -16,6 +16,7 @@ from bot.core.ids import LoopId
 from bot.core.record import Status
 from bot.core.settings import load_settings
 from bot.core.text.defuse import JOINER as J
+from bot.io.github import failures
 from bot.io.queues import fetch_job
 from bot.io.store import Store
 from bot.standins import anthropic as m
@@ -54,6 +55,13 @@ def turn_one_pushes_then_turn_two_sleeps(model: AnthropicServer) -> None:
     model.play(m.write_file("NOTES.md", "turn one\n"), m.text("Started."), m.bash("sleep 120"))
 
 
+def turn_one_pushed(github: GitHubServer) -> str:
+    """Turn one's commit, once on the remote branch. A turn does not wait for its push after
+    verify (the next turn waits for it before its own commit), so turn 2's model call alone
+    does not mean the push has landed: on a loaded machine it had not yet."""
+    return str(wait_for(lambda: github.ref(REPO, "loop/issue-1"), 30, "turn one's push"))
+
+
 def test_cancel_during_a_long_turn_then_restart(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, workers: Any
 ) -> None:
@@ -63,8 +71,7 @@ def test_cancel_during_a_long_turn_then_restart(
     n = open_issue(github)
     label(github, "writer", n)
     wait_for(lambda: len(model.requests) >= 3, 60, "turn 2's sleeping tool call")
-    pushed = github.ref(REPO, "loop/issue-1")
-    assert pushed is not None
+    pushed = turn_one_pushed(github)
     time.sleep(0.5)  # the sandboxed `sleep 120` is running now
     started = time.monotonic()
     cid = comment(github, "writer", n, "/loop-cancel")
@@ -108,7 +115,7 @@ def test_killed_worker_is_resumed_elsewhere(
     n = open_issue(github)
     label(github, "writer", n)
     wait_for(lambda: len(model.requests) >= 3, 60, "turn 2")
-    pushed = github.ref(REPO, "loop/issue-1")
+    pushed = turn_one_pushed(github)
     time.sleep(0.5)
     a.kill()  # SIGKILL: worker, work horse and sandbox, mid-turn
     killed = time.monotonic()
@@ -163,7 +170,7 @@ def test_sigterm_hands_the_loop_over_without_counting_a_lost_worker(
     n = open_issue(github)
     label(github, "writer", n)
     wait_for(lambda: len(model.requests) >= 3, 60, "turn 2's model call")
-    pushed = github.ref(REPO, "loop/issue-1")
+    pushed = turn_one_pushed(github)
     stopping = time.monotonic()
     assert a.terminate(timeout=30) == 0, a.output()  # a deploy stops the worker
     assert time.monotonic() - stopping < 15
@@ -310,11 +317,13 @@ def test_sweep_picks_up_a_label_whose_webhook_never_arrived(
 
 
 def test_one_installation_github_refuses_does_not_stop_the_sweep_of_the_others(
-    github: GitHubServer, redis: Redis, rt: Runtime
+    github: GitHubServer, redis: Redis, rt: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Found by bench/chaos.py (seed 406282): an installation GitHub had paused made the
     whole sweep pass fail (reconciler.step_failed), so a lost label in every other
     installation waited for a pass where none was paused."""
+    # The same retries of the refused token request, without their pauses (1+2+4+8+16 s).
+    monkeypatch.setattr(failures, "_backoff", lambda attempt: 0.0)
     broken = github.add_installation("paused-org")  # listed first: the lower id
     github.add_repo("paused-org/app", {".github/loop.yml": YML}, installation_id=broken)
     sample_repo(github, loop_yml=YML)
