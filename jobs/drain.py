@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+from redis.exceptions import RedisError
 from rq import Worker
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.scheduler import RQScheduler
@@ -86,6 +87,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 SCHEDULER_LOOK_SECONDS = 5  # how long a scheduler slot goes without a lock it could hold
+# How long a stopping worker waits for its scheduler process (RQ's sleeps 1 s a round).
+SCHEDULER_STOP_SECONDS = 5
 
 
 class PromptScheduler(RQScheduler):
@@ -168,6 +171,33 @@ class DrainingWorker(Worker):
                     self.scheduler.register_death()
             else:
                 self.scheduler.start()  # type: ignore[no-untyped-call]
+
+    def stop_scheduler(self) -> None:
+        """RQ's (SIGTERM to the scheduler process, then join), bounded. A scheduler forked
+        an instant before the stop runs the worker's inherited SIGTERM handler until it
+        installs its own, and that swallows the signal: RQ then joined it for ever, and the
+        supervisor with it (CI, reproduced with faulthandler's stacks: the slot in
+        ``stop_scheduler``, its scheduler asleep in its loop). After a few seconds it is
+        killed, and its locks are released here for the next worker's scheduler."""
+        scheduler = self._scheduler()
+        process = getattr(scheduler, "_process", None)
+        if process is None or not process.pid:
+            return
+        with contextlib.suppress(OSError):
+            os.kill(process.pid, signal.SIGTERM)
+        process.join(SCHEDULER_STOP_SECONDS)
+        if process.is_alive():
+            with contextlib.suppress(OSError):
+                os.kill(process.pid, signal.SIGKILL)
+            process.join()
+            log.warning("worker.scheduler_killed", pid=process.pid)
+        if process.exitcode != 0:
+            # It did not stop on its own (killed here, or by the signal's default action
+            # before it had handlers): its locks and its entry, released by its name (the
+            # same in this process as in the fork; a lock another scheduler holds stays).
+            with contextlib.suppress(RedisError):
+                scheduler.release_locks()
+                scheduler.register_death()
 
     def handle_warm_shutdown_request(self) -> None:
         super().handle_warm_shutdown_request()  # type: ignore[no-untyped-call]

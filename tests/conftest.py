@@ -197,7 +197,13 @@ class WorkerProcess:
     """``loopbot worker`` as a real process (forking RQ worker, control lane, reconciler)."""
 
     def __init__(self, env: dict[str, str], data_dir: Path, exe: Path | None = None) -> None:
-        self.env = {**os.environ, **env, "LOOPBOT_DATA_DIR": str(data_dir)}
+        # PYTHONFAULTHANDLER: a hung worker's stacks on SIGABRT (``exited``).
+        self.env = {
+            **os.environ,
+            "PYTHONFAULTHANDLER": "1",
+            **env,
+            "LOOPBOT_DATA_DIR": str(data_dir),
+        }
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = data_dir.parent / f"worker-{data_dir.name}.log"
         # Another release's `loopbot` (tests/e2e/test_release_upgrade.py), or this one's.
@@ -234,6 +240,22 @@ class WorkerProcess:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def exited(self, timeout: float) -> int:
+        """The worker's exit code once it has exited; when it has not within ``timeout``,
+        every thread's stack of it and its descendants (faulthandler, on SIGABRT) is in
+        the failure, so a hang says where it hangs."""
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            for pid in [self.proc.pid, *_descendants(self.proc.pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGABRT)
+            time.sleep(2)
+            raise AssertionError(
+                f"the worker did not exit within {timeout} s:\n{self.output()[-20000:]}"
+            ) from None
 
 
 @pytest.fixture

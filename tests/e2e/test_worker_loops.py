@@ -170,7 +170,7 @@ def test_sigterm_to_the_supervisor_hands_every_running_loop_over(
     # horse; the horse, waiting on the model's socket, sets DRAIN as the signal lands.
     wait_for(lambda: w.output().count("worker.draining") >= 2, 20, "both horses told to drain")
     release.set()  # the calls return; each loop stops at its next step instead of going on
-    assert w.proc.wait(30) == 0, w.output()[-3000:]
+    assert w.exited(30) == 0, w.output()[-3000:]
     assert time.monotonic() - stopping < 20
     store = Store(redis)
     for key in keys:

@@ -5,10 +5,16 @@ logging set-up are the test's alone."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
+from redis import Redis
+
+from bot.io.queues import SERIALIZER, make_worker
+from jobs.drain import SCHEDULER_STOP_SECONDS, DrainingWorker, PromptScheduler
 from tests.helpers import ROOT
 
 SCRIPT = """
@@ -63,3 +69,35 @@ def test_drain_wait_times_out_when_nobody_sets_it() -> None:
     assert flag.wait(0.3) is False
     flag.set()
     assert flag.wait(0) is True and flag.is_set()
+
+
+class DeafScheduler(PromptScheduler):
+    """The scheduler as it is when the stop's SIGTERM lands an instant after its fork,
+    before it installs its handlers: the signal is gone, and it sleeps round after round."""
+
+    def _install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_a_scheduler_that_lost_the_stop_signal_does_not_hold_the_worker(redis: Redis) -> None:
+    """A stopping worker waits a few seconds for its scheduler process, then kills it and
+    frees its locks for the next worker's scheduler (CI hung here for good)."""
+    worker = make_worker(["loopbot-test-stop"], redis, DrainingWorker)
+    worker.scheduler = DeafScheduler(worker.queues, connection=redis, serializer=SERIALIZER)
+    worker.scheduler.acquire_locks()
+    assert worker.scheduler.acquired_locks == {"loopbot-test-stop"}
+    worker.scheduler.start()
+    process = worker.scheduler._process
+    deadline = time.monotonic() + 10  # its handlers are in place once it is registered
+    while not redis.exists(worker.scheduler.key) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = time.monotonic()
+    worker.stop_scheduler()
+    assert not process.is_alive() and process.exitcode == -signal.SIGKILL
+    assert SCHEDULER_STOP_SECONDS <= time.monotonic() - started < SCHEDULER_STOP_SECONDS + 3
+    # The lock is free: the next worker's scheduler takes it at once.
+    other = PromptScheduler(worker.queues, connection=redis, serializer=SERIALIZER)
+    other.acquire_locks()
+    assert other.acquired_locks == {"loopbot-test-stop"}
+    other.release_locks()
