@@ -56,24 +56,31 @@ class HeldOut(RunnerBase):
     def _gather(self, head: str, verify: Result, title: str, body: str) -> dict[str, Any]:
         record = self._record()
         base_verify = record.base_verify
-        fork = self.worktrees.fork_point(self.checkout, head)
-        changed = self.worktrees.changed_paths(self.checkout, head)
-        held = held_out.held_out_paths(changed, self.config.verify)
-        result: dict[str, Any] | None = None
+        base_counts = runs.from_json(base_verify.get("tests"))
+        head_counts = runs.parse(verify.output)
         not_run = ""
-        if not held:
-            not_run = "the change touches no file verify runs"
-        elif not base_verify:
+        if not base_verify:
             not_run = "verify was not run on the base"
         elif base_verify.get("passed"):
             not_run = "verify passed on the base: the tests as they were do not show the issue"
         elif base_verify.get("timed_out"):
             not_run = "verify timed out on the base: its failure says nothing about the tests"
-        elif len(held) > held_out.MAX_HELD:
+        if not_run and not runs.ran_less(base_counts, head_counts, head_passed=verify.passed):
+            # Nothing can stand: no held-out run, and the counts say nothing. The git
+            # work below is skipped (a turn's overhead, bench/loop_overhead.py).
+            fork, changed, held = self.checkout.base_sha, [], []
+        else:
+            fork = self.worktrees.fork_point(self.checkout, head)
+            changed = self.worktrees.changed_paths(self.checkout, head)
+            held = held_out.held_out_paths(changed, self.config.verify)
+        result: dict[str, Any] | None = None
+        if not not_run and not held:
+            not_run = "the change touches no file verify runs"
+        elif not not_run and len(held) > held_out.MAX_HELD:
             # Too many to put back at once: say so, and let a person look.
             result = {"passed": False, "exit_code": None, "timed_out": False, "tail": ""}
             not_run = f"{len(held)} files verify runs changed"
-        else:
+        elif not not_run:
             self._set(phase="verifying_held_out")
             with self.worktrees.held_out(self.checkout, fork, held):
                 self.sandbox.adopt()  # git wrote the base's files as the worker
@@ -93,8 +100,8 @@ class HeldOut(RunnerBase):
             verify=self.config.verify,
             held=held,
             changed=changed,
-            base_counts=runs.from_json(base_verify.get("tests")),
-            head_counts=runs.parse(verify.output),
+            base_counts=base_counts,
+            head_counts=head_counts,
             held_result=result,
             not_run=not_run,
             asked=held_out.asks_for_test_change(title, body),
