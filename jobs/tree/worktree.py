@@ -486,24 +486,13 @@ class Worktrees(TreeFiles):
 
     def changed_files(self, checkout: Checkout, head: str | None = None) -> list[str]:
         """Files the branch adds or changes against its fork point (deletions left out)."""
-        head = head or self.head(checkout.path, checkout.mirror)
-        out = git(
-            checkout.mirror,
-            "diff",
-            "--no-ext-diff",
-            "--no-textconv",
-            "--no-renames",
-            "--name-only",
-            "--diff-filter=d",
-            "-z",
-            self.fork_point(checkout, head),
-            head,
-        )
-        return [p for p in out.split("\0") if p]
+        return self.changed_paths(checkout, head, deletions=False)
 
-    def changed_paths(self, checkout: Checkout, head: str | None = None) -> list[str]:
-        """Every path the branch adds, changes or deletes against its fork point (a
-        rename is its two paths)."""
+    def changed_paths(
+        self, checkout: Checkout, head: str | None = None, *, deletions: bool = True
+    ) -> list[str]:
+        """Every path the branch adds, changes or (``deletions``) deletes against its fork
+        point; a rename is its two paths."""
         head = head or self.head(checkout.path, checkout.mirror)
         out = git(
             checkout.mirror,
@@ -512,6 +501,7 @@ class Worktrees(TreeFiles):
             "--no-textconv",
             "--no-renames",
             "--name-only",
+            *([] if deletions else ["--diff-filter=d"]),
             "-z",
             self.fork_point(checkout, head),
             head,
