@@ -181,8 +181,9 @@ class _PushEvent(_Model):
     commits: list[_PushCommit] = []
 
 
-# GitHub lists at most this many commits in a push payload: a longer push may have changed
-# loop.yml in a commit it does not list.
+# GitHub's docs: a push's ``commits`` holds at most 20 commits in timeline events (and up
+# to 2,048 in webhook deliveries). From 20 on, loop.yml is read again whatever the list
+# says: a read too many costs one request, a change missed waits for the sweep.
 PUSH_COMMITS_LISTED = 20
 
 # A merge group's temporary branch: gh-readonly-queue/<base>/pr-<number>-<base sha>.
