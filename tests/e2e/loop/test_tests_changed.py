@@ -173,11 +173,12 @@ NO_TESTS = m.replace("test_calc.py", "def test_add(self):", "def check_add(self)
 
 
 @pytest.mark.parametrize(
-    ("change", "counted"),
+    ("change", "counted", "other"),
     [
-        (m.bash("rm test_calc.py"), "unittest ran 1 test(s) on the head, 2 on the base"),
-        (SKIP, "unittest skipped 1 more test(s) on the head"),
-        (NO_TESTS, "verify ran no test at all on the head"),
+        # A second test file, so that deleting one still leaves verify running a test.
+        (m.bash("rm test_calc.py"), "unittest ran 1 test(s) on the head, 2 on the base", True),
+        (SKIP, "unittest skipped 1 more test(s) on the head", False),
+        (NO_TESTS, "verify ran no test at all on the head", False),
     ],
     ids=["deleted", "skipped", "no-tests"],
 )
@@ -189,10 +190,11 @@ def test_tests_deleted_skipped_or_not_run_are_caught(
     drain: Any,
     change: m.Reply,
     counted: str,
+    other: bool,
 ) -> None:
     """Each way to make verify test less: caught by the runner's counts and by held-out
     verify, whatever the critic says."""
-    extra = {"test_zero.py": OTHER_TEST} if "rm" in str(change) else None
+    extra = {"test_zero.py": OTHER_TEST} if other else None
     verify = "python3 -m unittest" if extra else "python3 -m unittest test_calc"
     model.play(change, m.text("Done."), m.text("Done."), APPROVE)
     start(github, drain, verify=verify, extra=extra)
