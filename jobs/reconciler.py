@@ -101,6 +101,9 @@ def resume_lapsed(rt: Runtime) -> list[str]:
         record = store.get(summary["key"])
         if record is None or isinstance(_lapsed(rt, record, now), recovery.Skip):
             continue
+        # Said before the lock, which a start or restart deciding meanwhile holds: an
+        # operator (and the hand-over test) sees which loop a pass waits to take over.
+        log.info("reconciler.lapsed", loop=record.key)
         with store.lock(record.key):  # against a start or restart deciding meanwhile
             fresh = store.get(record.key)
             if fresh is None or line.waiter(fresh.key) is not None:

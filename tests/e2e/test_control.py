@@ -506,8 +506,10 @@ def test_a_stopping_worker_ends_its_reconciler_s_step_before_it_exits(
     )
     with store.lock(KEY, timeout=120):  # the take-over waits here (30 s at most)
         store.force_release_lease(KEY)  # handed over: the next pass takes it over
-        redis.delete("loopbot:reconciler")
-        wait_for(lambda: redis.exists("loopbot:reconciler"), 20, "a pass after the release")
+        # The pass that saw the release says so before it waits for the lock. (Waiting
+        # for a pass to begin after the release raced: the pass in progress could be the
+        # one that saw it, and no other begins while it waits here.)
+        wait_for(lambda: "reconciler.lapsed" in a.output(), 20, "a pass to find it lapsed")
         assert a.proc is not None
         a.proc.send_signal(signal.SIGTERM)
         # Before, the worker exited at once, its reconciler with it; now it says it waits.
