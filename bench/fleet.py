@@ -23,7 +23,8 @@ many of them came after the first Retry-After was waited out.
 ``--smoke``: 3 loops, 2 repositories, 0.2 s latency, a 0.1 s write gap.
 Before them, where a turn's time goes: the time between each two events that follow
 each other from a turn's start on (p50, p90, over every loop).
-``FLEET_EVENTS=OWNER/REPO#N`` also prints that loop's events, timed from the labelling.
+``FLEET_EVENTS=OWNER/REPO#N`` also prints that loop's events, timed from the labelling;
+``FLEET_WRITES=1`` every write GitHub counted.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from werkzeug.serving import make_server
 from bench import _env, _smoke
 from bot.core.ids import LoopId
 from bot.core.record import TERMINAL, Status
+from bot.io.github import tally
 from bot.io.logs import configure
 from bot.io.metrics import paced_seconds
 from bot.standins import anthropic as m
@@ -172,6 +174,7 @@ def main() -> None:
         sampler.start()
         time.sleep(2)  # the slots start (each connects, the scheduler takes its lock)
         before = len(gh.requests)
+        tally_before = tally.counts(b.rt.redis)
         labelled = time.time()
         with gh.as_user("writer") as u:
             for key in keys:
@@ -189,9 +192,10 @@ def main() -> None:
             if worker.poll() is not None:
                 raise SystemExit(f"the worker exited ({worker.returncode}); see {log}")
             time.sleep(1)
+        settle(b.rt.redis, deadline)  # the gate's last writes come after the loop's end
         sampler.stop.set()
         sampler.join()
-        report(args, slots, keys, b, sampler, labelled, before)
+        report(args, slots, keys, b, sampler, labelled, before, tally_before)
     finally:
         if worker is not None and worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
@@ -202,6 +206,22 @@ def main() -> None:
         if server is not None:
             server.shutdown()
         b.close()
+
+
+def settle(redis: Any, deadline: float) -> None:
+    """Wait until no job waits or runs: a loop's end is recorded before its gate's last
+    writes (the receipt, the branch's deletion, the status comment), which count too."""
+    from rq import Queue
+    from rq.registry import StartedJobRegistry
+
+    from bot.io.queues import ALL_QUEUES
+
+    queues = [Queue(q, connection=redis) for q in ALL_QUEUES]
+    while time.monotonic() < deadline:
+        busy = sum(len(q) + len(StartedJobRegistry(queue=q)) for q in queues)
+        if not busy:
+            return
+        time.sleep(0.5)
 
 
 # Events that mean a new job (another process) ran between two turns: such a pair is not
@@ -248,12 +268,6 @@ def turn_cycles(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
     return out
 
 
-def _shape(path: str) -> str:
-    """A request's path without its repository and numbers: what kind of write it is."""
-    path = re.sub(r"^/repos/[^/]+/[^/]+", "", path)
-    return re.sub(r"/[0-9a-f]{40}|/\d+", "/N", path)
-
-
 def report(
     args: argparse.Namespace,
     slots: int,
@@ -262,6 +276,7 @@ def report(
     sampler: Sampler,
     labelled: float,
     before: int,
+    tally_before: dict[tuple[str, str, str], int],
 ) -> None:
     store, gh = b.rt.store, b.github
     records = [store.get(k) for k in keys]
@@ -283,10 +298,22 @@ def report(
             overhead.append(ms)
             own.append(ms - waited * 1000)
         paced.append(paced_seconds(b.rt.redis, k))
+    if os.environ.get("FLEET_WRITES"):  # every write GitHub counted, timed from the labelling
+        for at, method, path, _ in gh.write_log:
+            if at >= labelled:
+                print(f"{at - labelled:8.3f} {method:<6} {path}")
     for xs in (per_loop, overhead, own, paced):
         xs.sort()
     requests = [r for r in gh.requests[before:] if r[2] == "installation"]
-    writes = [r for r in requests if r[0] != "GET"]
+    # Writes as GitHub counts them (content-creating: a GraphQL query is a read), from
+    # loopbot's own tally by the job that sent each (bot/io/github/tally.py).
+    tallied = {
+        k: n - tally_before.get(k, 0)
+        for k, n in tally.counts(b.rt.redis).items()
+        if n > tally_before.get(k, 0)
+    }
+    writes = sum(n for (_, kind, _), n in tallied.items() if kind == "write")
+    reads = sum(n for (_, kind, _), n in tallied.items() if kind == "read")
     after_first = []
     if gh.limited:
         first, wait = gh.limited[0][3], gh.limited[0][4]
@@ -331,11 +358,22 @@ def report(
     )
     print(f"  CPU per loop: {sampler.cpu / max(n, 1):.2f} s (the worker's processes)")
     print(
-        f"  GitHub requests per loop: {len(requests) / n:.1f} ({len(writes) / n:.1f} writes); "
-        f"peak in flight {gh.peak_inflight}"
+        f"  GitHub requests per loop: {len(requests) / n:.1f} ({writes / n:.1f} writes, "
+        f"{reads / n:.1f} reads); peak in flight {gh.peak_inflight}"
     )
-    kinds = collections.Counter(f"{method} {_shape(path)}" for method, path, _ in writes)
-    print("  writes per loop: " + ", ".join(f"{k} {v / n:.1f}" for k, v in kinds.most_common()))
+    for kind in ("write", "read"):
+        print(f"  {kind}s per loop, by the job that sent them:")
+        jobs = collections.Counter[str]()
+        for (job, k, _), count in tallied.items():
+            if k == kind:
+                jobs[job] += count
+        for job, total in jobs.most_common():
+            routes = sorted(
+                ((what, c) for (j, k, what), c in tallied.items() if (j, k) == (job, kind)),
+                key=lambda wc: -wc[1],
+            )
+            shown = ", ".join(f"{what} {c / n:.1f}" for what, c in routes)
+            print(f"    {job:<9} {total / n:5.1f}: {shown}")
     print(
         f"  403/429 secondary-limit answers: {len(gh.limited)} "
         f"({len(after_first)} after the first Retry-After)"

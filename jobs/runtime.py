@@ -23,6 +23,7 @@ from bot.core import repo_config
 from bot.core.ids import LoopId
 from bot.core.repo_config import Ceilings, RepoConfig
 from bot.core.settings import Settings
+from bot.io.github import tally
 from bot.io.github.client import GitHubApp, Installation
 from bot.io.github.pace import waited_here
 from bot.io.metrics import observe_job, observe_pace
@@ -120,6 +121,7 @@ def instrumented(kind: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
             with (
                 structlog.contextvars.bound_contextvars(**context),
                 sigterm_drains(),
+                tally.running(kind),
                 publishing(),
             ):
                 try:

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from bot.core.record import Status
 from bot.io import schedules
+from bot.io.github import tally
 from bot.io.queues import ALL_QUEUES
 from bot.io.store import Store
 
@@ -136,6 +137,14 @@ class RedisCollector(Collector):
         for kind, seconds in sorted(self.redis.hgetall(_PACE_KEY).items()):
             paced.add_metric([kind.decode()], float(seconds))
         yield paced
+        requests = CounterMetricFamily(
+            "loopbot_github_requests",
+            "GitHub requests sent, by the job that sent them, read or write, and route",
+            labels=["job", "kind", "route"],
+        )
+        for (job, kind, what), n in sorted(tally.counts(self.redis).items()):
+            requests.add_metric([job, kind, what], n)
+        yield requests
         yield from _schedules(self.redis)
 
 

@@ -44,6 +44,7 @@ from typing import Any
 import httpx
 from redis import Redis
 
+from bot.io.github import tally
 from bot.io.github.failures import Unavailable
 from bot.io.logs import get_logger
 
@@ -400,6 +401,9 @@ class SharedPace:
         """Read the answer's limits: a secondary limit pauses the installation for every
         worker; a primary limit near its end spreads the writes until its reset."""
         self.give_back()
+        request = response.request
+        write = request.method.upper() in WRITES and not graphql_query(request)
+        tally.count(self.redis, "write" if write else "read", request.method, request.url.path)
         status = response.status_code
         message = ""
         if status in (403, 429):
