@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from bot.io.github.client import Installation
 from bot.io.logs import get_logger
@@ -37,6 +38,12 @@ class Update:
     summary: str
     conclusion: str | None = None
     new_head: bool = False  # just pushed: no check run of ours can be there yet
+    # Seconds the update waits for a newer one before it takes its place in line: an
+    # ``in_progress`` whose completion follows within seconds (a verified head's pull
+    # request, a short review) is then never written, the completion alone is (issue 43).
+    hold: float = 0.0
+    annotations: tuple[dict[str, Any], ...] = ()
+    text: str | None = None
 
 
 class CheckRuns:
@@ -49,8 +56,10 @@ class CheckRuns:
         self._log = log.bind(loop=loop)
         self._ids: dict[str, int] = {}  # head sha -> our check run there
         self._pending: Update | None = None
+        self._due = 0.0  # when the update waiting may take its place in line (``hold``)
         self._failed: Update | None = None  # the last update handed over, if it failed
         self._writing = False  # the thread is sending one (not: waiting for its slot)
+        self._urgent = False  # a flush waits: nothing is held
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -58,6 +67,7 @@ class CheckRuns:
         """Hand ``update`` to the job's thread and return: it replaces one still waiting."""
         with self._cond:
             self._pending, self._failed = _newest(self._pending, update), None
+            self._due = time.monotonic() + update.hold
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, daemon=True, name="loopbot-check-runs"
@@ -83,13 +93,17 @@ class CheckRuns:
         one once more (logged if it fails again). False when ``timeout`` passed first."""
         deadline = time.monotonic() + timeout
         with self._cond:
+            self._urgent = True  # an update held for a newer one goes now
+            self._cond.notify_all()
             while self._pending is not None or self._writing:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self._log.warning("checks.flush_timed_out", timeout=timeout)
+                    self._urgent = False
                     return False
                 self._cond.wait(left)
             failed, self._failed = self._failed, None
+            self._urgent = False
         if failed is not None:
             try:
                 self._write(failed)
@@ -103,7 +117,12 @@ class CheckRuns:
         pace = self._gh.pace
         while True:
             with self._cond:
-                while self._pending is None:
+                while self._pending is None or (
+                    (left := self._due - time.monotonic()) > 0 and not self._urgent
+                ):
+                    if self._pending is not None:  # held: a newer update may replace it
+                        self._cond.wait(left)
+                        continue
                     # Idle a while: the thread ends (the next update starts another).
                     if not self._cond.wait(IDLE) and self._pending is None:
                         self._thread = None
@@ -153,6 +172,8 @@ class CheckRuns:
                 summary=update.summary,
                 known_id=self._ids.get(update.head_sha),
                 new_head=update.new_head and update.head_sha not in self._ids,
+                annotations=list(update.annotations) or None,
+                text=update.text,
             )
         self._ids[update.head_sha] = run.id
 

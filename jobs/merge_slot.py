@@ -7,11 +7,16 @@ together, each merge sends the others back to merge the base in, verify again an
 reviewed again; a loop that loses that race ``merge.max_fix_turns`` times is refused
 (the fleet benchmark saw one of fifty). With the slot, the gate that would merge or
 send its loop back to catch up takes the repository's slot first; while another loop
-holds it, the gate waits instead, and is woken when that loop ends (merged, refused,
-cancelled, failed). So a loop catches up once, when its turn comes, and no loop's
-catching up is wasted by another loop's merge. The slot lapses on its own
-(``SLOT_SECONDS``) if its holder stalls; it orders loopbot's own merges and decides
-nothing: the gate still merges only on the facts it reads.
+holds it, the gate waits instead, in line, and the first in line is woken when that
+loop ends (merged, refused, cancelled, failed). So a loop catches up once, when its
+turn comes, and no loop's catching up is wasted by another loop's merge. One waiter is
+woken at a time, not all of them: each woken gate reads a dozen things from GitHub,
+and all but one of them would only find the slot taken again (a fleet's gates ran four
+times a loop, issue 43); a woken gate that does not take the slot (its loop waits for a
+person now) wakes the next (``pass_on``). The slot lapses on its own (``SLOT_SECONDS``)
+if its holder stalls, and a waiting gate looks again every ``RECHECK_SECONDS``; it
+orders loopbot's own merges and decides nothing: the gate still merges only on the
+facts it reads.
 """
 
 from __future__ import annotations
@@ -24,25 +29,34 @@ from bot.io.queues import enqueue_gate
 SLOT_SECONDS = 1200  # a catch-up is a turn, verify and a review: minutes, not hours
 RECHECK_SECONDS = 300  # a waiting gate's own look again, if its wake-up was lost
 
+# The line is a list (first come, first woken), each loop in it once.
 _TAKE = """
 local held = redis.call('GET', KEYS[1])
 if (not held) or held == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  redis.call('LREM', KEYS[2], 0, ARGV[1])
   return false
 end
-redis.call('SADD', KEYS[2], ARGV[1])
+if not redis.call('LPOS', KEYS[2], ARGV[1]) then redis.call('RPUSH', KEYS[2], ARGV[1]) end
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return held
 """
 
+# Lets go (when ARGV[1] holds it) and leaves the line; returns the first waiter, taken
+# off the line, when it let go.
 _RELEASE = """
+redis.call('LREM', KEYS[2], 0, ARGV[1])
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  local waiting = redis.call('SMEMBERS', KEYS[2])
-  redis.call('DEL', KEYS[2])
-  return waiting
+  return redis.call('LPOP', KEYS[2])
 end
 return false
+"""
+
+# The first waiter, taken off the line, when nobody holds the slot.
+_PASS = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+return redis.call('LPOP', KEYS[2])
 """
 
 
@@ -75,10 +89,19 @@ def keep(redis: Redis, loop: LoopId, seconds: float = SLOT_SECONDS) -> bool:
 
 
 def release(redis: Redis, loop: LoopId) -> None:
-    """``loop`` ended: its slot (if it holds it) is free, and the gates of the loops that
-    waited for it run now; the first to run takes it."""
-    waiting = redis.eval(_RELEASE, 2, *_keys(loop.repo), loop.key)
-    for member in waiting or []:
+    """``loop`` ended: its slot (if it holds it) is free, it leaves the line, and the
+    gate of the first loop in line runs now."""
+    _wake(redis, redis.eval(_RELEASE, 2, *_keys(loop.repo), loop.key))
+
+
+def pass_on(redis: Redis, repo: str) -> None:
+    """A gate run ends without the slot: if nobody holds it (a woken gate whose loop did
+    not need it now), the next in line is woken, so the line never stalls on one."""
+    _wake(redis, redis.eval(_PASS, 2, *_keys(repo)))
+
+
+def _wake(redis: Redis, member: object) -> None:
+    if member:
         other = LoopId.parse(member.decode() if isinstance(member, bytes) else str(member))
         enqueue_gate(redis, other.repo, other.issue)
 

@@ -5,6 +5,7 @@ and redacts only what happened since the last one."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 import time
 import uuid
@@ -52,6 +53,13 @@ def _send(store: Store, gh: Installation, record: LoopRecord, tail: str) -> Loop
     body = messages.status_comment(
         record, "" if record.last_verify.get("passed") else tail, timeline_lines=timeline
     )
+    # Never two edits with the same text: a state change a maintainer cannot see (a
+    # phase inside a job) costs no write, which a fleet waits a second for (issue 43).
+    digest = hashlib.sha256(body.encode()).hexdigest()
+    if record.status_comment_id is not None and store.status_sent(record.key) == (
+        f"{record.status_comment_id} {digest}"
+    ):
+        return record
     # The lease again, right before each request is sent (after the pace's waits): an
     # edit may go long after it was asked for.
     guard = gh.pace.guarded(lambda: _fence(store)) if gh.pace else contextlib.nullcontext()
@@ -59,6 +67,7 @@ def _send(store: Store, gh: Installation, record: LoopRecord, tail: str) -> Loop
         comment = gh.upsert_comment(
             record.repo, record.issue, "status", body, known_id=record.status_comment_id
         )
+    store.save_status_sent(record.key, f"{comment.id} {digest}")
     if comment.id != record.status_comment_id:
         return store.set_fields(record.key, status_comment_id=comment.id)
     return record
@@ -87,6 +96,7 @@ class Publisher:
 
     def __init__(self) -> None:
         self._pending: OrderedDict[LoopKey, _Edit] = OrderedDict()
+        self._due: dict[LoopKey, float] = {}  # when a loop's pending edit may go (HOLD)
         self._failed: dict[LoopKey, _Edit] = {}  # the last edit of a loop, if it failed
         self._busy = False
         self._urgent = threading.Event()  # a flush is waiting: edits stop giving way
@@ -97,6 +107,7 @@ class Publisher:
         """Drop the edits of ``key`` still waiting (one sent at once supersedes them)."""
         with self._cond:
             self._pending.pop(key, None)
+            self._due.pop(key, None)
             self._failed.pop(key, None)
 
     def submit(self, edit: _Edit) -> None:
@@ -104,6 +115,8 @@ class Publisher:
             self._failed.pop(edit.key, None)
             self._pending.pop(edit.key, None)
             self._pending[edit.key] = edit
+            # The first edit of a burst waits HOLD for the rest: one write carries them.
+            self._due.setdefault(edit.key, time.monotonic() + HOLD)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, daemon=True, name="loopbot-status-publisher"
@@ -114,11 +127,19 @@ class Publisher:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending:
-                    self._busy = False
-                    self._cond.notify_all()
-                    self._cond.wait()
-                key, edit = self._pending.popitem(last=False)
+                while True:
+                    if not self._pending:
+                        self._busy = False
+                        self._cond.notify_all()
+                        self._cond.wait()
+                        continue
+                    key = min(self._pending, key=lambda k: self._due.get(k, 0.0))
+                    left = self._due.get(key, 0.0) - time.monotonic()
+                    if left <= 0 or self._urgent.is_set():
+                        break
+                    self._cond.wait(left)  # held: newer edits of it merge meanwhile
+                edit = self._pending.pop(key)
+                self._due.pop(key, None)
                 self._busy = True
             try:
                 self._send(edit)
@@ -157,6 +178,7 @@ class Publisher:
         self._urgent.set()
         try:
             with self._cond:
+                self._cond.notify_all()  # an edit held for a newer one goes now
                 while self._pending or self._busy:
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -172,6 +194,10 @@ class Publisher:
         finally:
             self._urgent.clear()
 
+
+# Seconds the first of a burst of edits waits for the rest (a turn's outcome, then its
+# pull request; a verdict, then the merge): one edit shows them all, a few seconds late.
+HOLD = 5.0
 
 _PUBLISHER: Publisher | None = None
 _ACTIVE = 0  # jobs running in this process inside ``publishing``

@@ -205,11 +205,20 @@ class LoopRecord(BaseModel):
     finding_log: list[dict[str, Any]] = Field(default_factory=list)
     next_finding: int = 1
     verdicts: dict[str, str] = Field(default_factory=dict)
+    # The change each reviewed head makes (bot/core/rules/same_change.py): a head whose
+    # change is one already approved (the default branch merged in) is not asked again.
+    patches: dict[str, str] = Field(default_factory=dict)
     # One budget over the issue's whole life (bot/core/rules/budget.py): never reset by a restart.
     total_turns: int = 0
     active_seconds: float = 0.0  # banked by the store at each write of an active record
     budget_limits: dict[str, float] = Field(default_factory=dict)  # name -> limit in force
     receipt_comment_id: int | None = None  # the merge gate's receipt on the pull request
+    # The receipt of a merge under way, posted once with its merge commit (one write, not
+    # two); kept here first, so a gate run that finds the merge done still posts it.
+    receipt_text: str = ""
+    # The harness merged the default branch in without conflicts: verify runs on the
+    # merged head before any turn, and the pull request moves on if it passes.
+    base_clean: bool = False
     # What the agent's conversation has been given, each once (bot/core/rules/discussion.py,
     # bot/core/rules/nested_guidance.py): the ids of the issue's comments (maintainers'
     # comments shown, or left out for room) and the nested AGENTS.md paths.

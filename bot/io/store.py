@@ -339,6 +339,15 @@ class Store:
     def save_timeline_state(self, key: LoopKey, token: str, state: dict[str, Any]) -> None:
         self.redis.hset(_k("timeline", key), mapping={"token": token, "state": json.dumps(state)})
 
+    def status_sent(self, key: LoopKey) -> str | None:
+        """What the status comment was last edited to: "<comment id> <digest of the body>"
+        (jobs/status_comment.py sends no edit that would leave it as it is)."""
+        raw = self.redis.hget(_k("timeline", key), "sent")
+        return None if raw is None else _s(raw)
+
+    def save_status_sent(self, key: LoopKey, sent: str) -> None:
+        self.redis.hset(_k("timeline", key), "sent", sent)
+
     def follow(
         self, key: LoopKey | None, last: str = "$", block_ms: int = 1000
     ) -> list[dict[str, Any]]:

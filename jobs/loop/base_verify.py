@@ -78,5 +78,5 @@ class BaseVerify(RunnerBase):
                 f"your branch without conflicts. Check that `{self.config.verify}` still "
                 "passes, and fix what the merge broke."
             )
-        self._set(sync_base=False, resume_note=note)
+        self._set(sync_base=False, resume_note=note, base_clean=not conflicted)
         self.store.event(self.key, "base_merged", base=base, conflicts=conflicted)

@@ -404,6 +404,10 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
             # post-action began: those first; the post-action follows the next clean review.
             self._post_action_feedback(deferred=True)
         conversation = self.store.conversation(self.key)
+        if conversation and self._record().base_clean:
+            merged = self._merged_base_verified(base, conversation)
+            if merged is not None:
+                return merged
         failure = self._record().resume_note if conversation else ""
         if conversation:  # resumed: a verified head may want its section audit first
             match self._resumed_sections(conversation):
@@ -543,7 +547,6 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
             head = committed or self.worktrees.head(self.checkout.path, self.checkout.mirror)
             self._set(phase="verifying")
             verify = self._harness(self.config.verify)  # while the push runs
-            self._pushed(wait=False)  # or at the next turn's start, or its commit
             if (problem := self.sandbox.worktree_problem()) is not None:
                 return self._over_limit(f"verify: {problem}")
             self._verify_tail = verify.output[-prompts.TAIL_CHARS :]
@@ -567,6 +570,10 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
             self._set(last_verify=result, idle_turns=idle, tests_changed=tests)
             # The output's tail too: the session log shows what verify said, turn by turn.
             self.store.event(self.key, "verify", **result, tail=self._verify_tail)
+            # The push, if it has ended (else at the next turn's start, or its commit):
+            # after verify's result is recorded, so a verified head's check run is held
+            # for the pull request's (``_pushed``).
+            self._pushed(wait=False)
             if not changed:
                 self.store.event(self.key, "no_change", turn=turn, idle_turns=idle)
             record = self._record()
@@ -632,6 +639,53 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
                     + "): they never reach the commit, so verify ran without them."
                 )
             self._status_comment()
+
+    def _merged_base_verified(self, base: str, conversation: list[dict[str, Any]]) -> str | None:
+        """The default branch merged in without conflicts (the gate asked: another loop
+        merged first): verify on the merged head before any turn. When it passes with
+        the tests as approved, the pull request moves on, no model asked (a turn only to
+        hear "still passes" cost a call and a fleet's writes, issue 43); else None, and a
+        turn follows with what verify said."""
+        record = self._set(base_clean=False)
+        if record.kind == "metric" or record.sections:  # their evidence is per turn
+            return None
+        issue = self.gh.issue(self.repo, self.issue_number)
+        label = self.config.labels.of_kind(record.kind)
+        step = transitions.before_turn(
+            turn=record.turn,
+            max_turns=record.turn + 1,  # no turn runs: the turns left do not matter
+            issue_open=issue.open,
+            has_label=label in issue.labels,
+            cancel=self.store.cancel_requested(self.key),
+            intake_edited=intake.edited(record, issue.title, issue.body),
+        )
+        if isinstance(step, transitions.Stop):
+            return None  # the turn's own rules say how the loop ends, and the comments
+        head = self.worktrees.head(self.checkout.path, self.checkout.mirror)
+        self._set(phase="verifying")
+        verify = self._harness(self.config.verify)
+        if (problem := self.sandbox.worktree_problem()) is not None:
+            return self._over_limit(f"verify: {problem}")
+        self._verify_tail = verify.output[-prompts.TAIL_CHARS :]
+        result = {
+            "turn": record.turn,
+            "total": record.total_turns,
+            "passed": verify.passed,
+            "exit_code": verify.exit_code,
+            "seconds": round(verify.seconds, 3),
+            "timed_out": verify.timed_out,
+            "sha": head,
+        }
+        self._set(last_verify=result)
+        self.store.event(self.key, "verify", **result, tail=self._verify_tail, merged_base=True)
+        if not verify.passed:
+            self._set(resume_note=f"{record.resume_note}\n\nverify failed:\n{self._verify_tail}")
+            return None
+        approved = intake.approved_text(self._record(), issue.title, issue.body)
+        if note := self._tests_changed_to_pass(head, verify, *approved):
+            self._set(resume_note=note)  # the one turn it gives the agent follows
+            return None
+        return self._open_pull(base, resumed_outcome(conversation))
 
     def _turn_completed(self, turn: int, outcome: Outcome) -> None:
         """The turn's event: how it ended, its steps, calls, cost and where time went."""

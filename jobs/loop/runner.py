@@ -28,7 +28,7 @@ from bot.io.github.issues import IssueInfo
 from bot.io.logs import get_logger
 from jobs import lifecycle
 from jobs.agents.agent import Outcome, TurnAgent
-from jobs.loop.check_runs import CheckRuns, Update
+from jobs.check_runs import CheckRuns, Update
 from jobs.loop.lease import Lease
 from jobs.loop.setup_phase import SetupPhase
 from jobs.runtime import Runtime
@@ -39,6 +39,7 @@ log = get_logger("loopbot.loop")
 
 
 CHECK_NAME = "loopbot"
+HOLD_VERIFIED = 5.0  # seconds a verified head's in_progress run waits for its completion
 LEASE_LOST = "lease lost: another worker took this loop over"
 
 
@@ -322,7 +323,13 @@ class RunnerBase(ABC):
         self._set(head_sha=sha)
         self.store.event(self.key, "pushed", turn=turn, sha=sha)
         # Not waited for: with many loops, GitHub's line for writes is long (a minute).
-        self._check_run("in_progress", title=f"turn {turn}: verified", new_head=True, wait=False)
+        # A head verify passed on is held a moment: the pull request opens on it within
+        # seconds, and its run is then created once, completed (one write, not two).
+        passed = self._record().last_verify
+        held = HOLD_VERIFIED if passed.get("sha") == sha and passed.get("passed") else 0.0
+        self._check_run(
+            "in_progress", title=f"turn {turn}: verified", new_head=True, wait=False, hold=held
+        )
 
     def _refused(self, refusal: push_refusal.Refusal, turn: int, sha: str) -> None:
         """GitHub refused the turn's push. Content the agent can take out (a secret, a
@@ -448,9 +455,10 @@ class RunnerBase(ABC):
         title: str = "",
         new_head: bool = False,
         wait: bool = True,
+        hold: float = 0.0,
     ) -> None:
         """The loop's check run on the record's head. ``wait=False``: handed to the job's
-        check-run thread (jobs/loop/check_runs.py), for a turn's new head ``in_progress``."""
+        check-run thread (jobs/check_runs.py), for a turn's new head ``in_progress``."""
         record = self._record()
         if not record.head_sha:
             return
@@ -461,6 +469,7 @@ class RunnerBase(ABC):
             title=title or record.phase,
             summary=messages.status_line(record),
             new_head=new_head,
+            hold=hold,
         )
         if self._checks is None:
             self._checks = CheckRuns(self.gh, self.repo, CHECK_NAME, self.lease.check, self.key)

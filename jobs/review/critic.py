@@ -50,6 +50,7 @@ from bot.core.rules.review import (
     tests_changed_stands,
 )
 from bot.core.rules.review_check import check_run
+from bot.core.rules.same_change import carried_from, patch_digest
 from bot.core.text import messages, prompts
 from bot.core.text import metric as metric_text
 from bot.io.github.client import Installation
@@ -58,6 +59,7 @@ from bot.io.github.pulls import PullInfo
 from bot.io.logs import get_logger
 from bot.io.store import Store
 from jobs import lifecycle, precall
+from jobs.check_runs import CheckRuns, Update
 from jobs.retries import with_retries
 from jobs.review.prompt import (
     MAX_DIFF_CHARS,
@@ -78,6 +80,7 @@ from jobs.tree.worktree import Worktrees
 
 log = get_logger("loopbot.critic")
 CHECK_NAME = "loopbot/critic"
+HOLD_REVIEWING = 5.0  # seconds the "reviewing" check run waits for the verdict's
 ATTEMPTS = 2
 MAX_TOKENS = 8192  # of one review answer (within the model's output limit)
 # A review that fails (GitHub or the model down past their clients' own retries) is run
@@ -108,10 +111,18 @@ class Critic:
         self.model = rt.settings.critic_model
         self.effort: str | None = rt.settings.effort
         self.spec: ModelSpec | None = None
+        self._runs: CheckRuns | None = None  # the review's check run, once it starts
 
     def run(self) -> str:
         """Review and act; never leave the loop in ``reviewing`` when the review fails for
         good. A retry is safe: the review is posted once per sha (its marker)."""
+        try:
+            return self._run_with_retries()
+        finally:
+            if self._runs is not None:  # an update still held goes before the job ends
+                self._runs.flush()
+
+    def _run_with_retries(self) -> str:
         return with_retries(
             self._run_once,
             self._give_up,
@@ -178,6 +189,22 @@ class Critic:
             # flip-flopping critic would override its own sev1. It stands until the head
             # changes, a writer dismisses the finding, or a person takes over.
             return self._stands(gh, record, sha, earlier, diff, config)
+        digest = patch_digest(diff)
+        if earlier is None:
+            own_sev1 = record.kind != "metric" and (
+                evidence_finding(record.base_verify, record.tests_changed)
+                or tests_changed_finding(record.test_evidence, sha) is not None
+            )
+            carried = carried_from(
+                digest=digest,
+                patches=record.patches,
+                verdicts=record.verdicts,
+                finding_log=record.finding_log,
+                own_sev1=own_sev1,
+                kind=record.kind,
+            )
+            if carried is not None:
+                return self._carried(gh, record, sha, carried, digest, diff, config)
         round_ = record.critic_round + 1
         # Milestones: every section passed its own audit, so this review is the final audit.
         final = sections.final(record.sections)
@@ -193,12 +220,17 @@ class Critic:
             effort=self.effort,
             **({"final_audit": True} if final else {}),
         )
-        gh.upsert_check_run(
-            self.repo,
-            CHECK_NAME,
-            sha,
-            status="in_progress",
-            title=f"{'final audit' if final else 'reviewing'} (round {round_})",
+        # Held a moment: a review that ends within it writes its check run once, with
+        # the verdict (issue 43); a longer one shows "reviewing" meanwhile.
+        self._runs = CheckRuns(gh, self.repo, CHECK_NAME, lambda: None, self.key)
+        self._runs.submit(
+            Update(
+                head_sha=sha,
+                status="in_progress",
+                title=f"{'final audit' if final else 'reviewing'} (round {round_})",
+                summary=f"{'final audit' if final else 'reviewing'} (round {round_})",
+                hold=HOLD_REVIEWING,
+            )
         )
         # loopbot's own evidence finding is decided by its rule, not asked of the critic.
         asked = [
@@ -308,6 +340,7 @@ class Critic:
             now = merged(r.finding_log, r.next_finding)
             r.finding_log, r.next_finding = now.log, now.next_id
             r.verdicts = {**r.verdicts, sha: report.verdict}
+            r.patches = {**r.patches, sha: digest}
             r.reviewed_sha = sha
             r.reviewed_whole = len(diff) <= MAX_DIFF_CHARS
             r.verdict = report.verdict
@@ -377,6 +410,53 @@ class Critic:
                 verdict=verdict,
                 reviewed_whole=len(diff) <= MAX_DIFF_CHARS,
             )
+        return self._act(gh, record, plan, config)
+
+    def _carried(
+        self,
+        gh: Installation,
+        record: LoopRecord,
+        sha: str,
+        reviewed: str,
+        digest: str,
+        diff: str,
+        config: repo_config.RepoConfig,
+    ) -> str:
+        """``sha`` makes the change approved on ``reviewed`` (the default branch merged
+        in): the approval carries, the model is not asked, no review is posted (the one
+        on ``reviewed`` says it). The check run on the new head says where it came from:
+        a branch that requires it finds it on the head it merges."""
+        self.store.event(self.key, "review_carried", sha=sha, reviewed=reviewed)
+
+        def save(r: LoopRecord) -> None:
+            r.verdicts = {**r.verdicts, sha: "approve"}
+            r.patches = {**r.patches, sha: digest}
+            r.reviewed_sha = sha
+            r.reviewed_whole = len(diff) <= MAX_DIFF_CHARS
+            r.verdict = "approve"
+
+        record = self.store.update(self.key, save)
+        gh.upsert_check_run(
+            self.repo,
+            CHECK_NAME,
+            sha,
+            status="completed",
+            conclusion="success",
+            title=f"approve: the change approved on {reviewed[:10]}",
+            summary=(
+                f"This head makes the same change as {reviewed}, which the critic approved: "
+                "the default branch was merged in and the pull request's own diff did not "
+                "change. verify ran again on this head."
+            ),
+        )
+        plan = plan_for_reviewed_head(
+            "approve",
+            record.finding_log,
+            sha,
+            diff_lines=changed_line_count(diff),
+            large_diff_lines=config.critic.large_diff_lines,
+            unread_chars=max(len(diff) - MAX_DIFF_CHARS, 0),
+        )
         return self._act(gh, record, plan, config)
 
     def _act(
@@ -614,13 +694,15 @@ class Critic:
 
     def _check(self, gh: Installation, sha: str, report: CriticReport) -> None:
         run = check_run(report)
-        gh.upsert_check_run(
-            self.repo,
-            CHECK_NAME,
-            sha,
-            status="completed",
-            conclusion=run.conclusion,
-            title=run.title,
-            summary=report.summary,
-            annotations=run.annotations,
+        if self._runs is None:
+            self._runs = CheckRuns(gh, self.repo, CHECK_NAME, lambda: None, self.key)
+        self._runs.send(
+            Update(
+                head_sha=sha,
+                status="completed",
+                conclusion=run.conclusion,
+                title=run.title,
+                summary=report.summary,
+                annotations=tuple(run.annotations),
+            )
         )

@@ -158,6 +158,7 @@ class Gate:
         with store.lock(f"gate:{self.key}", timeout=120, renew=True):
             record = store.get(self.key)
             if record is None or record.status != Status.MERGING or record.pr_number is None:
+                merge_slot.pass_on(self.rt.redis, self.repo)  # woken, but no longer waiting
                 return "not waiting to merge"
             gh = self.rt.github.installation(record.installation_id)
             config = self.rt.config(gh, self.repo)
@@ -206,6 +207,8 @@ class Gate:
                 after = store.get(self.key)
                 if after is None or after.status in TERMINAL:  # ended, however: let go
                     merge_slot.release(self.rt.redis, loop)
+                else:  # woken from the line but did not take the slot: the next's turn
+                    merge_slot.pass_on(self.rt.redis, self.repo)
 
     def _take_slot(
         self, gh: Installation, loop: LoopId, pull: PullInfo, facts: Facts, decision: Decision
@@ -251,9 +254,10 @@ class Gate:
             decision = Refuse(Reason.GATE_ERROR, why)
         match decision:
             case Merge(sha=sha):
-                self._post_receipt(
-                    gh, record, table, pull.head_sha, f"Merging {pull.head_sha} now."
-                )
+                # Posted once, after the merge, with its commit (issue 43: one write where
+                # a receipt before and its edit after were two); held in the record first.
+                text = receipt.render(table, head=pull.head_sha, outcome=f"Merging {sha} now.")
+                record = self._set(receipt_text=text)
                 return self._merge(gh, record, config, facts, sha, issue.title, pull)
             case Enqueue(sha=sha):
                 self._post_receipt(
@@ -658,6 +662,7 @@ class Gate:
                 closes=self.issue,
             )
         except Conflict as exc:
+            self._set(receipt_text="")  # not this merge's: the next decision has its own
             if exc.status == 409:  # the head moved between our read and the merge
                 why = "the head moved while merging"
                 moved = lifecycle.advance(
@@ -678,6 +683,8 @@ class Gate:
             people = self._people(gh, record, config, now, time.time())
             if now.head_sha == sha and (wanted := people_wanted(replace(facts, **people))):
                 return self._await_people(gh, record, now, wanted)
+            if record.receipt_text:  # what the gate checked, and GitHub's refusal
+                self._post_text(gh, record, receipt.refused(record.receipt_text, str(exc)))
             return self._refuse(gh, record, Reason.NOT_MERGEABLE, str(exc))
         self._set(merge_sha=result.sha)
         self.store.event(self.key, "merged", sha=result.sha, pr=record.pr_number)
@@ -691,24 +698,32 @@ class Gate:
         head: str,
         outcome: str,
     ) -> None:
+        self._post_text(gh, record, receipt.render(table, head=head, outcome=outcome))
+
+    def _post_text(self, gh: Installation, record: LoopRecord, text: str) -> None:
         assert record.pr_number is not None
-        text = receipt.render(table, head=head, outcome=outcome)
         posted = gh.upsert_comment(
             self.repo, record.pr_number, receipt.COMMENT_KEY, text, record.receipt_comment_id
         )
-        if posted.id != record.receipt_comment_id:
-            self._set(receipt_comment_id=posted.id)
+        self._set(receipt_comment_id=posted.id, receipt_text="")
 
     def _receipt_merged(self, gh: Installation, record: LoopRecord, merge_sha: str) -> None:
-        """Add the merge commit to the receipt posted before the merge, if there is one."""
+        """Post the receipt of the merge with its commit; or add the commit to a receipt
+        posted before (a merge queue's), if there is one."""
         if record.pr_number is None or not merge_sha:
+            return
+        now = self.store.get(self.key)
+        if now is not None and now.receipt_text:
+            self._post_text(
+                gh, now, receipt.merged(now.receipt_text, merge_sha) or now.receipt_text
+            )
             return
         posted = gh.find_comment(self.repo, record.pr_number, receipt.COMMENT_KEY)
         if posted is None:
             return  # merged by someone else, before loopbot posted a receipt
-        text = receipt.merged(posted.body, merge_sha)
-        if text is not None:
-            gh.upsert_comment(self.repo, record.pr_number, receipt.COMMENT_KEY, text, posted.id)
+        added = receipt.merged(posted.body, merge_sha)
+        if added is not None:
+            gh.upsert_comment(self.repo, record.pr_number, receipt.COMMENT_KEY, added, posted.id)
 
     def _completed(self, gh: Installation, record: LoopRecord, merge_sha: str) -> str:
         # Record the merge first: everything after it is tidying up that a retry may redo.

@@ -127,3 +127,47 @@ def test_an_edit_that_failed_is_sent_again_when_the_job_ends(
         github.faults.clear()  # GitHub is back before the job ends
     body = next(iter(github.repo(REPO).comments.values()))["body"]
     assert "turn 6" in body.lower(), body
+
+
+def test_an_edit_that_would_leave_the_text_as_it_is_is_not_sent(
+    github: GitHubServer, settings: Settings, redis: Redis
+) -> None:
+    """Never two edits with the same text (issue 43): asked again for the text it has,
+    it costs no write; a change a reader can see does, once."""
+    gh, store, record = setup(github, settings, redis, gap=0.0)
+    before = patches(github)
+    post_status(store, gh, record)  # the text it was created with
+    post_status(store, gh, record)
+    assert patches(github) == before
+    record = store.set_fields(record.key, turn=2, status=Status.RUNNING)
+    post_status(store, gh, record)
+    post_status(store, gh, record)
+    assert patches(github) == before + 1
+
+
+def test_edits_spread_over_the_hold_cost_one_write_showing_the_last(
+    github: GitHubServer, settings: Settings, redis: Redis, monkeypatch: object
+) -> None:
+    """With no line at all (a quiet installation), the first edit of a burst waits HOLD
+    for the rest: a turn's outcome and the pull request a second later are one edit."""
+    import pytest
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    monkeypatch.setattr(status_comment, "HOLD", 1.5)
+    gh, store, record = setup(github, settings, redis, gap=0.0)
+    before = patches(github)
+    with publishing():
+        record = store.set_fields(record.key, turn=1, status=Status.RUNNING)
+        post_status(store, gh, record)
+        time.sleep(0.7)
+        assert patches(github) == before  # held
+        record = store.set_fields(record.key, turn=2)
+        post_status(store, gh, record)
+        deadline = time.monotonic() + 10
+        while patches(github) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        held = time.monotonic()
+    assert patches(github) == before + 1
+    body = next(iter(github.repo(REPO).comments.values()))["body"]
+    assert "turn 2" in body.lower(), body
+    assert held - deadline + 10 >= 0.5  # sent at the first edit's hold, not at once

@@ -73,6 +73,7 @@ ROOMS: dict[str, frozenset[str]] = {
 # Modules directly in jobs/ that serve every room: below every room, importing none.
 SHARED = frozenset(
     {
+        "jobs.check_runs",  # the loop's and the critic's check runs, written beside the job
         "jobs.drain",  # SIGTERM becomes a hand-over
         "jobs.lifecycle",  # every status change
         "jobs.merge_slot",  # one merge at a time per repository (lifecycle frees it)

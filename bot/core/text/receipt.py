@@ -114,6 +114,15 @@ def render(table: list[Row], *, head: str, outcome: str) -> str:
     return "\n".join(lines)
 
 
+def refused(body: str, why: str) -> str:
+    """``body`` (a receipt held for a merge) with GitHub's refusal of the merge in place
+    of what the gate was doing."""
+    lines = body.split("<!-- loopbot:")[0].rstrip().splitlines()
+    rows_at = [i for i, line in enumerate(lines) if line.startswith("| ")]
+    kept = lines[: rows_at[-1] + 1] if rows_at else lines
+    return "\n".join([*kept, "", _cell(f"Not merged: GitHub refused the merge: {why}")])
+
+
 def merged(body: str, merge_sha: str) -> str | None:
     """``body`` (a posted receipt) with the merge commit added; None when it has it already
     or is not a receipt. Works from the posted text, so a gate run that finds the pull

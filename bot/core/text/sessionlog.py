@@ -54,6 +54,7 @@ _EVENT_KINDS = {
     "review_started": "review",
     "reviewed": "review",
     "review_skipped": "review",
+    "review_carried": "review",
     "handoff": "handoff",
     "loop_restarted": "restart",
     "loop_resumed": "resume",
@@ -494,6 +495,8 @@ def _describe_event(kind: str, data: dict[str, Any], state: _EventState) -> tupl
             return title, _findings(data.get("findings")), not data.get("sev1")
         case "review_skipped":
             return f"head already reviewed: {data.get('verdict')}", "", None
+        case "review_carried":
+            return f"same change as {_short(data.get('reviewed'))}: its approval carries", "", True
         case "step":
             return f"step {data.get('step')}: {data.get('tool')}", "", None
         case "loop_finished":

@@ -42,7 +42,8 @@ TIMELINE_KINDS = frozenset(
         "turn_started", "turn_capped", "verify", "no_change", "test_requested",
         "pr_opened", "review_started", "section_audit_started", "section_audited",
         "section_done", "post_action", "triage", "triage_failed", "spec_accepted",
-        "split", "metric_iteration", "reviewed", "review_skipped", "back_to_coding",
+        "split", "metric_iteration", "reviewed", "review_skipped", "review_carried",
+        "back_to_coding",
         "handoff", "loop_resumed", "loop_restarted", "loop_cancelled", "shrink",
         "hidden_text_removed",
         "context_shrunk", "base_merged", "merge_refused", "merged", "loop_finished",
@@ -191,6 +192,8 @@ def _timeline_event(lines: list[_Line], kind: str, data: dict[str, Any]) -> None
             _set_review(lines, f"— {_severities(data)}")
         case "review_skipped":
             lines.append(_Line(f"head already reviewed ({_word(data.get('verdict'))})"))
+        case "review_carried":
+            lines.append(_Line("same change as the reviewed head: its approval carries"))
         case "back_to_coding":
             lines.append(_Line(f"back to coding ({_word(data.get('reason'))})"))
         case "hidden_text_removed":  # bot/core/text/visible.py

@@ -1,5 +1,5 @@
 """A turn does not wait for its check run: the ``in_progress`` update on the head a turn
-pushed is written beside the next turn (jobs/loop/check_runs.py). Real RQ worker, git and
+pushed is written beside the next turn (jobs/check_runs.py). Real RQ worker, git and
 sandbox; the local GitHub answers every check-run create slowly, as GitHub does when the
 installation's line for writes is long."""
 

@@ -1,4 +1,4 @@
-"""A loop's check runs written beside its turns (``jobs.loop.check_runs``), against the local
+"""A loop's check runs written beside its turns (``jobs.check_runs``), against the local
 GitHub through the real client and the installation's pace in Redis: a turn hands its
 update over and goes on; a newer head replaces an update still waiting; what the loop
 ends on is written at once and after what was handed over, with one check run per head;
@@ -18,7 +18,7 @@ from bot.io.github.client import GitHubApp, Installation
 from bot.io.store import LeaseLost
 from bot.standins import gitrepo
 from bot.standins.github import GitHubServer
-from jobs.loop.check_runs import CheckRuns, Update
+from jobs.check_runs import CheckRuns, Update
 
 REPO = "acme/widgets"
 NAME = "loopbot"
@@ -149,7 +149,7 @@ def test_an_update_that_failed_is_written_again_when_the_job_ends(
     assert run["output"]["title"] == "turn 1"
 
 
-# Found by a red team: both failed before the fixes in jobs/loop/check_runs.py.
+# Found by a red team: both failed before the fixes in jobs/check_runs.py.
 
 
 def test_in_progress_never_lands_after_completed_when_the_in_flight_write_fails(

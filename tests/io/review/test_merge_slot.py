@@ -53,11 +53,33 @@ def test_a_loop_s_end_lets_go_and_wakes_the_gates_that_waited(redis: Redis) -> N
     assert merge_slot.take(redis, B) == A.key
     assert merge_slot.take(redis, C) == A.key
     assert gates_queued(redis) == []
+    assert merge_slot.take(redis, B) == A.key  # asked again: keeps its place in line
     lifecycle.release(Store(redis), A.key)  # how every loop's end ends (lifecycle.finish)
     assert merge_slot.holder(redis, A.repo) is None
-    assert gates_queued(redis) == [f"merge gate {B.key}", f"merge gate {C.key}"]
+    # The first in line only: the others would only find the slot taken again.
+    assert gates_queued(redis) == [f"merge gate {B.key}"]
     lifecycle.release(Store(redis), A.key)  # again: nothing held, no one woken twice
+    assert len(gates_queued(redis)) == 1
+    merge_slot.pass_on(redis, B.repo)  # B's gate ran and did not take it: C's turn
+    assert gates_queued(redis) == [f"merge gate {B.key}", f"merge gate {C.key}"]
+    merge_slot.pass_on(redis, B.repo)  # the line is empty: nobody else
     assert len(gates_queued(redis)) == 2
+
+
+def test_a_woken_gate_that_takes_the_slot_wakes_nobody_and_a_loop_that_ends_leaves_the_line(
+    redis: Redis,
+) -> None:
+    assert merge_slot.take(redis, A) is None
+    assert merge_slot.take(redis, B) == A.key
+    assert merge_slot.take(redis, C) == A.key
+    lifecycle.release(Store(redis), C.key)  # C ended while it waited: out of the line
+    lifecycle.release(Store(redis), A.key)
+    assert merge_slot.take(redis, B) is None  # B, woken, takes it
+    merge_slot.pass_on(redis, B.repo)  # held: nobody is woken
+    assert gates_queued(redis) == [f"merge gate {B.key}"]
+    lifecycle.release(Store(redis), B.key)  # C left the line: nobody to wake
+    assert gates_queued(redis) == [f"merge gate {B.key}"]
+    assert merge_slot.holder(redis, B.repo) is None
 
 
 # The gate and the slot, the facts chosen (a red team's reproductions).
