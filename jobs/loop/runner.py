@@ -28,6 +28,7 @@ from bot.io.github.issues import IssueInfo
 from bot.io.logs import get_logger
 from jobs import lifecycle
 from jobs.agents.agent import Outcome, TurnAgent
+from jobs.loop.attachments import Given
 from jobs.loop.check_runs import CheckRuns, Update
 from jobs.loop.lease import Lease
 from jobs.loop.setup_phase import SetupPhase
@@ -120,6 +121,7 @@ class RunnerBase(ABC):
         self.worktrees = Worktrees(rt.settings.data_dir)
         self._verify_tail = ""
         self.guidance = ""  # the repository's instructions (prompts.guidance), set at start
+        self.given = Given()  # the approved issue's attachments (jobs/loop/attachments.py)
         self._checks: CheckRuns | None = None  # the loop's check runs, once it has a head
         self._push: tuple[_Background, int, str] | None = None
         # Milestones: the next prompt gives the current section's whole text (a new

@@ -15,6 +15,7 @@ from typing import Any, assert_never
 from pydantic import ValidationError
 
 from bot.core import repo_config
+from bot.core.attachments import Fetched
 from bot.core.diffmap import changed_line_count
 from bot.core.evidence import held_out
 from bot.core.ids import LoopId
@@ -50,8 +51,10 @@ from bot.core.rules.review import (
     tests_changed_stands,
 )
 from bot.core.rules.review_check import check_run
+from bot.core.text import attachments as attachments_text
 from bot.core.text import messages, prompts
 from bot.core.text import metric as metric_text
+from bot.io.attachments import Attachments
 from bot.io.github.client import Installation
 from bot.io.github.failures import GitHubError, Unavailable
 from bot.io.github.pulls import PullInfo
@@ -225,6 +228,7 @@ class Critic:
                         *metric_text.critic_facts(record),  # a metric loop's results table
                     ],
                     look=look,
+                    attached=self._attachments(gh, record),
                 )
         except precall.OverBudget as exc:  # only a person can give the issue more
             gh.add_labels(self.repo, self.issue, [config.labels.needs_human])
@@ -462,6 +466,7 @@ class Critic:
         facts: list[str] | None = None,
         look: tuple[ReviewCheckout, str] | None = None,
         scope: str = "",
+        attached: tuple[list[dict[str, Any]], str] = ([], ""),
     ) -> CriticReport:
         """Ask the model; ``asked``: open findings from earlier rounds it must answer for,
         ``since``: (last reviewed sha, diff from it), ``facts``: the loop's evidence,
@@ -469,7 +474,12 @@ class Critic:
         read-only tools (an answer that does not validate is asked for again without)."""
         asked = asked or []
         ids = [str(e["id"]) for e in asked]
-        prompt = _prompt(title, body, diff, asked, since, facts or [], scope=scope)
+        blocks, section = attached
+        text = _prompt(title, body, diff, asked, since, facts or [], scope=scope, attached=section)
+        # The issue's images and PDFs before the words, as in the agent's first message.
+        prompt: str | list[dict[str, Any]] = (
+            [*blocks, {"type": "text", "text": text}] if blocks else text
+        )
         messages_: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
         problem = ""
         first = 0
@@ -570,11 +580,31 @@ class Critic:
         ) as checkout:
             yield checkout, config.verify
 
+    def _attachments(
+        self, gh: Installation, record: LoopRecord
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The approved issue's attachments as the loop recorded them (jobs/loop/attachments.py):
+        from this worker's store, or downloaded again where it has none; a file whose bytes
+        now differ from what the writer approved is left out."""
+        stored = Fetched.of(record.attachments)
+        if stored is None or stored.approved != record.approved_sha256:
+            return [], ""
+        files = Attachments(self.rt.settings.data_dir, self.rt.settings.api_url)
+        if any(not files.path(self.key, a).is_file() for a in stored.files):
+            files.again(self.key, stored, gh.issue_rendered(self.repo, self.issue)[2])
+        texts = files.texts(self.key, stored)
+        return files.blocks(self.key, stored), attachments_text.section(stored, texts)
+
     def _charge(self, model: str, used: Usage) -> None:
         """A critic call's usage on the loop's record."""
         self.store.update(self.key, lambda r: r.record_usage(model, "critic", used))
 
-    def _look(self, look: tuple[ReviewCheckout, str], prompt: str, schema: dict[str, Any]) -> str:
+    def _look(
+        self,
+        look: tuple[ReviewCheckout, str],
+        prompt: str | list[dict[str, Any]],
+        schema: dict[str, Any],
+    ) -> str:
         """One review with read-only tools; usage recorded call by call."""
         checkout, verify = look
         limits = ReviewLimits()
