@@ -10,12 +10,15 @@ let the issue make the worker request anything.
 
 from __future__ import annotations
 
+import io
 import math
 import posixpath
 from dataclasses import asdict, dataclass, field
 from html.parser import HTMLParser
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
+
+from PIL import Image, UnidentifiedImageError
 
 # Limits, per issue. Images are scaled down to what the APIs take (``MAX_SIDE``, the
 # long edge past which Anthropic's API scales an image itself, so nothing the model could
@@ -107,7 +110,24 @@ class Fetched:
 
 
 def image_tokens(width: int, height: int) -> int:
+    """Anthropic's estimate of an image's input tokens, ``width * height / 750``, of the
+    image as the API reads it: one past ``MAX_SIDE`` on its long edge is scaled down first
+    (so this is never less than the API's count)."""
+    if (longest := max(width, height)) > MAX_SIDE:
+        width, height = (
+            math.ceil(width * MAX_SIDE / longest),
+            math.ceil(height * MAX_SIDE / longest),
+        )
     return math.ceil(width * height * IMAGE_TOKENS_PER_PIXEL)
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """An image's width and height from its header (nothing decoded past it)."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return img.size
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError):
+        return None
 
 
 # -- which hosts -------------------------------------------------------------------------

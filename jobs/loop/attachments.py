@@ -12,6 +12,7 @@ model.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bot.core.attachments import Fetched
@@ -30,8 +31,18 @@ class Given:
     fetched: Fetched | None = None
     blocks: list[dict[str, Any]] = field(default_factory=list)  # images and PDFs
     texts: dict[str, str] = field(default_factory=dict)  # text files by stored name
+    folder: Path | None = None  # where the files are stored on this worker
 
-    def section(self, folder: str | None = None) -> str:
+    def folders(self) -> tuple[Path, ...]:
+        """The folder to mount read-only in the sandbox, when there are files."""
+        if self.folder is None or self.fetched is None or not self.fetched.files:
+            return ()
+        return (self.folder,)
+
+    def section(self, *, cli: bool = False) -> str:
+        """The first prompt's part on the attachments; a CLI backend reads the files in
+        the sandbox (the same path as on the worker: a read-only mount)."""
+        folder = str(self.folder) if cli and self.folders() else None
         return text.section(self.fetched, self.texts, folder)
 
 
@@ -88,4 +99,4 @@ def read(
 
 
 def _given(files: Attachments, key: str, fetched: Fetched) -> Given:
-    return Given(fetched, files.blocks(key, fetched), files.texts(key, fetched))
+    return Given(fetched, files.blocks(key, fetched), files.texts(key, fetched), files.folder(key))

@@ -241,7 +241,8 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
             settings=self.rt.settings,
             network=config.sandbox.network,
             timeout=config.sandbox.timeout_seconds,
-            readonly=(mirror,),
+            # A CLI backend reads the attachments there, read-only, outside the worktree.
+            readonly=(mirror, *self.given.folders()),
         )
         setup = None
         if config.setup:  # its own sandbox: its network, the repository's caches
@@ -501,7 +502,7 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
                     self.config.verify,
                     record.base_verify,
                     extra=(
-                        self.given.section(),
+                        self.given.section(cli=self.config.agent.backend in CLI_BACKENDS),
                         *news.sections,
                         *self._section_extra(record),
                     ),
