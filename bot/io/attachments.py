@@ -29,6 +29,8 @@ log = get_logger("loopbot.attachments")
 
 TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 MAX_REDIRECTS = 3
+THUMBNAIL_SIDE = 120
+THUMBNAIL_CHARS = 3_900  # an event's string field keeps 4,000 (bot/core/rules/event_size.py)
 _SUFFIX = {"image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif", "image/webp": ".webp"}
 
 
@@ -155,6 +157,22 @@ class Attachments:
 
     def path(self, key: str, a: Attachment) -> Path:
         return self.folder(key) / a.stored
+
+    def thumbnail(self, key: str, a: Attachment) -> str:
+        """A small JPEG of an image as a data URI, for the session log: short enough for
+        one event field (``THUMBNAIL_CHARS``)."""
+        with Image.open(self.path(key, a)) as img:
+            frame = img.convert("RGB")
+        side = THUMBNAIL_SIDE
+        while True:
+            small = frame.copy()
+            small.thumbnail((side, side))
+            buf = io.BytesIO()
+            small.save(buf, "JPEG", quality=60)
+            uri = "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+            if len(uri) <= THUMBNAIL_CHARS or side <= 16:
+                return uri
+            side = side * 3 // 4
 
     def blocks(self, key: str, fetched: Fetched | None) -> list[dict[str, Any]]:
         """The images and PDFs as Messages API content blocks, in the issue's order (text

@@ -91,6 +91,9 @@ def read(
             ],
             skipped=[{"name": s.name, "reason": s.reason} for s in fetched.skipped],
         )
+        for a in fetched.files:  # what the session log shows of each image
+            if a.kind == "image":
+                store.event(key, "attachment_thumbnail", name=a.name, src=files.thumbnail(key, a))
     if fetched.skipped:
         gh.upsert_comment(
             repo, record.issue, text.COMMENT_KEY, text.skipped_comment(fetched.skipped)
