@@ -10,9 +10,13 @@ the picture's pixels (``KNOWN``); without the image in its request it can only g
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import io
 import json
+import shutil
+from collections import deque
+from pathlib import Path
 from typing import Any
 
 from PIL import Image, ImageDraw
@@ -20,13 +24,15 @@ from redis import Redis
 
 from bot.core.ids import LoopId
 from bot.core.record import Reason, Status
+from bot.core.rules.context import BRIEF_MARK
+from bot.io.attachments import Attachments
 from bot.io.store import Store
 from bot.standins import anthropic as m
 from bot.standins import gitrepo
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from tests.conftest import Web
-from tests.helpers import REPO, label, sample_repo
+from tests.helpers import REPO, comment, label, sample_repo
 
 EXPECTED = "Hello, loop!"
 YML = "verify: python3 -m unittest -q test_banner\nmax_turns: 3\n"
@@ -41,6 +47,13 @@ FILES = {
         f"{hashlib.sha256(EXPECTED.encode()).hexdigest()!r})\n"
     ),
 }
+# A one-page PDF, as small as a valid one gets.
+PDF = (
+    b"%PDF-1.4\n1 0 obj<</Type/Catalog/Pages 2 0 R>>endobj\n"
+    b"2 0 obj<</Type/Pages/Kids[3 0 R]/Count 1>>endobj\n"
+    b"3 0 obj<</Type/Page/Parent 2 0 R/MediaBox[0 0 200 200]>>endobj\n"
+    b"trailer<</Root 1 0 R>>\n%%EOF\n"
+)
 APPROVE = m.structured({"verdict": "approve", "summary": "Matches the screenshot.", "findings": []})
 
 
@@ -75,6 +88,15 @@ def images(body: dict[str, Any]) -> list[bytes]:
         elif isinstance(node, list):
             stack.extend(node)
     return found
+
+
+def documents(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        b
+        for msg in body.get("messages") or []
+        for b in (msg["content"] if isinstance(msg["content"], list) else [])
+        if b.get("type") == "document"
+    ]
 
 
 def read_banner(body: dict[str, Any]) -> m.Reply:
@@ -135,6 +157,7 @@ def test_a_log_is_text_and_what_cannot_be_read_is_named_on_the_issue(
             "![elsewhere](https://images.example.com/shot.png)",
             github.upload("late.png", picture("late"), image=True, ttl=-5),
             github.upload("want.png", picture(EXPECTED), image=True),
+            github.upload("spec.pdf", PDF, image=False),
         ]
     )
     n = open_issue(github, body)
@@ -148,6 +171,8 @@ def test_a_log_is_text_and_what_cannot_be_read_is_named_on_the_issue(
     assert '<untrusted-attachment name=\\"run.log\\">' in first
     assert "2026-11-28 ERROR banner shows TODO" in first
     assert len(images(model.requests[0])) == 1  # only want.png
+    (doc,) = documents(model.requests[0])  # the PDF as a document block
+    assert doc["title"] == "spec.pdf" and base64.b64decode(doc["source"]["data"]) == PDF
     (said,) = [
         c["body"]
         for c in github.repo(REPO).comments.values()
@@ -189,3 +214,79 @@ def test_a_non_writer_swapping_the_screenshot_stops_the_loop_unseen(
     sent = [img for body in model.requests for img in images(body)]
     assert sent and all(img == first_png for img in sent)
     assert swapped not in sent
+
+
+def test_a_resumed_loop_compares_the_files_and_a_changed_one_is_an_edit(
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    drain: Any,
+    tmp_path: Path,
+) -> None:
+    """Another worker (here: this one, its copy gone) resumes the loop: it downloads the
+    files again and compares them with the hashes the writer approved. The same Markdown
+    now serving other bytes is an edit: the loop stops, and the new bytes reach no model."""
+    sample_repo(github, loop_yml=YML.replace("max_turns: 3", "max_turns: 1"), extra=FILES)
+    png = picture(EXPECTED)
+    shown = github.upload("want.png", png, image=True)
+    n = open_issue(github, "The banner should read as shown:\n\n" + shown)
+    model.play(m.write_file("banner.py", "TEXT = 'wrong'\n"), m.text("Done."))
+    label(github, "writer", n)
+    drain()
+    r = record(redis, n)
+    assert r is not None and r.status == Status.FAILED and r.reason == Reason.MAX_TURNS, r
+    sent_before = len(model.requests)
+
+    key = LoopId(REPO, n).key
+    shutil.rmtree(Attachments(tmp_path / "data", github.url).folder(key))
+    uuid = shown.rsplit("/", 1)[1].rstrip(")")
+    other = picture("something else")
+    github.uploads[uuid] = dataclasses.replace(github.uploads[uuid], data=other)
+    comment(github, "writer", n, "/loop-restart")
+    drain()
+
+    r = record(redis, n)
+    assert r.status == Status.CANCELLED and r.reason == Reason.ISSUE_EDITED, r
+    assert "want.png" in r.detail
+    assert all(other not in images(body) for body in model.requests[sent_before:])
+    assert len(model.requests) == sent_before  # no model call at all
+
+
+def test_the_screenshot_stays_in_the_first_message_after_the_conversation_is_briefed(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """Many small steps outgrow a small window: the older ones, the first message with the
+    issue among them, fold into a brief of text, and the image goes back in front of it."""
+    model.window_override = 12_000
+    say = "I looked at this part of the code and decided to keep going. " * 12
+    steps: list[m.Item] = [m.bash(f"echo step {i}", say=say) for i in range(60)]
+    script = deque([*steps, m.Reading(read_banner), m.text("Done.")])
+    model.responder = _playing(
+        lambda body: APPROVE if "format" in (body.get("output_config") or {}) else script.popleft()
+    )
+    sample_repo(github, loop_yml=YML.replace("max_turns: 3", "max_turns: 4"), extra=FILES)
+    png = picture(EXPECTED)
+    n = open_issue(github, "The banner should read:\n\n" + github.upload("w.png", png, image=True))
+    label(github, "writer", n)
+    drain()
+
+    r = record(redis, n)
+    assert r is not None and r.status == Status.COMPLETED, r
+    shrinks = [e["data"] for e in Store(redis).events(LoopId(REPO, n).key)]
+    assert any(d.get("level") == "brief" for d in shrinks)
+    stored = Store(redis).conversation(LoopId(REPO, n).key)
+    first = stored[0]["content"]
+    assert first[0]["type"] == "image" and first[1]["text"].startswith(BRIEF_MARK)
+    agent = [b for b in model.requests if "format" not in (b.get("output_config") or {})]
+    assert all(images(b) == [png] for b in agent)  # every call of the agent saw it, once
+
+
+def _playing(responder: Any) -> Any:
+    """A responder whose items may read the request (``m.Reading``) as scripted ones do."""
+
+    def answer(body: dict[str, Any]) -> Any:
+        item = responder(body)
+        return item.reply(body) if isinstance(item, m.Reading) else item
+
+    return answer
