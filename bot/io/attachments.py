@@ -23,6 +23,8 @@ from PIL import Image, UnidentifiedImageError
 
 from bot.core import attachments as rules
 from bot.core.attachments import Attachment, Fetched, Link, Skipped
+from bot.core.record import LoopRecord
+from bot.core.text import attachments as words
 from bot.io.logs import get_logger
 
 log = get_logger("loopbot.attachments")
@@ -157,6 +159,18 @@ class Attachments:
 
     def path(self, key: str, a: Attachment) -> Path:
         return self.folder(key) / a.stored
+
+    def approved(self, record: LoopRecord) -> Fetched | None:
+        """The attachments recorded for the record's approved text (None: none, or they
+        belong to an earlier approval)."""
+        stored = Fetched.of(record.attachments)
+        if stored is None or stored.approved != record.approved_sha256:
+            return None
+        return stored
+
+    def for_prompt(self, key: str, fetched: Fetched | None) -> tuple[list[dict[str, Any]], str]:
+        """A one-shot prompt's part: the blocks before its words, and the words on them."""
+        return self.blocks(key, fetched), words.section(fetched, self.texts(key, fetched))
 
     def thumbnail(self, key: str, a: Attachment) -> str:
         """A small JPEG of an image as a data URI, for the session log: short enough for

@@ -15,7 +15,6 @@ from typing import Any, assert_never
 from pydantic import ValidationError
 
 from bot.core import repo_config
-from bot.core.attachments import Fetched
 from bot.core.diffmap import changed_line_count
 from bot.core.evidence import held_out
 from bot.core.ids import LoopId
@@ -51,7 +50,6 @@ from bot.core.rules.review import (
     tests_changed_stands,
 )
 from bot.core.rules.review_check import check_run
-from bot.core.text import attachments as attachments_text
 from bot.core.text import messages, prompts
 from bot.core.text import metric as metric_text
 from bot.io.attachments import Attachments
@@ -586,14 +584,13 @@ class Critic:
         """The approved issue's attachments as the loop recorded them (jobs/loop/attachments.py):
         from this worker's store, or downloaded again where it has none; a file whose bytes
         now differ from what the writer approved is left out."""
-        stored = Fetched.of(record.attachments)
-        if stored is None or stored.approved != record.approved_sha256:
-            return [], ""
         files = Attachments(self.rt.settings.data_dir, self.rt.settings.api_url)
+        stored = files.approved(record)
+        if stored is None:
+            return [], ""
         if any(not files.path(self.key, a).is_file() for a in stored.files):
             files.again(self.key, stored, gh.issue_rendered(self.repo, self.issue)[2])
-        texts = files.texts(self.key, stored)
-        return files.blocks(self.key, stored), attachments_text.section(stored, texts)
+        return files.for_prompt(self.key, stored)
 
     def _charge(self, model: str, used: Usage) -> None:
         """A critic call's usage on the loop's record."""

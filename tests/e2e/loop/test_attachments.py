@@ -136,6 +136,8 @@ def test_a_screenshot_is_the_spec_the_agent_and_the_critic_see(
     agent_first, *_, critic = model.requests
     assert images(agent_first) == [png]  # the bytes as uploaded: small enough to send as is
     assert "output_config" in critic and images(critic) == [png]
+    (triage,) = model.triage_requests  # readiness triage judged the issue with it too
+    assert images(triage) == [png]
     # The file's hash is part of what the writer approved.
     (a,) = r.attachments["files"]
     assert a["sha256"] == hashlib.sha256(png).hexdigest() and a["name"] == "want.png"
