@@ -208,6 +208,13 @@ def links(body_html: str, api_url: str) -> tuple[list[Link], list[Skipped]]:
     return found, skipped
 
 
+def may_attach(markdown: str) -> bool:
+    """Whether a comment's Markdown could show an upload or an image at all (else its
+    rendering is not worth a request)."""
+    lowered = markdown.lower()
+    return "![" in markdown or "<img" in lowered or "/user-attachments/" in lowered
+
+
 # -- what a file is ----------------------------------------------------------------------
 
 

@@ -275,6 +275,8 @@ class Agent:
         # The approved issue's images and PDFs as content blocks (jobs/loop/attachments.py):
         # in the first message, and put back into it when a shrink folds it into a brief.
         self.attachments: list[dict[str, Any]] = []
+        # Blocks for the next turn's prompt only (a writer's comment's images), then gone.
+        self.pending: list[dict[str, Any]] = []
 
     def _request(
         self,
@@ -409,6 +411,9 @@ class Agent:
         add_user_text(messages, prompt)
         if first:
             with_attachments(messages, self.attachments)
+        if self.pending:
+            messages[-1]["content"].extend(self.pending)
+            self.pending = []
         outcome = Outcome(end="finished")
         recent: tuple[str, ...] = ()  # the latest tool calls' fingerprints, for doom loops
         stalls = 0

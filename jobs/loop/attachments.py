@@ -34,15 +34,14 @@ class Given:
     folder: Path | None = None  # where the files are stored on this worker
 
     def folders(self) -> tuple[Path, ...]:
-        """The folder to mount read-only in the sandbox, when there are files."""
-        if self.folder is None or self.fetched is None or not self.fetched.files:
-            return ()
-        return (self.folder,)
+        """The folder to mount read-only in the sandbox: the issue's files, and those of
+        writers' comments read later in the job (jobs/loop/news.py)."""
+        return () if self.folder is None else (self.folder,)
 
     def section(self, *, cli: bool = False) -> str:
         """The first prompt's part on the attachments; a CLI backend reads the files in
         the sandbox (the same path as on the worker: a read-only mount)."""
-        folder = str(self.folder) if cli and self.folders() else None
+        folder = str(self.folder) if cli and self.folder is not None else None
         return text.section(self.fetched, self.texts, folder)
 
 
@@ -59,8 +58,9 @@ def read(
     """The attachments of ``record``'s approved text: fetched now for a new approval,
     else the recorded ones (downloaded again where this worker has none, and compared)."""
     key = record.key
+    files.folder(key).mkdir(parents=True, exist_ok=True)  # mounted for a CLI backend
     if not record.approved_sha256:
-        return Given()
+        return Given(folder=files.folder(key))
     title, body, html = gh.issue_rendered(repo, record.issue)
     stored = Fetched.of(record.attachments)
     live = intake_hash(title, body) == record.approved_sha256
@@ -69,7 +69,8 @@ def read(
             return Changed(changed)
         return _given(files, key, stored)
     if not live or intake.edited(record, title, body):
-        return Given()  # edited since the approval: the turn's check stops the loop
+        # Edited since the approval: the turn's check stops the loop.
+        return Given(folder=files.folder(key))
     fetched = files.fetch(key, record.approved_sha256, html)
     record = store.update(key, lambda r: setattr(r, "attachments", fetched.as_json()))
     if fetched.files or fetched.skipped:

@@ -523,6 +523,8 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
                 stall_timeout=self.rt.settings.stall_timeout,
             )
             ignored_before = self.worktrees.ignored_files(self.checkout)
+            if isinstance(agent, Agent):  # a writer's comment's images, with its words
+                agent.pending = list(news.blocks)
             outcome = agent.run_turn(conversation, prompt, limits)
             if self.lease.lost.is_set():
                 # Presumed dead and taken over: the other worker owns the record now.

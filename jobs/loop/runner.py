@@ -74,6 +74,8 @@ class _News:
     comments: discussion.Selection
     guidance: tuple[nested_guidance.Guidance, ...]
     sections: tuple[str, ...]  # as the prompt shows them; "" for an empty one
+    # Images and PDFs attached to those comments, as content blocks (the built-in agent's).
+    blocks: tuple[dict[str, Any], ...] = ()
 
 
 class PushStop(Exception):

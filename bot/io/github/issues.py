@@ -248,6 +248,16 @@ class Issues(InstallationBase):
         )
         return [_comment(c) for c in items]
 
+    def comment_rendered(self, repo: str, comment_id: int) -> tuple[str, str]:
+        """A comment's Markdown body and its ``body_html`` in the ``full`` media type (its
+        attachments at signed URLs, as for an issue: ``issue_rendered``)."""
+        d = self._call(
+            lambda gh: gh.rest.issues.get_comment(
+                *_split(repo), comment_id, headers={"Accept": "application/vnd.github.full+json"}
+            ).json()
+        )
+        return str(d.get("body") or ""), str(d.get("body_html") or "")
+
     def find_comment(self, repo: str, number: int, key: str) -> CommentInfo | None:
         tag = marker(key)
         for c in self.comments(repo, number):

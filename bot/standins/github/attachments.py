@@ -122,6 +122,8 @@ def _serve(state: State, key: str) -> Response:
     found = state.uploads.get(key)
     if found is None or not _valid(state, key):
         return Response("Not Found", status=404, mimetype="text/plain")
+    with state.lock:
+        state.served.append(key)
     return Response(found.data, mimetype=found.content_type)
 
 

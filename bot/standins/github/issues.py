@@ -255,7 +255,10 @@ def get_comment(state: State, owner: str, name: str, cid: int) -> Response:
     repo = state.find_repo(owner, name)
     if cid not in repo.comments:
         abort(error(404, "Not Found"))
-    return jsonify(public(repo.comments[cid]))
+    d = public(repo.comments[cid])
+    if "application/vnd.github.full+json" in request.headers.get("Accept", ""):
+        d["body_html"] = attachments.body_html(state, str(d.get("body") or ""))
+    return jsonify(d)
 
 
 def update_comment(state: State, owner: str, name: str, cid: int) -> Response:

@@ -275,6 +275,7 @@ class State:
         # Files attached to issues (attachments.py): key -> Upload; how long a signed URL
         # in ``body_html`` lives (GitHub's last a few minutes), and the key that signs them.
         self.uploads: dict[str, Any] = {}
+        self.served: list[str] = []  # the keys of the uploads served, in order
         self.attachment_ttl = 300.0
         self.attachment_secret = secrets.token_hex(16)
 

@@ -292,3 +292,27 @@ def _playing(responder: Any) -> Any:
         return item.reply(body) if isinstance(item, m.Reading) else item
 
     return answer
+
+
+def test_a_writers_comment_brings_its_screenshot_and_a_readers_does_not(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """Writers' comments reach the agent, their files with them; a comment by someone
+    without write access reaches no prompt, and its files are never downloaded."""
+    sample_repo(github, loop_yml=YML, extra=FILES)
+    png, theirs = picture(EXPECTED), picture("from a reader")
+    n = open_issue(github, "The banner is wrong; see the comments.")
+    comment(github, "writer", n, "It should read:\n\n" + github.upload("w.png", png, image=True))
+    comment(github, "reader", n, "No, like " + github.upload("r.png", theirs, image=True))
+    model.play(m.Reading(read_banner), m.text("Done."), APPROVE)
+    label(github, "writer", n)
+    drain()
+
+    r = record(redis, n)
+    assert r is not None and r.status == Status.COMPLETED, r
+    first = model.requests[0]
+    assert images(first) == [png]
+    assert "Files attached to the comment by @writer (write access)" in json.dumps(first)
+    assert all(theirs not in images(body) for body in model.requests)
+    (ours,) = [k for k, u in github.uploads.items() if u.name == "w.png"]
+    assert github.served == [ours]  # the writer's image only, once
