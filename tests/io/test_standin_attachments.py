@@ -6,8 +6,11 @@ and not once they have expired."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -15,10 +18,11 @@ import httpx
 import pytest
 from PIL import Image
 
-from bot.core.attachments import links
+from bot.core.attachments import MAX_FILE_BYTES, links
+from bot.io.attachments import Attachments
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
-from bot.standins.github import GitHubServer
+from bot.standins.github import GitHubServer, attachments
 from tests.helpers import REPO, sample_repo
 from tests.io.test_anthropic_window import ask, rejected
 
@@ -108,3 +112,27 @@ def test_github_serves_attachments_only_at_live_signed_urls(github: GitHubServer
         assert web.get(found[0].url[:-3] + "abc").status_code == 404
         time.sleep(3.1)  # past the signature's life
         assert web.get(found[0].url).status_code == 404
+
+
+def test_a_big_screenshot_is_scaled_to_what_the_api_takes(
+    github: GitHubServer, model: AnthropicServer, client: anthropic.Anthropic, tmp_path: Path
+) -> None:
+    """A 2000 x 1500 photo-like PNG of 9 MB: downloaded within the limit, scaled to 1,568
+    pixels on its long edge, and sent as JPEG once PNG would pass 5 MB of base64; the
+    local model (as strict as the API) takes the block, and counts it by its pixels."""
+    sample_repo(github, loop_yml=None)
+    noise = Image.frombytes("RGB", (2000, 1500), os.urandom(2000 * 1500 * 3))
+    buf = io.BytesIO()
+    noise.save(buf, "PNG")
+    raw = buf.getvalue()
+    assert 5 * 1024 * 1024 < len(raw) < MAX_FILE_BYTES
+    html = attachments.body_html(github, github.upload("big.png", raw, image=True))
+    files = Attachments(tmp_path, github.url)
+    fetched = files.fetch("acme/widgets#1", "approved", html)
+    (a,) = fetched.files
+    assert (a.width, a.height, a.media_type, a.cut) == (1568, 1176, "image/jpeg", True)
+    assert a.sha256 == hashlib.sha256(raw).hexdigest() and a.size == len(raw)
+    (block,) = files.blocks("acme/widgets#1", fetched)
+    model.play(m.text("Static."))
+    ask(client, messages=message(block))
+    assert model.input_tokens[-1] < 3_000  # 1568 * 1176 / 750 = 2,459, plus the words

@@ -3,9 +3,14 @@ one case per row, named for the rule it pins."""
 
 from __future__ import annotations
 
+import base64
+import io
+
 import pytest
+from PIL import Image
 
 from bot.core.attachments import Link, Skipped, allowed, image_tokens, links, sort
+from bot.core.rules import context
 
 GH = "https://api.github.com"
 LOCAL = "http://127.0.0.1:8080"
@@ -93,3 +98,22 @@ def test_image_tokens_are_width_times_height_over_750_as_the_api_scales(
     w: int, h: int, tokens: int
 ) -> None:
     assert image_tokens(w, h) == tokens
+
+
+def test_the_context_gauge_counts_an_image_by_its_pixels_not_its_base64() -> None:
+    """A screenshot's base64 is hundreds of thousands of characters; the API bills its
+    pixels. Counted by its characters, one image would look like a full context window."""
+    noise = Image.frombytes("RGB", (1500, 900), bytes(range(256)) * 15821)
+    buf = io.BytesIO()
+    noise.save(buf, "JPEG")
+    data = base64.b64encode(buf.getvalue()).decode()
+    block = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/jpeg", "data": data},
+    }
+    text = {"type": "text", "text": "see the picture"}
+    with_image = [{"role": "user", "content": [block, text]}]
+    without = [{"role": "user", "content": [text]}]
+    assert len(data) > 100_000
+    added = context.chars(with_image) - context.chars(without)
+    assert 4 * image_tokens(1500, 900) <= added <= 4 * image_tokens(1500, 900) + 200
