@@ -66,12 +66,12 @@ class Attachments:
                 resp.raise_for_status()
                 length = resp.headers.get("content-length")
                 if length and length.isdigit() and int(length) > cap:
-                    raise _TooBig(int(length))
+                    raise _TooBig(int(length), True)
                 data = bytearray()
                 for chunk in resp.iter_bytes():
                     data += chunk
-                    if len(data) > cap:
-                        raise _TooBig(len(data))
+                    if len(data) > cap:  # the server said less, or nothing: stop reading
+                        raise _TooBig(len(data), False)
                 return bytes(data)
         raise httpx.HTTPError("too many redirects")
 
@@ -79,8 +79,12 @@ class Attachments:
         """Download what ``body_html`` attaches, within the limits; keep what the models
         get. ``approved``: the approved text's hash these belong to."""
         found, skipped = rules.links(body_html, self.api_url)
-        out = Fetched(approved, [], list(skipped))
-        total = 0
+        return self._fetch(key, Fetched(approved, [], list(skipped)), found)[0]
+
+    def _fetch(self, key: str, out: Fetched, found: list[Link]) -> tuple[Fetched, bool]:
+        """``out`` with ``found`` downloaded into it; and whether a download failed (a
+        refusal, the network), as opposed to a file refused for what it is."""
+        total, failed = 0, False
         for n, link in enumerate(found):
             if n >= rules.MAX_FILES:
                 out.skipped.append(
@@ -91,14 +95,17 @@ class Attachments:
             try:
                 data = self._download(link.url, cap)
             except _TooBig as exc:
-                why = rules.too_big(link.name, int(str(exc.args[0])), total)
-                out.skipped.append(why or Skipped(link.name, "over the size limit"))
+                size, known = exc.args
+                why = rules.too_big(link.name, size if known else None, total)
+                out.skipped.append(why or Skipped(link.name, _cut_reason(cap)))
                 continue
             except httpx.HTTPStatusError as exc:
                 out.skipped.append(Skipped(link.name, _status_reason(exc.response.status_code)))
+                failed = True
                 continue
             except httpx.HTTPError as exc:
                 out.skipped.append(Skipped(link.name, f"not downloaded: {str(exc)[:120]}"))
+                failed = True
                 continue
             total += len(data)
             kept = self._keep(key, link, data)
@@ -112,19 +119,26 @@ class Attachments:
             files=[a.name for a in out.files],
             skipped=[s.name for s in out.skipped],
         )
-        return out
+        return out, failed
 
     def again(self, key: str, fetched: Fetched, body_html: str) -> list[str]:
-        """On a worker that resumes the loop: each recorded file not stored here is
-        downloaded again from the issue as it reads now. Returns the names whose bytes
-        differ from what the writer approved, or that are no longer there."""
-        wanted = [a for a in fetched.files if not (self.folder(key) / a.stored).is_file()]
+        """On a worker that resumes the loop: the recorded files not stored here are
+        downloaded again from the issue as it reads now (its attachments, in their
+        order). Returns the names of those whose bytes are not among what it serves now:
+        a change of what the writer approved. When a download failed (a refusal, the
+        network), that cannot be told: those files are left out (``blocks`` sends only
+        what is stored), and nothing is called changed."""
+        wanted = [a for a in fetched.files if not self.path(key, a).is_file()]
         if not wanted:
             return []
         found, _ = rules.links(body_html, self.api_url)
-        now = self.fetch(key, fetched.approved, "".join(_html(link) for link in found))
+        now, failed = self._fetch(key, Fetched(fetched.approved), found)
         have = {a.sha256 for a in now.files}
-        return [a.name for a in wanted if a.sha256 not in have]
+        changed = [a.name for a in wanted if a.sha256 not in have]
+        if changed and failed:
+            log.warning("attachments.unverified", loop=key, files=changed)
+            return []
+        return changed
 
     # -- what the models get -----------------------------------------------------------------
 
@@ -213,8 +227,10 @@ class Attachments:
         }
 
 
-def _html(link: Link) -> str:
-    return f'<img src="{link.url}">' if link.image else f'<a href="{link.url}">{link.name}</a>'
+def _cut_reason(cap: int) -> str:
+    if cap < rules.MAX_FILE_BYTES:
+        return f"the issue's attachments would pass {rules.MAX_TOTAL_BYTES:,} bytes in all"
+    return f"over the {rules.MAX_FILE_BYTES:,}-byte limit per file (the download was stopped)"
 
 
 def _status_reason(status: int) -> str:
