@@ -152,6 +152,26 @@ def allowed(url: str, api_url: str) -> bool:
     return same and u.path.startswith(("/user-attachments/", "/private-user-images/"))
 
 
+# Where github.com's attachment URLs redirect a download to (a signed S3 URL that lives
+# minutes): followed as a redirect from an allowed URL only, never taken from the text.
+USER_ASSET_HOST = "github-production-user-asset-6210df.s3.amazonaws.com"
+
+
+def redirect_allowed(url: str, api_url: str) -> bool:
+    """Whether a download may follow a redirect to ``url``: an attachment host, or for
+    github.com the storage its attachment URLs send a reader to."""
+    if allowed(url, api_url):
+        return True
+    u, api = urlsplit(url), urlsplit(api_url)
+    return (
+        (api.hostname or "").lower() == "api.github.com"
+        and u.scheme == "https"
+        and u.port in (None, 443)
+        and not (u.username or u.password)
+        and (u.hostname or "").lower() == USER_ASSET_HOST
+    )
+
+
 class _Links(HTMLParser):
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)

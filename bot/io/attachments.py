@@ -60,7 +60,7 @@ class Attachments:
             with self.client.stream("GET", url) as resp:
                 if resp.is_redirect:
                     url = str(resp.next_request.url) if resp.next_request else ""
-                    if not rules.allowed(url, self.api_url):
+                    if not rules.redirect_allowed(url, self.api_url):
                         raise httpx.HTTPError("redirected off GitHub's attachment hosts")
                     continue
                 resp.raise_for_status()

@@ -9,7 +9,15 @@ import io
 import pytest
 from PIL import Image
 
-from bot.core.attachments import Link, Skipped, allowed, image_tokens, links, sort
+from bot.core.attachments import (
+    Link,
+    Skipped,
+    allowed,
+    image_tokens,
+    links,
+    redirect_allowed,
+    sort,
+)
 from bot.core.rules import context
 
 GH = "https://api.github.com"
@@ -43,6 +51,27 @@ PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 20
 )
 def test_only_githubs_attachment_hosts_are_fetched(url: str, api: str, ok: bool) -> None:
     assert allowed(url, api) is ok
+
+
+@pytest.mark.parametrize(
+    ("url", "api", "ok"),
+    [
+        (
+            "https://github-production-user-asset-6210df.s3.amazonaws.com/1/2-a.log?X-Amz=1",
+            GH,
+            True,
+        ),
+        ("https://github.com/user-attachments/files/7/run.log", GH, True),
+        ("http://github-production-user-asset-6210df.s3.amazonaws.com/1/2-a.log", GH, False),
+        ("https://other-bucket.s3.amazonaws.com/1/2-a.log", GH, False),
+        # only github.com's storage, not an Enterprise Server's or the stand-in's
+        ("https://github-production-user-asset-6210df.s3.amazonaws.com/1/2", LOCAL, False),
+    ],
+)
+def test_a_download_follows_redirects_only_to_githubs_storage(url: str, api: str, ok: bool) -> None:
+    assert redirect_allowed(url, api) is ok
+    if "s3.amazonaws.com" in url:  # a link in the text is never fetched from storage
+        assert not allowed(url, api)
 
 
 def test_links_come_once_in_order_and_outside_images_are_skipped() -> None:
