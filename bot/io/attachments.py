@@ -43,21 +43,20 @@ class _TooBig(Exception):
 class Attachments:
     """One worker's attachment store; ``api_url`` says which hosts are GitHub's."""
 
-    def __init__(self, data_dir: Path, api_url: str, client: httpx.Client | None = None) -> None:
+    def __init__(self, data_dir: Path, api_url: str) -> None:
         self.root = data_dir / "attachments"
         self.api_url = api_url
-        self.client = client or httpx.Client(timeout=TIMEOUT, follow_redirects=False)
 
     def folder(self, key: str) -> Path:
         return self.root / re.sub(r"[^A-Za-z0-9._-]", "_", key)
 
     # -- downloading -----------------------------------------------------------------------
 
-    def _download(self, url: str, cap: int) -> bytes:
+    def _download(self, client: httpx.Client, url: str, cap: int) -> bytes:
         """The body at ``url``, at most ``cap`` bytes (else ``_TooBig``). Raises
         ``httpx.HTTPError`` for a refusal, a failed connection or a redirect off GitHub."""
         for _ in range(MAX_REDIRECTS + 1):
-            with self.client.stream("GET", url) as resp:
+            with client.stream("GET", url) as resp:
                 if resp.is_redirect:
                     url = str(resp.next_request.url) if resp.next_request else ""
                     if not rules.redirect_allowed(url, self.api_url):
@@ -85,34 +84,11 @@ class Attachments:
         """``out`` with ``found`` downloaded into it; and whether a download failed (a
         refusal, the network), as opposed to a file refused for what it is."""
         total, failed = 0, False
-        for n, link in enumerate(found):
-            if n >= rules.MAX_FILES:
-                out.skipped.append(
-                    Skipped(link.name, f"past the first {rules.MAX_FILES} attachments")
-                )
-                continue
-            cap = min(rules.MAX_FILE_BYTES, rules.MAX_TOTAL_BYTES - total)
-            try:
-                data = self._download(link.url, cap)
-            except _TooBig as exc:
-                size, known = exc.args
-                why = rules.too_big(link.name, size if known else None, total)
-                out.skipped.append(why or Skipped(link.name, _cut_reason(cap)))
-                continue
-            except httpx.HTTPStatusError as exc:
-                out.skipped.append(Skipped(link.name, _status_reason(exc.response.status_code)))
-                failed = True
-                continue
-            except httpx.HTTPError as exc:
-                out.skipped.append(Skipped(link.name, f"not downloaded: {str(exc)[:120]}"))
-                failed = True
-                continue
-            total += len(data)
-            kept = self._keep(key, link, data)
-            if isinstance(kept, Attachment):
-                out.files.append(kept)
-            else:
-                out.skipped.append(kept)
+        with _client() as client:
+            for n, link in enumerate(found):
+                if (why := self._one(key, client, link, n, total, out)) is None:
+                    total += out.files[-1].size
+                failed = failed or why == "failed"
         log.info(
             "attachments.fetched",
             loop=key,
@@ -120,6 +96,36 @@ class Attachments:
             skipped=[s.name for s in out.skipped],
         )
         return out, failed
+
+    def _one(
+        self, key: str, client: httpx.Client, link: Link, n: int, total: int, out: Fetched
+    ) -> str | None:
+        """Download and keep one link into ``out``. None: kept; ``"skipped"``: refused
+        for what it is or a limit; ``"failed"``: its download failed (a refusal, the
+        network)."""
+        if n >= rules.MAX_FILES:
+            out.skipped.append(Skipped(link.name, f"past the first {rules.MAX_FILES} attachments"))
+            return "skipped"
+        cap = min(rules.MAX_FILE_BYTES, rules.MAX_TOTAL_BYTES - total)
+        try:
+            data = self._download(client, link.url, cap)
+        except _TooBig as exc:
+            size, known = exc.args
+            why = rules.too_big(link.name, size if known else None, total)
+            out.skipped.append(why or Skipped(link.name, _cut_reason(cap)))
+            return "skipped"
+        except httpx.HTTPStatusError as exc:
+            out.skipped.append(Skipped(link.name, _status_reason(exc.response.status_code)))
+            return "failed"
+        except httpx.HTTPError as exc:
+            out.skipped.append(Skipped(link.name, f"not downloaded: {str(exc)[:120]}"))
+            return "failed"
+        kept = self._keep(key, link, data)
+        if isinstance(kept, Skipped):
+            out.skipped.append(kept)
+            return "skipped"
+        out.files.append(kept)
+        return None
 
     def again(self, key: str, fetched: Fetched, body_html: str) -> list[str]:
         """On a worker that resumes the loop: the recorded files not stored here are
@@ -225,6 +231,13 @@ class Attachments:
             for a in (fetched.files if fetched else [])
             if a.kind == "text" and self.path(key, a).is_file()
         }
+
+
+def _client() -> httpx.Client:
+    """A client of its own, without the GitHub client's token: a download carries no
+    credential (httpx reads no ``.netrc`` unless asked, and keeps no cookie across
+    fetches here); the environment's proxy and CA settings apply."""
+    return httpx.Client(timeout=TIMEOUT, follow_redirects=False)
 
 
 def _cut_reason(cap: int) -> str:

@@ -17,7 +17,6 @@ from typing import Any
 
 from bot.core.attachments import Fetched
 from bot.core.record import LoopRecord, intake_hash
-from bot.core.rules import intake
 from bot.core.text import attachments as text
 from bot.io.attachments import Attachments
 from bot.io.github.client import Installation
@@ -68,8 +67,7 @@ def read(
         if live and (changed := files.again(key, stored, html)):
             return Changed(changed)
         return _given(files, key, stored)
-    if not live or intake.edited(record, title, body):
-        # Edited since the approval: the turn's check stops the loop.
+    if not live:  # edited since the approval: the turn's check stops the loop
         return Given(folder=files.folder(key))
     fetched = files.fetch(key, record.approved_sha256, html)
     record = store.update(key, lambda r: setattr(r, "attachments", fetched.as_json()))

@@ -124,6 +124,8 @@ def _serve(state: State, key: str) -> Response:
         return Response("Not Found", status=404, mimetype="text/plain")
     with state.lock:
         state.served.append(key)
+        if request.headers.get("Authorization") or request.headers.get("Cookie"):
+            state.served_with_credentials.append(key)
     return Response(found.data, mimetype=found.content_type)
 
 

@@ -276,6 +276,7 @@ class State:
         # in ``body_html`` lives (GitHub's last a few minutes), and the key that signs them.
         self.uploads: dict[str, Any] = {}
         self.served: list[str] = []  # the keys of the uploads served, in order
+        self.served_with_credentials: list[str] = []  # those asked for with any
         self.attachment_ttl = 300.0
         self.attachment_secret = secrets.token_hex(16)
 

@@ -136,6 +136,7 @@ def test_a_screenshot_is_the_spec_the_agent_and_the_critic_see(
     agent_first, *_, critic = model.requests
     assert images(agent_first) == [png]  # the bytes as uploaded: small enough to send as is
     assert "output_config" in critic and images(critic) == [png]
+    assert github.served and not github.served_with_credentials  # no token went with it
     (triage,) = model.triage_requests  # readiness triage judged the issue with it too
     assert images(triage) == [png]
     # The file's hash is part of what the writer approved.
