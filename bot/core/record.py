@@ -179,6 +179,9 @@ class LoopRecord(BaseModel):
     approved_body: str = ""
     approved_sha256: str = ""  # intake_hash(approved_title, approved_body); "" = none yet
     approved_by: str = ""
+    # The approved text's attachments (bot/core/attachments.py ``Fetched``): what each
+    # file's bytes hash to, what was sent and what was skipped, and which approval it is of.
+    attachments: dict[str, Any] = Field(default_factory=dict)
     # The agent backend a ``loop:agent-<name>`` label picked when a writer approved the
     # issue (bot/core/repo_config.py, ``label_backend``); "" = loop.yml's.
     approved_backend: str = ""

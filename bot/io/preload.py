@@ -40,6 +40,7 @@ ENDPOINTS: tuple[tuple[str, str], ...] = (
     ("issues", "create"),
     ("issues", "create_comment"),
     ("issues", "get"),
+    ("issues", "get_comment"),
     ("issues", "list_comments"),
     ("issues", "list_events"),
     ("issues", "list_for_repo"),

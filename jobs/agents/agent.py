@@ -124,6 +124,17 @@ def add_user_text(messages: list[dict[str, Any]], text: str) -> None:
         messages.append({"role": "user", "content": [{"type": "text", "text": text}]})
 
 
+def with_attachments(messages: list[dict[str, Any]], blocks: list[dict[str, Any]]) -> None:
+    """The attachments' blocks at the start of the first message, unless it holds them."""
+    if not blocks or not messages or messages[0]["role"] != "user":
+        return
+    content = messages[0]["content"]
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    if not any(isinstance(b, dict) and b.get("type") in ("image", "document") for b in content):
+        messages[0]["content"] = [*blocks, *content]
+
+
 def strip_thinking(messages: list[dict[str, Any]]) -> int:
     """Remove thinking blocks from the assistant messages, in place; how many went. A
     message left with nothing says so in a text block (only a final one may be empty)."""
@@ -261,6 +272,11 @@ class Agent:
         self.retries = int(getattr(client, "max_retries", 2))
         self.sleep = sleep
         self._worst: budget.Call | None = None  # the pending call's worst case
+        # The approved issue's images and PDFs as content blocks (jobs/loop/attachments.py):
+        # in the first message, and put back into it when a shrink folds it into a brief.
+        self.attachments: list[dict[str, Any]] = []
+        # Blocks for the next turn's prompt only (a writer's comment's images), then gone.
+        self.pending: list[dict[str, Any]] = []
 
     def _request(
         self,
@@ -336,6 +352,7 @@ class Agent:
             self.on_event("context_full", {"reason": reason, "tokens": estimate, "window": window})
             return False
         messages[:] = shrunk.messages
+        with_attachments(messages, self.attachments)  # the brief is text: the files go back
         self.on_event(
             "context_shrunk",
             {
@@ -390,7 +407,13 @@ class Agent:
 
     def run_turn(self, messages: list[dict[str, Any]], prompt: str, limits: Limits) -> Outcome:
         """Run one turn on ``messages`` (mutated in place) starting with ``prompt``."""
+        first = not messages
         add_user_text(messages, prompt)
+        if first:
+            with_attachments(messages, self.attachments)
+        if self.pending:
+            messages[-1]["content"].extend(self.pending)
+            self.pending = []
         outcome = Outcome(end="finished")
         recent: tuple[str, ...] = ()  # the latest tool calls' fingerprints, for doom loops
         stalls = 0

@@ -30,6 +30,7 @@ gateway runs in the worker, outside the sandbox, and for each request:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.server
 import json
@@ -46,6 +47,7 @@ from typing import Any, cast
 import anthropic
 import httpx
 
+from bot.core import attachments
 from bot.core.models import ModelSpec, thinking_params
 from bot.core.record import Usage
 from bot.core.rules import budget
@@ -160,6 +162,34 @@ def has_media(node: Any) -> bool:
         elif isinstance(item, list):
             stack.extend(item)
     return False
+
+
+def image_tokens(node: Any) -> int | None:
+    """The input tokens of every image in ``node`` by Anthropic's formula (width * height
+    / 750, of the image as the API scales it); None when ``node`` holds media the formula
+    does not bound: a document, a URL or file source, an image that does not decode."""
+    total, stack = 0, [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            kind = item.get("type")
+            if kind == "document":
+                return None
+            if kind == "image":
+                source = item.get("source") or {}
+                try:
+                    data = base64.b64decode(str(source.get("data", "")), validate=True)
+                except ValueError:
+                    return None
+                size = attachments.image_size(data) if source.get("type") == "base64" else None
+                if size is None:
+                    return None
+                total += attachments.image_tokens(*size)
+                continue
+            stack.extend(v for k, v in item.items() if k != "input")
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
 
 
 # Fields of a Messages request the budget check and the token count look at.
@@ -300,7 +330,11 @@ class ModelGateway:
         """What the budget check and the token count see of a shaped request."""
         seen = {k: body[k] for k in (*_COUNTED, "max_tokens") if k in body}
         if has_media(body.get("messages")) or has_media(body.get("system")):
-            seen[budget.MIN_INPUT] = self.policy.spec.window
+            # Images by the documented formula on top of every byte; anything else the
+            # formula does not bound (a PDF's pages, a URL) takes the whole window.
+            pixels = image_tokens([body.get("messages"), body.get("system")])
+            window = self.policy.spec.window
+            seen[budget.MIN_INPUT] = window if pixels is None else budget.size(seen) + pixels
         return seen
 
     def max_output(self, body: dict[str, Any]) -> int:

@@ -39,13 +39,18 @@ def ask(
     attempts: int = 1,
     params: dict[str, Any] | None = None,
     on_invalid: Callable[[int, str], None] = lambda attempt, problem: None,
+    blocks: list[dict[str, Any]] | None = None,
 ) -> Answer[T]:
     """Ask ``prompt`` for JSON in ``schema``, up to ``attempts`` times; ``parse`` turns the
     answer's text into the value or raises ``ValueError`` (a pydantic ``ValidationError``
     is one) naming the problem, which the next attempt is told. ``record`` is read before
     each call, for the budget check (None: no loop, no budget). Raises what
     ``precall.call`` raises: ``OverBudget``, the SDK's errors."""
-    history: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    # ``blocks``: images and documents (an issue's attachments) before the prompt's words.
+    first: str | list[dict[str, Any]] = (
+        [*blocks, {"type": "text", "text": prompt}] if blocks else prompt
+    )
+    history: list[dict[str, Any]] = [{"role": "user", "content": first}]
     cost, problem, answered_by = 0.0, "", model
     for attempt in range(1, attempts + 1):
         request: dict[str, Any] = {

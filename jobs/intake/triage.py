@@ -22,6 +22,7 @@ from bot.core.record import LoopRecord, Reason, Usage, approve, intake_hash
 from bot.core.rules import intake
 from bot.core.rules import triage as rules
 from bot.core.text import messages
+from bot.io.attachments import Attachments
 from bot.io.github.client import Installation
 from bot.io.github.issues import IssueInfo
 from bot.io.logs import get_logger
@@ -204,13 +205,18 @@ def judge(
     def invalid(attempt: int, problem: str) -> None:
         store.event(record.key, "triage_invalid", attempt=attempt, problem=problem)
 
+    # The approved issue's attachments: a screenshot may be the whole statement of it.
+    files = Attachments(rt.settings.data_dir, rt.settings.api_url)
+    blocks, attached = files.for_prompt(record.key, files.approved(record))
+    prompt = rules.prompt(record.repo, record.issue, title, body)
     try:
         answer = structured.ask(
             rt,
             model=model,
             max_tokens=min(MAX_TOKENS, spec.max_output),
             system=rules.SYSTEM,
-            prompt=rules.prompt(record.repo, record.issue, title, body),
+            prompt=f"{prompt}\n\n{attached}" if attached else prompt,
+            blocks=blocks,
             schema=rules.output_schema(),
             parse=rules.parse,
             record=lambda: store.get(record.key),

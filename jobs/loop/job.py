@@ -20,6 +20,7 @@ from bot.core.record import ACTIVE, LoopRecord, Reason, Status, intake_hash
 from bot.core.rules import budget, intake, push_refusal
 from bot.core.rules import turns as transitions
 from bot.core.text import messages, prompts
+from bot.io.attachments import Attachments
 from bot.io.github.failures import GitHubError, new_error_id, public_error
 from bot.io.github.issues import IssueInfo
 from bot.io.github.pace import waited_here
@@ -34,6 +35,7 @@ from jobs.agents.cli import turn_limit as cli_turn_limit
 from jobs.agents.tools import ToolBox
 from jobs.drain import DRAIN
 from jobs.intake import triage
+from jobs.loop import attachments as loop_attachments
 from jobs.loop import evidence, setup_phase
 from jobs.loop import metric as metric_loop
 from jobs.loop.base_verify import BaseVerify
@@ -196,6 +198,23 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
         )
         self._status_comment()
 
+        # The approved text's attachments, while their signed URLs live (jobs/loop/attachments.py).
+        got = loop_attachments.read(
+            Attachments(self.rt.settings.data_dir, self.rt.settings.api_url),
+            gh,
+            self.store,
+            self._record(),
+            self.repo,
+        )
+        if isinstance(got, loop_attachments.Changed):
+            label = config.labels.of_kind(record.kind)
+            gh.upsert_comment(
+                self.repo, self.issue_number, intake.COMMENT_KEY, intake.stopped_comment("", label)
+            )
+            detail = "attached files changed after a writer approved them: " + ", ".join(got.names)
+            return self._stop(transitions.Stop(Status.CANCELLED, Reason.ISSUE_EDITED, detail))
+        self.given = got
+
         # Readiness triage (jobs/intake/triage.py): before the first turn ever, once per approved
         # text, and before any git or sandbox work: an issue with no checkable outcome, or
         # too large, is refused uncoded and costs one small call. Metric loops have their
@@ -222,7 +241,8 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
             settings=self.rt.settings,
             network=config.sandbox.network,
             timeout=config.sandbox.timeout_seconds,
-            readonly=(mirror,),
+            # A CLI backend reads the attachments there, read-only, outside the worktree.
+            readonly=(mirror, *self.given.folders()),
         )
         setup = None
         if config.setup:  # its own sandbox: its network, the repository's caches
@@ -338,6 +358,8 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
             agent.mcp_servers = dict(config.agent.mcp_servers)
         if self.guidance:
             agent.system += "\n\n" + self.guidance
+        if isinstance(agent, Agent):  # images and PDFs in its first message
+            agent.attachments = self.given.blocks
         # The stored conversation's thinking blocks are tied to the model that wrote them.
         agent.last_model = record.conversation_model or None
         if record.kind == "metric":  # a metric loop (labels.optimize): jobs/loop/metric.py
@@ -483,7 +505,11 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
                     shown.text,
                     self.config.verify,
                     record.base_verify,
-                    extra=(*news.sections, *self._section_extra(record)),
+                    extra=(
+                        self.given.section(cli=self.config.agent.backend in CLI_BACKENDS),
+                        *news.sections,
+                        *self._section_extra(record),
+                    ),
                 )
             else:
                 prompt = prompts.continuation(
@@ -501,6 +527,8 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
                 stall_timeout=self.rt.settings.stall_timeout,
             )
             ignored_before = self.worktrees.ignored_files(self.checkout)
+            if isinstance(agent, Agent):  # a writer's comment's images, with its words
+                agent.pending = list(news.blocks)
             outcome = agent.run_turn(conversation, prompt, limits)
             if self.lease.lost.is_set():
                 # Presumed dead and taken over: the other worker owns the record now.

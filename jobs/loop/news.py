@@ -3,9 +3,15 @@ AGENTS.md of the files it changed; a part of ``LoopRunner`` both loops ask befor
 
 from __future__ import annotations
 
+from typing import Any
+
+from bot.core import attachments as attachment_rules
 from bot.core.record import LoopRecord
 from bot.core.rules import discussion, nested_guidance
+from bot.core.text import attachments as words
 from bot.core.text import prompts
+from bot.io.attachments import Attachments
+from jobs.agents.backends import CLI_BACKENDS
 from jobs.loop.runner import RunnerBase, _News
 from jobs.tree.worktree import Checkout, files_at, has_file_named
 
@@ -23,15 +29,62 @@ class TurnNews(RunnerBase):
         """
         comments = self._discussion(set() if first else set(record.comments_delivered))
         guidance = self._nested_guidance(set() if first else set(record.guidance_delivered))
+        attached, blocks = self._comment_files(comments)
         return _News(
             first=first,
             comments=comments,
             guidance=tuple(guidance),
             sections=(
                 prompts.discussion(comments, first=first),
+                *attached,
                 prompts.nested_guidance(guidance, base),
             ),
+            blocks=tuple(blocks),
         )
+
+    def _comment_files(
+        self, comments: discussion.Selection
+    ) -> tuple[list[str], list[dict[str, Any]]]:
+        """The files attached to the writers' comments this prompt gives the agent for the
+        first time: read now (their signed URLs live minutes), from GitHub's attachment
+        hosts only and within the issue's limits, as the issue's are (bot/io/attachments.py).
+        A comment whose text changed since it was selected gives none: its files are not
+        the ones the selected text shows. The prompt's words on them, and the images and
+        PDFs as blocks for the built-in agent (a CLI reads them in the sandbox's folder)."""
+        files = Attachments(self.rt.settings.data_dir, self.rt.settings.api_url)
+        cli = self.config.agent.backend in CLI_BACKENDS
+        folder = str(files.folder(self.key)) if cli else None
+        sections: list[str] = []
+        blocks: list[dict[str, Any]] = []
+        for c in comments.shown:
+            if not attachment_rules.may_attach(c.body):
+                continue  # no image or upload in its text: no read of its rendering
+            body, html = self.gh.comment_rendered(self.repo, c.id)
+            if body != c.body:
+                continue
+            fetched = files.fetch(self.key, f"comment-{c.id}", html)
+            if not (fetched.files or fetched.skipped):
+                continue
+            whose = f"the comment by @{c.author} (write access)"
+            texts = files.texts(self.key, fetched)
+            sections.append(words.section(fetched, texts, folder, whose))
+            if not cli:
+                blocks += files.blocks(self.key, fetched)
+            self.store.event(
+                self.key,
+                "comment_attachments",
+                comment=c.id,
+                files=[{"name": a.name, "kind": a.kind, "bytes": a.size} for a in fetched.files],
+                skipped=[{"name": x.name, "reason": x.reason} for x in fetched.skipped],
+            )
+            if fetched.skipped:
+                self.gh.upsert_comment(
+                    self.repo,
+                    self.issue_number,
+                    f"{words.COMMENT_KEY}-{c.id}",
+                    words.skipped_comment(fetched.skipped, f"@{c.author}'s comment"),
+                )
+        return sections, blocks
 
     def _discussion(self, delivered: set[int]) -> discussion.Selection:
         """The issue's comments not delivered yet that may go to the agent: by people who

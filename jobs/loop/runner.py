@@ -29,6 +29,7 @@ from bot.io.logs import get_logger
 from jobs import lifecycle
 from jobs.agents.agent import Outcome, TurnAgent
 from jobs.check_runs import CheckRuns, Update
+from jobs.loop.attachments import Given
 from jobs.loop.lease import Lease
 from jobs.loop.setup_phase import SetupPhase
 from jobs.runtime import Runtime
@@ -74,6 +75,8 @@ class _News:
     comments: discussion.Selection
     guidance: tuple[nested_guidance.Guidance, ...]
     sections: tuple[str, ...]  # as the prompt shows them; "" for an empty one
+    # Images and PDFs attached to those comments, as content blocks (the built-in agent's).
+    blocks: tuple[dict[str, Any], ...] = ()
 
 
 class PushStop(Exception):
@@ -121,6 +124,7 @@ class RunnerBase(ABC):
         self.worktrees = Worktrees(rt.settings.data_dir)
         self._verify_tail = ""
         self.guidance = ""  # the repository's instructions (prompts.guidance), set at start
+        self.given = Given()  # the approved issue's attachments (jobs/loop/attachments.py)
         self._checks: CheckRuns | None = None  # the loop's check runs, once it has a head
         self._push: tuple[_Background, int, str] | None = None
         # Milestones: the next prompt gives the current section's whole text (a new

@@ -53,6 +53,7 @@ from bot.core.rules.review_check import check_run
 from bot.core.rules.same_change import carried_from, patch_digest
 from bot.core.text import messages, prompts
 from bot.core.text import metric as metric_text
+from bot.io.attachments import Attachments
 from bot.io.github.client import Installation
 from bot.io.github.failures import GitHubError, Unavailable
 from bot.io.github.pulls import PullInfo
@@ -257,6 +258,7 @@ class Critic:
                         *metric_text.critic_facts(record),  # a metric loop's results table
                     ],
                     look=look,
+                    attached=self._attachments(gh, record),
                 )
         except precall.OverBudget as exc:  # only a person can give the issue more
             gh.add_labels(self.repo, self.issue, [config.labels.needs_human])
@@ -542,6 +544,7 @@ class Critic:
         facts: list[str] | None = None,
         look: tuple[ReviewCheckout, str] | None = None,
         scope: str = "",
+        attached: tuple[list[dict[str, Any]], str] = ([], ""),
     ) -> CriticReport:
         """Ask the model; ``asked``: open findings from earlier rounds it must answer for,
         ``since``: (last reviewed sha, diff from it), ``facts``: the loop's evidence,
@@ -549,7 +552,12 @@ class Critic:
         read-only tools (an answer that does not validate is asked for again without)."""
         asked = asked or []
         ids = [str(e["id"]) for e in asked]
-        prompt = _prompt(title, body, diff, asked, since, facts or [], scope=scope)
+        blocks, section = attached
+        text = _prompt(title, body, diff, asked, since, facts or [], scope=scope, attached=section)
+        # The issue's images and PDFs before the words, as in the agent's first message.
+        prompt: str | list[dict[str, Any]] = (
+            [*blocks, {"type": "text", "text": text}] if blocks else text
+        )
         messages_: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
         problem = ""
         first = 0
@@ -650,11 +658,30 @@ class Critic:
         ) as checkout:
             yield checkout, config.verify
 
+    def _attachments(
+        self, gh: Installation, record: LoopRecord
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The approved issue's attachments as the loop recorded them (jobs/loop/attachments.py):
+        from this worker's store, or downloaded again where it has none; a file whose bytes
+        now differ from what the writer approved is left out."""
+        files = Attachments(self.rt.settings.data_dir, self.rt.settings.api_url)
+        stored = files.approved(record)
+        if stored is None:
+            return [], ""
+        if any(not files.path(self.key, a).is_file() for a in stored.files):
+            files.again(self.key, stored, gh.issue_rendered(self.repo, self.issue)[2])
+        return files.for_prompt(self.key, stored)
+
     def _charge(self, model: str, used: Usage) -> None:
         """A critic call's usage on the loop's record."""
         self.store.update(self.key, lambda r: r.record_usage(model, "critic", used))
 
-    def _look(self, look: tuple[ReviewCheckout, str], prompt: str, schema: dict[str, Any]) -> str:
+    def _look(
+        self,
+        look: tuple[ReviewCheckout, str],
+        prompt: str | list[dict[str, Any]],
+        schema: dict[str, Any],
+    ) -> str:
         """One review with read-only tools; usage recorded call by call."""
         checkout, verify = look
         limits = ReviewLimits()

@@ -382,7 +382,7 @@ def review_with_tools(
     *,
     model: str,
     system: str,
-    prompt: str,
+    prompt: str | list[dict[str, Any]],  # the first message: text, or blocks (images)
     schema: dict[str, Any],
     checkout: Path,
     sandbox: Sandbox,

@@ -26,13 +26,15 @@ cache holds, and the next call pays to write it again.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.core import attachments
 from bot.core.text.prompts import COMMENT_FENCE, FENCE, GUIDANCE_FENCE
 
 Message = dict[str, Any]
@@ -71,8 +73,36 @@ _EDIT_COMMANDS = ("create", "str_replace", "insert", "undo_edit")
 
 
 def chars(payload: Any) -> int:
-    """The size the gauge scales: characters of the JSON the request carries."""
-    return len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
+    """The size the gauge scales: characters of the JSON the request carries, an image
+    counted as the text of its tokens (the API bills its pixels, width * height / 750, not
+    its base64: a 1 MB screenshot is ~1,600 tokens, not the 450,000 its characters say)."""
+    n = len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
+    for data in _image_data(payload):
+        # The header is enough for the size: decode the start only.
+        size = attachments.image_size(base64.b64decode(data[:IMAGE_HEAD], validate=False))
+        if size is not None:
+            n += CHARS_PER_TOKEN * attachments.image_tokens(*size) - len(data)
+    return n
+
+
+IMAGE_HEAD = 64 * 1024  # base64 characters of an image read for its size (a multiple of 4)
+CHARS_PER_TOKEN = 4
+
+
+def _image_data(node: Any) -> Iterator[str]:
+    """The base64 data of every image block at any depth (a tool result holds blocks)."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            source = item.get("source")
+            if item.get("type") == "image" and isinstance(source, dict):
+                if source.get("type") == "base64" and isinstance(source.get("data"), str):
+                    yield source["data"]
+                continue
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,10 @@ TAIL_CHARS = 4000
 FENCE = "untrusted-issue"
 COMMENT_FENCE = "untrusted-comment"  # a maintainer's comment on the issue
 GUIDANCE_FENCE = "repo-guidance"  # a nested AGENTS.md from the default branch
+ATTACHMENT_FENCE = "untrusted-attachment"  # a text file attached to the issue
 _FENCE_TAG = re.compile(
-    r"<(\s*/?\s*)(" + "|".join((FENCE, COMMENT_FENCE, GUIDANCE_FENCE)) + r")", re.IGNORECASE
+    r"<(\s*/?\s*)(" + "|".join((FENCE, COMMENT_FENCE, GUIDANCE_FENCE, ATTACHMENT_FENCE)) + r")",
+    re.IGNORECASE,
 )
 
 

@@ -61,7 +61,12 @@ _EVENT_KINDS = {
     "shrink": "shrink",
     "context_shrunk": "shrink",
     "loop_finished": "finished",
+    "attachments": "attachments",
+    "attachment_thumbnail": "attachments",
 }
+# A thumbnail the log page shows as an image: a small PNG or JPEG as a data URI, never
+# anything a browser would run or fetch (bot/io/attachments.py makes them).
+_THUMBNAIL = re.compile(r"data:image/(?:png|jpeg);base64,[A-Za-z0-9+/]+={0,2}")
 
 
 # -- build -----------------------------------------------------------------------------------
@@ -187,6 +192,7 @@ class _Out:
         at: float | None = None,
         diff: str | None = None,
         ok: bool | None = None,
+        image: str | None = None,
     ) -> None:
         # Redacted whole before any cut: a secret cut in two would match nothing.
         body = self.redact(body)
@@ -208,6 +214,8 @@ class _Out:
                 "ok": ok,
             }
         )
+        if image is not None and _THUMBNAIL.fullmatch(image):
+            self.entries[-1]["image"] = image
 
     # -- the conversation
 
@@ -336,6 +344,7 @@ class _Out:
             step=step,
             at=at,
             ok=ok,
+            image=str(data.get("src")) if kind == "attachment_thumbnail" else None,
         )
 
     def _backend(self, kind: str, data: dict[str, Any], turn: int | None, at: float | None) -> None:
@@ -506,7 +515,26 @@ def _describe_event(kind: str, data: dict[str, Any], state: _EventState) -> tupl
             return f"merged as {_short(data.get('sha'))}", "", True
         case "context_shrunk":
             return _shrunk_words(data), "", None
+        case "attachments":
+            return _attachments(data)
+        case "attachment_thumbnail":
+            return str(data.get("name", "")), "", None
     return _plain_title(kind, data), _data_body(data), None
+
+
+def _attachments(data: dict[str, Any]) -> tuple[str, str, Any]:
+    """The approved issue's attachments: what each model got, and what was skipped."""
+    files = [f for f in data.get("files") or [] if isinstance(f, dict)]
+    skipped = [s for s in data.get("skipped") or [] if isinstance(s, dict)]
+    lines = []
+    for f in files:
+        size = f"{_int(f.get('bytes')):,} bytes"
+        if f.get("kind") == "image":
+            size += f", {f.get('width')} x {f.get('height')} px, ~{f.get('tokens')} tokens"
+        lines.append(f"{f.get('name')}: {f.get('kind')}, {size}")
+    lines += [f"{s.get('name')}: skipped: {s.get('reason')}" for s in skipped]
+    title = f"attachments: {len(files)} read" + (f", {len(skipped)} skipped" if skipped else "")
+    return title, "\n".join(lines), None if not skipped else False
 
 
 def _shrunk_words(data: dict[str, Any]) -> str:

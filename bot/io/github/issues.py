@@ -144,6 +144,16 @@ class Issues(InstallationBase):
     def issue(self, repo: str, number: int) -> IssueInfo:
         return _issue(self._call(lambda gh: gh.rest.issues.get(*_split(repo), number).json()))
 
+    def issue_rendered(self, repo: str, number: int) -> tuple[str, str, str]:
+        """The issue's title, Markdown body and ``body_html`` as the ``full`` media type
+        renders it: the HTML names each attachment at a signed URL that lives minutes."""
+        d = self._call(
+            lambda gh: gh.rest.issues.get(
+                *_split(repo), number, headers={"Accept": "application/vnd.github.full+json"}
+            ).json()
+        )
+        return str(d.get("title") or ""), str(d.get("body") or ""), str(d.get("body_html") or "")
+
     def open_issues_with_label(self, repo: str, label: str) -> list[IssueInfo]:
         items = self._list(
             lambda gh, n: gh.rest.issues.list_for_repo(
@@ -237,6 +247,16 @@ class Issues(InstallationBase):
             ).json()
         )
         return [_comment(c) for c in items]
+
+    def comment_rendered(self, repo: str, comment_id: int) -> tuple[str, str]:
+        """A comment's Markdown body and its ``body_html`` in the ``full`` media type (its
+        attachments at signed URLs, as for an issue: ``issue_rendered``)."""
+        d = self._call(
+            lambda gh: gh.rest.issues.get_comment(
+                *_split(repo), comment_id, headers={"Accept": "application/vnd.github.full+json"}
+            ).json()
+        )
+        return str(d.get("body") or ""), str(d.get("body_html") or "")
 
     def find_comment(self, repo: str, number: int, key: str) -> CommentInfo | None:
         tag = marker(key)

@@ -42,6 +42,7 @@ from bot.standins.anthropic.models import MAX_OUTPUT_TOKENS, ModelSpec
 from bot.standins.anthropic.replies import (
     Fail,
     Item,
+    Reading,
     Reply,
     Responder,
     bash,
@@ -77,6 +78,7 @@ __all__ = [
     "Item",
     "Json",
     "ModelSpec",
+    "Reading",
     "Reply",
     "Responder",
     "bash",

@@ -40,8 +40,17 @@ class Fail:
     delay: float = 0.0
 
 
-Item = Reply | Fail
-Responder = Callable[[Json], Item]
+@dataclass
+class Reading:
+    """A scripted reply made from the request it answers: how a test's model "reads" an
+    image or a document it was sent (``reply`` gets the request's body)."""
+
+    reply: Callable[[Json], Reply | Fail]
+    delay: float = 0.0
+
+
+Item = Reply | Fail | Reading
+Responder = Callable[[Json], Reply | Fail]
 _ids = itertools.count(1)
 
 

@@ -16,8 +16,17 @@ from werkzeug.serving import BaseWSGIServer
 from bot.standins import serving
 from bot.standins.anthropic.billing import billed_usd
 from bot.standins.anthropic.cache import PromptCache, _breakpoints
+from bot.standins.anthropic.media import media_invalid
 from bot.standins.anthropic.models import ModelSpec, default_models, model_info
-from bot.standins.anthropic.replies import Fail, Item, Reply, Responder, _ids, _with_cwd
+from bot.standins.anthropic.replies import (
+    Fail,
+    Item,
+    Reading,
+    Reply,
+    Responder,
+    _ids,
+    _with_cwd,
+)
 from bot.standins.anthropic.sse import sse_events
 from bot.standins.anthropic.thinking import (
     _thinking_on,
@@ -125,6 +134,8 @@ class AnthropicServer:
             return "stream: Input should be a valid boolean"
         if (why := invalid(body, spec)) is not None:
             return why
+        if (why := media_invalid(body)) is not None:
+            return why
         if (why := _breakpoints(body, _units(body))[1]) is not None:
             return why
         if (why := thinking_invalid(body, spec)) is not None:
@@ -194,23 +205,26 @@ class AnthropicServer:
             message["stop_details"] = item.stop_details
         return message
 
-    def _next(self, body: Json) -> Item:
+    def _next(self, body: Json) -> Reply | Fail:
         with self.lock:
             if self.script:
-                return self.script.popleft()
+                item = self.script.popleft()
+                # A scripted reply that reads the request (an image in it) first.
+                return item.reply(body) if isinstance(item, Reading) else item
             responder = self.responder
         if responder is not None:
             return responder(body)
         return Fail(500, "the local model has no scripted reply left", "api_error")
 
-    def _next_triage(self, body: Json) -> Item:
+    def _next_triage(self, body: Json) -> Reply | Fail:
         with self.lock:
             if self.triage:
-                return self.triage.popleft()
+                item = self.triage.popleft()
+                return item.reply(body) if isinstance(item, Reading) else item
         return triage_answer("ready")
 
     def _answer(
-        self, body: Json, tokens: int, next_item: Callable[[Json], Item], keep: bool = False
+        self, body: Json, tokens: int, next_item: Callable[[Json], Reply | Fail], keep: bool = False
     ) -> tuple[Response, int]:
         """Validate ``body``, then answer it with ``next_item``'s item; ``keep``: record
         the message answered in ``responses``."""
@@ -287,6 +301,7 @@ class AnthropicServer:
                 return _err(404, "not_found_error", f"model: {body.get('model')}")
             why = (
                 conversation_invalid(body, spec.system_messages)
+                or media_invalid(body)
                 or _breakpoints(body, _units(body))[1]
             )
             if why is None:

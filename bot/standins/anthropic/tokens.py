@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass
 from typing import Any
 
+from bot.core import attachments
 from bot.standins.anthropic.wire import Json
 
 BLOCK_OVERHEAD = 3  # tokens per content block, on top of its text
@@ -44,9 +46,24 @@ def block_tokens(block: Any) -> int:
         said = str(block.get("thinking", ""))
     elif kind == "redacted_thinking":
         said = str(block.get("data", ""))
-    else:  # images, documents, anything else: its JSON, which is never less
+    elif kind == "image" and (pixels := _image_tokens(block)) is not None:
+        # As the API bills an image: by its pixels (width * height / 750), not its bytes.
+        return BLOCK_OVERHEAD + pixels
+    else:  # documents, anything else: its JSON, which is never less
         said = _canon({k: v for k, v in _uncached(block).items() if k != "type"})
     return BLOCK_OVERHEAD + _text_tokens(said)
+
+
+def _image_tokens(block: Json) -> int | None:
+    source = block.get("source")
+    if not isinstance(source, dict) or source.get("type") != "base64":
+        return None
+    try:
+        data = base64.b64decode(str(source.get("data", "")), validate=True)
+    except ValueError:
+        return None
+    size = attachments.image_size(data)
+    return None if size is None else attachments.image_tokens(*size)
 
 
 @dataclass
@@ -121,9 +138,11 @@ def count_tokens(body: Json) -> int:
     """The input tokens of a Messages request, as this server counts them everywhere (the
     context window, ``/v1/messages/count_tokens``, computed usage).
 
-    Deterministic, monotonic (more content is never fewer tokens) and never more than a
-    quarter of the request's JSON (``len(json.dumps(body)) // 4``): the text is counted at
-    four characters a token, the JSON around it only as a few tokens a block.
+    Deterministic, monotonic (more content is never fewer tokens) and, for text, never
+    more than a quarter of the request's JSON (``len(json.dumps(body)) // 4``): the text
+    is counted at four characters a token, the JSON around it only as a few tokens a
+    block. An image counts as the API bills it, by its pixels (width * height / 750 of
+    the image as the API scales it), whatever its bytes.
     """
     return sum(u.tokens for u in _units(body)) if isinstance(body, dict) else 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from flask import Flask, Response, abort, g, jsonify, request
 
+from bot.standins.github import attachments
 from bot.standins.github.shapes import event_base, issue_json
 from bot.standins.github.state import Issue, Repo, State, User
 from bot.standins.github.wire import Json, add_routes, error, now, page, public
@@ -113,7 +114,12 @@ def create_issue(state: State, owner: str, name: str) -> tuple[Response, int]:
 
 def get_issue(state: State, owner: str, name: str, number: int) -> Response:
     repo = state.find_repo(owner, name)
-    return jsonify(issue_json(state, repo, state.find_issue(repo, number)))
+    issue = state.find_issue(repo, number)
+    d = issue_json(state, repo, issue)
+    # The ``full`` media type adds the rendered body, where attachments are signed URLs.
+    if "application/vnd.github.full+json" in request.headers.get("Accept", ""):
+        d["body_html"] = attachments.body_html(state, issue.body)
+    return jsonify(d)
 
 
 def record_edit(issue: Issue, key: str, login: str, kind: str, before: str) -> None:
@@ -249,7 +255,10 @@ def get_comment(state: State, owner: str, name: str, cid: int) -> Response:
     repo = state.find_repo(owner, name)
     if cid not in repo.comments:
         abort(error(404, "Not Found"))
-    return jsonify(public(repo.comments[cid]))
+    d = public(repo.comments[cid])
+    if "application/vnd.github.full+json" in request.headers.get("Accept", ""):
+        d["body_html"] = attachments.body_html(state, str(d.get("body") or ""))
+    return jsonify(d)
 
 
 def update_comment(state: State, owner: str, name: str, cid: int) -> Response:

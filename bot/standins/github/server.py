@@ -19,6 +19,7 @@ from werkzeug.serving import BaseWSGIServer
 from bot.standins import gitrepo, serving
 from bot.standins.github import (
     app_hooks,
+    attachments,
     auth,
     checks,
     git_http,
@@ -37,7 +38,18 @@ from bot.standins.github.wire import Json, now
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request is noise
 
 # Each registers its own routes; together they are the API the server speaks.
-RESOURCES = (auth, app_hooks, repos, issues, pulls, checks, git_http, graphql, manifests)
+RESOURCES = (
+    auth,
+    app_hooks,
+    repos,
+    issues,
+    pulls,
+    checks,
+    git_http,
+    graphql,
+    manifests,
+    attachments,
+)
 
 
 class GitHubServer(State):
@@ -104,6 +116,8 @@ class GitHubServer(State):
         """Injected faults first (they can stand in for an auth failure), then auth, then
         the request is recorded. git's smart HTTP has its own auth and takes no faults."""
         if request.path.startswith("/git/") or manifests.is_web_page(request.path):
+            return None
+        if attachments.is_attachment(request.path):  # a signed URL is its own credential
             return None
         fault = self.match_fault(request.method, request.path, request.headers.get("Accept", ""))
         g.fault = None
@@ -175,6 +189,18 @@ class GitHubServer(State):
         return _secondary_refusal(wait)
 
     # -- setup helpers (the test's hands) -------------------------------------------------
+
+    def upload(
+        self,
+        name: str,
+        data: bytes,
+        *,
+        image: bool,
+        content_type: str = "",
+        ttl: float | None = None,
+    ) -> str:
+        """A file attached as a person's browser does: the Markdown GitHub writes for it."""
+        return attachments.upload(self, name, data, image=image, content_type=content_type, ttl=ttl)
 
     def add_installation(
         self,

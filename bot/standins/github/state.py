@@ -272,6 +272,13 @@ class State:
         # What the App was registered with (empty: app.yml's, see manifests.py).
         self.app_permissions: dict[str, str] = {}
         self.app_events: list[str] = []
+        # Files attached to issues (attachments.py): key -> Upload; how long a signed URL
+        # in ``body_html`` lives (GitHub's last a few minutes), and the key that signs them.
+        self.uploads: dict[str, Any] = {}
+        self.served: list[str] = []  # the keys of the uploads served, in order
+        self.served_with_credentials: list[str] = []  # those asked for with any
+        self.attachment_ttl = 300.0
+        self.attachment_secret = secrets.token_hex(16)
 
     def replace_app(
         self,

@@ -4,6 +4,7 @@ restored. Pure: no server is started."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
@@ -15,6 +16,7 @@ from typing import Any
 
 import anthropic
 import pytest
+from PIL import Image
 
 from bot.core import repo_config
 from bot.core.models import ModelSpec
@@ -456,3 +458,41 @@ def test_a_bad_line_from_the_cli_is_skipped_and_the_stream_read_on(
     }[backend]
     assert reader._read(state, bad + b"\n" + good + b"\n")
     assert state.text == "hi" and said[-1] == "agent_text"
+
+
+def _png(width: int, height: int) -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), "white").save(buf, "PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "tokens"),
+    [
+        (1000, 1000, 1334),  # width * height / 750, rounded up
+        (200, 40, 11),
+        (4000, 2000, 1640),  # as the API scales it first: 1568 x 784
+    ],
+)
+def test_an_image_counts_by_its_pixels_on_top_of_its_bytes(
+    width: int, height: int, tokens: int
+) -> None:
+    """Anthropic documents an image's tokens as about width * height / 750: the bound is
+    the request's bytes plus that, never the whole window (a PDF still takes it)."""
+    gw = make()
+    image = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": _png(width, height)},
+    }
+    request = {
+        "model": "claude-x",
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": [image, {"type": "text", "text": "see"}]}],
+    }
+    seen = gw.budgeted(gw.shaped(request))
+    no_floor = {k: v for k, v in seen.items() if k != budget.MIN_INPUT}
+    assert seen[budget.MIN_INPUT] == budget.size(no_floor) + tokens
+    assert budget.input_bound(seen) < ADAPTIVE.window
+    broken = {**image, "source": {**image["source"], "data": "not base64!"}}
+    request["messages"][0]["content"] = [broken]
+    assert budget.input_bound(gw.budgeted(gw.shaped(request))) == ADAPTIVE.window
