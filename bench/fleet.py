@@ -312,8 +312,10 @@ def report(
         for k, n in tally.counts(b.rt.redis).items()
         if n > tally_before.get(k, 0)
     }
-    writes = sum(n for (_, kind, _), n in tallied.items() if kind == "write")
-    reads = sum(n for (_, kind, _), n in tallied.items() if kind == "read")
+    # The headline counts are GitHub's (the local GitHub's log of content-creating
+    # requests), so a run of an older loopbot, without the tally, counts the same way.
+    writes = sum(1 for at, _, _, who in gh.write_log if at >= labelled)
+    reads = len(requests) - writes
     after_first = []
     if gh.limited:
         first, wait = gh.limited[0][3], gh.limited[0][4]

@@ -222,6 +222,11 @@ class LoopRecord(BaseModel):
     # The harness merged the default branch in without conflicts: verify runs on the
     # merged head before any turn, and the pull request moves on if it passes.
     base_clean: bool = False
+    # The last such catch-up that verify passed on with no turn: {"from": the head it
+    # merged the base into, "to": the merged head}. Only that head's change can be the
+    # reviewed one's (bot/core/rules/same_change.py): a diff's text does not show every
+    # change (a binary file's bytes), so no other head is ever taken for one reviewed.
+    catch_up: dict[str, str] = Field(default_factory=dict)
     # What the agent's conversation has been given, each once (bot/core/rules/discussion.py,
     # bot/core/rules/nested_guidance.py): the ids of the issue's comments (maintainers'
     # comments shown, or left out for room) and the nested AGENTS.md paths.

@@ -57,6 +57,7 @@ class BaseVerify(RunnerBase):
 
     def _sync_base(self, base: str, token: str) -> None:
         """Merge the default branch in, as the gate asked after a conflict."""
+        merged_into = self.worktrees.head(self.checkout.path, self.checkout.mirror)
         conflicted = self.worktrees.merge_base_in(self.checkout, base)
         self.sandbox.adopt()  # the merge wrote files as the worker
         if conflicted:
@@ -78,5 +79,10 @@ class BaseVerify(RunnerBase):
                 f"your branch without conflicts. Check that `{self.config.verify}` still "
                 "passes, and fix what the merge broke."
             )
-        self._set(sync_base=False, resume_note=note, base_clean=not conflicted)
+        self._set(
+            sync_base=False,
+            resume_note=note,
+            base_clean=not conflicted,
+            catch_up={"from": merged_into} if not conflicted else {},
+        )
         self.store.event(self.key, "base_merged", base=base, conflicts=conflicted)

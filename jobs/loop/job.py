@@ -675,8 +675,8 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
         hear "still passes" cost a call and a fleet's writes, issue 43); else None, and a
         turn follows with what verify said."""
         record = self._set(base_clean=False)
-        if record.kind == "metric" or record.sections:  # their evidence is per turn
-            return None
+        if record.kind == "metric" or record.sections or not record.catch_up.get("from"):
+            return None  # their evidence is per turn
         issue = self.gh.issue(self.repo, self.issue_number)
         label = self.config.labels.of_kind(record.kind)
         step = transitions.before_turn(
@@ -713,6 +713,8 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
         if note := self._tests_changed_to_pass(head, verify, *approved):
             self._set(resume_note=note)  # the one turn it gives the agent follows
             return None
+        # Its change may be the reviewed head's (the critic compares their diffs).
+        self._set(catch_up={**record.catch_up, "to": head})
         return self._open_pull(base, resumed_outcome(conversation))
 
     def _turn_completed(self, turn: int, outcome: Outcome) -> None:

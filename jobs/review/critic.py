@@ -197,7 +197,9 @@ class Critic:
                 or tests_changed_finding(record.test_evidence, sha) is not None
             )
             carried = carried_from(
+                sha=sha,
                 digest=digest,
+                catch_up=record.catch_up,
                 patches=record.patches,
                 verdicts=record.verdicts,
                 finding_log=record.finding_log,

@@ -36,6 +36,8 @@ def test_the_same_change_moved_by_the_base_has_one_digest_another_change_not() -
 
 def carried(**over: Any) -> str | None:
     given: dict[str, Any] = {
+        "sha": "b" * 40,
+        "catch_up": {"from": "a" * 40, "to": "b" * 40},
         "digest": "d1",
         "patches": {"a" * 40: "d1"},
         "verdicts": {"a" * 40: "approve"},
@@ -56,6 +58,13 @@ def test_only_an_approval_of_the_same_change_with_nothing_blocking_carries() -> 
     assert carried(finding_log=[sev1 | {"status": "dismissed"}]) == "a" * 40
     assert carried(own_sev1=True) is None  # the tests changed to pass on this head
     assert carried(kind="metric") is None  # its results table is what is judged
+    # Only the harness's own clean catch-up: any other head (a push, a turn) is reviewed,
+    # whatever its diff's text says (a binary file's new bytes show as the same line).
+    assert carried(sha="c" * 40) is None
+    assert carried(catch_up={"from": "a" * 40}) is None  # not verified without a turn
+    assert carried(catch_up={}) is None
+    other = {"from": "e" * 40, "to": "b" * 40}  # merged into a head never approved
+    assert carried(patches={"a" * 40: "d1", "e" * 40: "d1"}, catch_up=other) is None
 
 
 def test_requests_are_counted_by_route_not_by_repository_number_or_branch() -> None:

@@ -33,20 +33,28 @@ def patch_digest(diff: str) -> str:
 
 def carried_from(
     *,
+    sha: str,
     digest: str,
+    catch_up: Mapping[str, str],
     patches: Mapping[str, str],
     verdicts: Mapping[str, str],
     finding_log: Sequence[dict[str, Any]],
     own_sev1: bool,
     kind: str,
 ) -> str | None:
-    """The reviewed head whose approval this head's same change carries, or None (the
-    critic reviews it). Only an approval carries, and only while nothing blocks: a sev1
-    standing, loopbot's own evidence finding on this head (``own_sev1``), or a metric
-    loop (its results table changes with every head, and is what the critic judges)."""
+    """The reviewed head whose approval the head ``sha`` carries, or None (the critic
+    reviews it). Only for the harness's own catch-up (``catch_up``: the default branch
+    merged cleanly into the head ``from``, verified with no turn, giving ``to``): any
+    other head may hold a change its diff's text does not show (a binary file's bytes),
+    or one nobody reviewed. Only an approval of ``from`` carries, only when the diff is
+    the same, and only while nothing blocks: a sev1 standing, loopbot's own evidence
+    finding on this head (``own_sev1``), or a metric loop (its results table changes with
+    every head, and is what the critic judges)."""
     if kind == "metric" or own_sev1 or flog.blocking(finding_log):
         return None
-    for sha, seen in patches.items():
-        if seen == digest and verdicts.get(sha) == "approve":
-            return sha
+    reviewed = catch_up.get("from", "")
+    if catch_up.get("to") != sha or not reviewed:
+        return None
+    if patches.get(reviewed) == digest and verdicts.get(reviewed) == "approve":
+        return reviewed
     return None
