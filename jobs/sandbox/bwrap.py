@@ -407,8 +407,9 @@ class Sandbox:
             INSIDE_HOME,
         ]
         system_bytecode = bytecode.tree()
-        if system_bytecode is not None:
-            args += ["--ro-bind", str(system_bytecode), _SAFE_ENV["PYTHONPYCACHEPREFIX"] + "/usr"]
+        if system_bytecode is not None:  # -try: gone since (a cleaner of /tmp), Python compiles
+            prefix = _SAFE_ENV["PYTHONPYCACHEPREFIX"]
+            args += ["--ro-bind-try", str(system_bytecode), f"{prefix}/usr"]
         for ro in self.readonly:
             if ro.is_dir():
                 args += ["--ro-bind", str(through_stage("ro", ro, "mirror")), str(ro)]

@@ -2,17 +2,17 @@
 
 The sandbox sets ``PYTHONPYCACHEPREFIX`` (bwrap.py): Python reads bytecode only under
 that directory, never from a ``__pycache__`` beside a source, so an unchecked ``.pyc``
-committed in the worktree cannot run instead of its source. The prefix is empty inside
-the sandbox and nothing is written to it (``PYTHONDONTWRITEBYTECODE``): every Python
-start compiled each standard-library module it imported, again (``python -m unittest``:
-about 0.13 s of CPU instead of 0.02 s, in every verify).
+committed in the worktree cannot run instead of its source. With the prefix empty and
+nothing written to it (``PYTHONDONTWRITEBYTECODE``), every Python start compiled each
+standard-library module it imported, again (``python -m unittest``: about 0.13 s of CPU
+instead of 0.02 s, in every verify).
 
 ``tree()`` is a directory laid out as the prefix wants (``usr/lib/python3.11/unittest/
 case.cpython-311.pyc``) whose entries are symlinks to the bytecode that ships under
 /usr (``/usr/lib/python3.11/unittest/__pycache__/case.cpython-311.pyc``); the sandbox
 mounts it read-only at ``<prefix>/usr``. It mirrors nothing but /usr, which the sandbox
 already has read-only: the worktree's sources are never under it, so they are compiled as
-before. Python still checks each ``.pyc`` against its source (its mtime and size), so a
+before. Python checks a (timestamp) ``.pyc`` against its source's mtime and size, so a
 link to a stale or missing file costs a compile, never a wrong module.
 
 Built once per machine and user (about 0.5 s of CPU: two thousand links), under /tmp
@@ -28,7 +28,6 @@ import hashlib
 import os
 import shutil
 import stat
-import sys
 import tempfile
 from pathlib import Path
 
@@ -80,28 +79,37 @@ def _fill(into: Path, libraries: list[Path]) -> None:
 
 
 @functools.cache
-def tree() -> Path | None:
-    """The directory to mount at ``<prefix>/usr`` (its ``usr`` part), or None when there
-    is nothing to link or it cannot be made (the sandbox then compiles, as before)."""
+def _place() -> Path | None:
     libraries = _libraries()
     if not libraries:
         return None
-    tag = sys.implementation.cache_tag or "python"
-    final = PARENT / f"loopbot-bytecode-{os.getuid()}-{tag}-{_fingerprint(libraries)}"
-    if _usable(final):
-        return final / "usr"
-    try:
-        work = Path(tempfile.mkdtemp(prefix=f"{final.name}.", dir=PARENT))
-    except OSError:
+    return PARENT / f"loopbot-bytecode-{os.getuid()}-{_fingerprint(libraries)}"
+
+
+def tree() -> Path | None:
+    """The directory to mount at ``<prefix>/usr`` (its ``usr`` part), or None when there
+    is nothing to link or it cannot be made (the sandbox then compiles, as before).
+    Looked at on every call, two ``stat``s: a cleaner of /tmp may have removed it."""
+    final = _place()
+    if final is None:
         return None
+    if not _usable(final):
+        _build(final)
+    return final / "usr" if _usable(final) else None
+
+
+def _build(final: Path) -> None:
+    try:
+        work = Path(tempfile.mkdtemp(prefix=f"{final.name}.", dir=final.parent))
+    except OSError:
+        return
     try:
         work.chmod(0o755)  # the sandbox's uid traverses it
-        _fill(work, libraries)
+        _fill(work, _libraries())
         (work / "usr").mkdir(mode=0o755, exist_ok=True)
-        os.rename(work, final)  # another process may have won: then it is used
+        os.rename(work, final)  # another process may have won: then its tree is used
     except OSError:
         pass
     finally:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
-    return final / "usr" if _usable(final) else None
