@@ -3,10 +3,13 @@ the tests, the benchmarks and the demo starts and stops."""
 
 from __future__ import annotations
 
+import functools
 import socketserver
+import ssl
 import threading
 from typing import Any
 
+import httpx
 from werkzeug.serving import BaseWSGIServer, make_server
 
 
@@ -17,6 +20,14 @@ def run_in_thread(server: socketserver.BaseServer, name: str = "local-server") -
     threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True, name=name
     ).start()
+
+
+@functools.cache
+def client_tls() -> ssl.SSLContext:
+    """The TLS context of the stand-ins' own HTTP clients (webhook deliveries, a user's
+    clicks), made once per process as httpx makes its default one: each client making
+    its own read the CA bundle again, about 20 ms of CPU, in every test with a GitHub."""
+    return httpx.create_ssl_context()
 
 
 def serve(app: Any, host: str, port: int, name: str) -> tuple[BaseWSGIServer, str]:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bot.core.settings import Settings
-from jobs.sandbox import cgroups, egress
+from jobs.sandbox import bytecode, cgroups, egress
 from jobs.sandbox.disk import TreeError, disk_usage, remove_tree, walk
 from jobs.sandbox.egress_policy import EgressPolicy
 from jobs.sandbox.home import HomeLink, HomeUnreachable
@@ -68,6 +68,7 @@ _SAFE_ENV = {
     "PYTHONDONTWRITEBYTECODE": "1",
     # Python reads bytecode from here only, never from a __pycache__ in the worktree: an
     # unchecked .pyc committed there would run instead of the test beside it (red team).
+    # Only the system's own bytecode is there (bytecode.py), at <prefix>/usr.
     "PYTHONPYCACHEPREFIX": "/tmp/pycache",
     "GIT_TERMINAL_PROMPT": "0",
     "PAGER": "cat",
@@ -405,6 +406,10 @@ class Sandbox:
             "--dir",
             INSIDE_HOME,
         ]
+        system_bytecode = bytecode.tree()
+        if system_bytecode is not None:  # -try: gone since (a cleaner of /tmp), Python compiles
+            prefix = _SAFE_ENV["PYTHONPYCACHEPREFIX"]
+            args += ["--ro-bind-try", str(system_bytecode), f"{prefix}/usr"]
         for ro in self.readonly:
             if ro.is_dir():
                 args += ["--ro-bind", str(through_stage("ro", ro, "mirror")), str(ro)]

@@ -291,7 +291,10 @@ class GitHubServer(State):
         """An HTTP client acting as ``login`` (a person clicking in GitHub's UI)."""
         user = self.add_user(login)
         return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"token {user.token}"}, timeout=30
+            base_url=self.url,
+            headers={"Authorization": f"token {user.token}"},
+            timeout=30,
+            verify=serving.client_tls(),
         )
 
     def repo(self, full_name: str) -> Repo:

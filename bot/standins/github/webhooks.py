@@ -12,11 +12,12 @@ import httpx
 from bot.core.signature import sign
 from bot.standins.github.state import State
 from bot.standins.github.wire import Json, now
+from bot.standins.serving import client_tls
 
 
 def send_forever(state: State) -> None:
     """Send queued deliveries until ``None`` is queued (the server stopping)."""
-    with httpx.Client(timeout=10) as client:
+    with httpx.Client(timeout=10, verify=client_tls()) as client:
         while True:
             item = state.outbox.get()
             if item is None:

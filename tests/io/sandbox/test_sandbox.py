@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import re
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,38 @@ def test_secrets_and_environment_are_hidden(
     # A new PID namespace: only the sandbox's own few processes, not the worker's.
     procs = int(r.output.split("PROCS=")[1].split()[0])
     assert procs < 6
+
+
+# A module whose bytecode, "unchecked" (never compared with the source), says otherwise.
+SHADOWED = (
+    "echo 'print(\"from pyc\")' > m.py && "
+    "python3 -c \"import py_compile; py_compile.compile('m.py', "
+    "cfile='__pycache__/m.' + __import__('sys').implementation.cache_tag + '.pyc', "
+    'invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)" && '
+    "echo 'print(\"from source\")' > m.py"
+)
+
+
+def test_python_reads_the_system_s_bytecode_and_never_the_worktree_s(
+    box_settings: Settings, worktree: Path
+) -> None:
+    """The standard library is loaded from the bytecode that ships with it (through the
+    read-only links at <prefix>/usr), not compiled again at every start; a module of the
+    worktree is compiled from its source, whatever ``__pycache__`` says."""
+    with Sandbox(worktree, settings=box_settings) as box:
+        prepared = box.run(SHADOWED)
+        assert prepared.passed, prepared.output
+        run = box.run("python3 -v -c 'import unittest, m' 2>&1; touch /tmp/pycache/usr/x")
+    loaded = re.search(
+        r"^# /tmp/pycache/usr/lib/python3[^ ]*/unittest/case\.cpython-3\d+\.pyc matches "
+        r"/usr/lib/python3[^ ]*/unittest/case\.py$",
+        run.output,
+        re.M,
+    )
+    assert loaded, run.output[-3000:]
+    assert "from source" in run.output and "from pyc" not in run.output
+    assert "code object from" in run.output and "/m.py" in run.output
+    assert "Read-only file system" in run.output  # the links are the system's, for reading
 
 
 def test_timeout_kills_the_whole_tree(box_settings: Settings, worktree: Path) -> None:
