@@ -113,6 +113,10 @@ class CheckRuns:
                 self._log.warning("checks.update_lost", error=str(exc)[:300])
         return True
 
+    def _held_back(self) -> bool:
+        """The update waiting is still held for a newer one (``Update.hold``)."""
+        return self._due > time.monotonic() and not self._urgent
+
     def _run(self) -> None:
         pace = self._gh.pace
         while True:
@@ -133,7 +137,14 @@ class CheckRuns:
                 # this waited is what goes (``send`` may have taken it: then none).
                 with pace.ahead() if pace is not None else contextlib.nullcontext():
                     with self._cond:
-                        update, self._pending = self._pending, None
+                        update = self._pending
+                        if update is not None and self._held_back():
+                            # It came (replacing the one that joined the line) while this
+                            # waited, and is held for its completion: the slot goes
+                            # unused, a write is saved (a fleet's line is long).
+                            update = None
+                        else:
+                            self._pending = None
                         self._writing = update is not None
                     if update is not None:
                         self._write(update)

@@ -193,3 +193,66 @@ def test_a_retried_create_whose_first_attempt_landed_makes_no_second_run(
     assert len(runs(github, heads[0])) == 1  # the last attempt landed
     assert checks.flush(timeout=30)  # the job's end: the failed update again
     assert len(runs(github, heads[0])) == 1, runs(github, heads[0])
+
+
+def posts(github: GitHubServer) -> int:
+    return sum(1 for m, p, _ in github.requests if m == "POST" and p.endswith("/check-runs"))
+
+
+def patches(github: GitHubServer) -> int:
+    return sum(1 for m, p, _ in github.requests if m == "PATCH" and "/check-runs/" in p)
+
+
+def test_a_held_update_completed_within_its_hold_is_one_write(
+    github: GitHubServer, settings: Settings, redis: Redis
+) -> None:
+    """A verified head's ``in_progress`` is held: the pull request's ``completed`` comes
+    within the hold and replaces it, and the run is created once, completed (issue 43)."""
+    gh, heads = setup(github, settings, redis)
+    checks = CheckRuns(gh, REPO, NAME, Fence(), "acme/widgets#1")
+    before = (posts(github), patches(github))
+    checks.submit(update(heads[0], new_head=True, hold=2.0))
+    time.sleep(0.5)
+    assert runs(github, heads[0]) == []  # held
+    checks.send(update(heads[0], "completed", conclusion="success"))
+    assert checks.flush(timeout=30)
+    (run,) = runs(github, heads[0])
+    assert (run["status"], run["conclusion"]) == ("completed", "success")
+    assert (posts(github), patches(github)) == (before[0] + 1, before[1])
+
+
+def test_a_held_update_with_no_completion_is_written_when_its_hold_ends(
+    github: GitHubServer, settings: Settings, redis: Redis
+) -> None:
+    gh, heads = setup(github, settings, redis)
+    checks = CheckRuns(gh, REPO, NAME, Fence(), "acme/widgets#1")
+    checks.submit(update(heads[0], new_head=True, hold=0.8))
+    deadline = time.monotonic() + 10
+    while not runs(github, heads[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (run,) = runs(github, heads[0])
+    assert run["status"] == "in_progress"
+
+
+def test_a_held_update_that_came_while_another_waited_in_line_is_not_sent_in_its_slot(
+    github: GitHubServer, settings: Settings, redis: Redis
+) -> None:
+    """A failed turn's head waits in GitHub's line; the next head, verified, replaces it
+    with a held update: when the slot comes, it goes unused, and the pull request's
+    completion is that head's one write (in a fleet's long line it had been two)."""
+    gh, heads = setup(github, settings, redis)
+    assert gh.pace is not None
+    checks = CheckRuns(gh, REPO, NAME, Fence(), "acme/widgets#1")
+    gh.pace.pause(1.0, "a test's 403", slower=False)  # GitHub's line is long
+    before = (posts(github), patches(github))
+    checks.submit(update(heads[0], new_head=True))  # joins the line
+    time.sleep(0.2)
+    checks.submit(update(heads[1], new_head=True, hold=5.0))  # verified: held
+    time.sleep(1.5)  # the slot came and went
+    assert runs(github, heads[1]) == []
+    checks.send(update(heads[1], "completed", conclusion="success"))
+    assert checks.flush(timeout=30)
+    (run,) = runs(github, heads[1])
+    assert run["status"] == "completed"
+    assert runs(github, heads[0]) == []  # pushed over before its turn came
+    assert (posts(github), patches(github)) == (before[0] + 1, before[1])
