@@ -44,7 +44,7 @@ from bot.core import repo_config
 from bot.core.ids import LoopId
 from bot.core.record import ACTIVE, LoopRecord, Reason, Status
 from bot.core.rules import recovery
-from bot.core.rules.lifecycle import Guard, Requeue
+from bot.core.rules.lifecycle import SPEND_HELD, Guard, Requeue
 from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
 from bot.io.pace import Pace
@@ -97,6 +97,8 @@ def resume_lapsed(rt: Runtime) -> list[str]:
     waiting = line.state().line.keys()
     for summary in store.summaries():
         if summary["status"] not in wanted or summary["key"] in waiting:
+            continue
+        if summary.get("phase") == SPEND_HELD:  # held by a spend cap: no job on purpose
             continue
         record = store.get(summary["key"])
         if record is None or isinstance(_lapsed(rt, record, now), recovery.Skip):
@@ -171,6 +173,8 @@ def keep_pace(rt: Runtime) -> list[str]:
             log.warning("reconciler.pace_released", loop=key)
     for key, summary in summaries.items():
         if summary["status"] not in _ACTIVE or key in state.slots or key in state.line:
+            continue
+        if summary.get("phase") == SPEND_HELD:  # waits for room to spend, not for a slot
             continue
         with store.lock(key):
             record = store.get(key)

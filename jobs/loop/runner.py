@@ -33,6 +33,7 @@ from jobs.loop.lease import Lease
 from jobs.loop.setup_phase import SetupPhase
 from jobs.runtime import Runtime
 from jobs.sandbox.bwrap import Result, Sandbox
+from jobs.spend import SpendGate
 from jobs.tree.worktree import Checkout, FileState, GitError, PushRefused, Worktrees
 
 log = get_logger("loopbot.loop")
@@ -109,6 +110,8 @@ class RunnerBase(ABC):
     sandbox: Sandbox
     setup_phase: SetupPhase | None = None  # `setup`'s own sandbox (jobs/loop/setup_phase.py)
     budget: budget.Budget
+    # The spend caps above the loop (jobs/spend.py), set once loop.yml is read.
+    spend: SpendGate | None = None
 
     def __init__(self, rt: Runtime, repo: str, issue: int) -> None:
         self.rt = rt
@@ -133,6 +136,13 @@ class RunnerBase(ABC):
         self._aside_note = ""
         self._workflows: bool | None = None  # the App may push workflow changes
         self._refused_at: str | None = None  # the head GitHub has, after a refusal
+
+    def _hold_for_spend(self, words: str) -> str:
+        """The loop waits, queued, for room under a spend cap (``words`` name it)."""
+        self.lease.check()
+        held = lifecycle.hold_for_spend(self.store, self.key, words, gh=self.gh)
+        self.log.info("loop.spend_held", held=held is not None, detail=words[:200])
+        return f"held by a spend cap: {words}" if held is not None else "moved on"
 
     def _cancelled(self) -> bool:
         return self.lease.lost.is_set() or self.store.cancel_requested(self.key) is not None
@@ -398,6 +408,10 @@ class RunnerBase(ABC):
     def _finish(self, status: Status, reason: Reason, detail: str = "") -> str:
         self._pushed()
         self.lease.check()
+        if reason is Reason.BUDGET and self.spend is not None and self.spend.held_back():
+            # A spend cap refused this job's first call: the loop never really started,
+            # so it waits, queued, rather than ending (jobs/spend.py).
+            return self._hold_for_spend(self.spend.held_back())
         # A cancel that landed meanwhile wins (unless the loop completed): a person asked.
         ended = lifecycle.finish(
             self.store,

@@ -74,6 +74,7 @@ from jobs.review.tools import (
     tools_note,
 )
 from jobs.runtime import Runtime, current, instrumented
+from jobs.spend import SpendGate
 from jobs.tree.worktree import Worktrees
 
 log = get_logger("loopbot.critic")
@@ -108,19 +109,24 @@ class Critic:
         self.model = rt.settings.critic_model
         self.effort: str | None = rt.settings.effort
         self.spec: ModelSpec | None = None
+        self.spend: SpendGate | None = None  # the spend caps (jobs/spend.py), per review
 
     def run(self) -> str:
         """Review and act; never leave the loop in ``reviewing`` when the review fails for
         good. A retry is safe: the review is posted once per sha (its marker)."""
-        return with_retries(
-            self._run_once,
-            self._give_up,
-            kind="critic",
-            key=self.key,
-            store=self.store,
-            attempts=ERROR_ATTEMPTS,
-            backoff=ERROR_BACKOFF,
-        )
+        try:
+            return with_retries(
+                self._run_once,
+                self._give_up,
+                kind="critic",
+                key=self.key,
+                store=self.store,
+                attempts=ERROR_ATTEMPTS,
+                backoff=ERROR_BACKOFF,
+            )
+        finally:
+            if self.spend is not None:  # a reservation no answer settled
+                self.spend.release()
 
     def _give_up(self, error: str, attempts: int) -> str:
         record = self.store.get(self.key)
@@ -184,6 +190,7 @@ class Critic:
         self.model = config.critic_model(self.rt.ceilings)
         self.effort = config.critic_effort(self.rt.ceilings)
         self.spec = self.rt.models.spec(self.model)  # UnknownModel: a setting to fix, no retry
+        self.spend = SpendGate.of(self.rt.redis, self.rt.settings, record, config)
         self.store.event(
             self.key,
             "review_started",
@@ -501,6 +508,7 @@ class Critic:
                 record=self.store.get(self.key),
                 settings=self.rt.settings,
                 charge=self._charge,
+                spend=self.spend,
             )
             # Thinking blocks are not the answer; an answer asked for again is a new
             # exchange, where a past turn's thinking may be left out.
@@ -537,6 +545,8 @@ class Critic:
         self.model = config.critic_model(self.rt.ceilings)
         self.effort = config.critic_effort(self.rt.ceilings)
         self.spec = self.rt.models.spec(self.model)
+        if (record := self.store.get(self.key)) is not None:
+            self.spend = SpendGate.of(self.rt.redis, self.rt.settings, record, config)
         self.system = f"{SYSTEM}\n\n{guidance}" if guidance else SYSTEM
         return self._review(title, body, diff, asked=asked, scope=scope)
 
@@ -600,6 +610,7 @@ class Critic:
                 settings=self.rt.settings,
                 charge=self._charge,
                 timeout=timeout,
+                spend=self.spend,
             ),
         )
         self.store.event(

@@ -210,6 +210,25 @@ def running() -> Changes:
     return {"status": Status.RUNNING, "phase": "preparing", "handed_over": False}
 
 
+# The phase of a loop held back by a spend cap (bot/core/spend/caps.py): queued, with no
+# job and no slot, until a writer's /loop-restart (or, if the operator says so, the next
+# period) finds room. The reconciler neither resumes it as lost nor puts it in line.
+SPEND_HELD = "spend_cap"
+
+
+def held_for_spend(current: Status, words: str) -> Changes | None:
+    """A loop about to start finds a spend cap full: it waits, queued, saying which cap;
+    None when it moved on meanwhile (a cancel that landed stands)."""
+    if current not in (Status.QUEUED, Status.RUNNING):
+        return None
+    return {
+        "status": Status.QUEUED,
+        "phase": SPEND_HELD,
+        "detail": f"⏳ Waiting to start: {words}.",
+        "waiting": None,
+    }
+
+
 STAGES = frozenset({Status.REVIEWING, Status.MERGING})
 
 
