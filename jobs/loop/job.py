@@ -196,6 +196,7 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
             max_turns=config.max_turns,
             verify_command=config.verify,
             budget_limits=self.budget.limits(),
+            backend=config.agent.backend,
         )
         # The spend caps above the loop (jobs/spend.py): a loop that could not make even
         # the smallest call waits, queued, instead of starting and stopping.

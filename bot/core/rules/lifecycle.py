@@ -17,6 +17,7 @@ from typing import Any, assert_never
 
 from bot.core.record import (
     ACTIVE,
+    SPEND_PHASE,
     TERMINAL,
     LoopRecord,
     Reason,
@@ -213,7 +214,7 @@ def running() -> Changes:
 # The phase of a loop held back by a spend cap (bot/core/spend/caps.py): queued, with no
 # job and no slot, until a writer's /loop-restart (or, if the operator says so, the next
 # period) finds room. The reconciler neither resumes it as lost nor puts it in line.
-SPEND_HELD = "spend_cap"
+SPEND_HELD = SPEND_PHASE
 
 
 def held_for_spend(current: Status, words: str) -> Changes | None:
