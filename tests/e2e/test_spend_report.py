@@ -6,6 +6,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,14 +16,17 @@ from click.testing import CliRunner
 from redis import Redis
 
 from bot.core.record import Status
+from bot.core.settings import load_settings
 from bot.io.store import Store
 from bot.ops.cli import main
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
+from bot.standins.serving import run_in_thread
+from bot.web.app import create_app
 from jobs.agents.claude_code import cli_path
 from tests.conftest import Web, run_control_jobs
-from tests.helpers import CALC, REPO, TEST_CALC, sample_repo
+from tests.helpers import CALC, CHROMIUM_ARGS, REPO, TEST_CALC, chromium_or_skip, sample_repo
 
 MODEL = "claude-sonnet-4-6"  # a model Claude Code knows
 OTHER = "acme/gadgets"
@@ -76,6 +82,7 @@ def test_report_matches_the_bill_after_a_mixed_run(
     redis: Redis,
     drain: Any,
     env: dict[str, str],
+    tmp_path: Path,
 ) -> None:
     iid = sample_repo(github, loop_yml=WIDGETS)
     files = {"calc.py": CALC, "test_calc.py": TEST_CALC, ".github/loop.yml": GADGETS}
@@ -161,3 +168,54 @@ def test_report_matches_the_bill_after_a_mixed_run(
     assert out.exit_code == 0 and "2 merged" in out.output and "claude-code" in out.output
     bad_since = runner.invoke(main, ["report", "--since", "soon"], env=env_cli)
     assert bad_since.exit_code == 2 and "--since" in bad_since.output
+
+    # Prometheus: counters by repository, backend and model, that add up to the bill.
+    metrics = _metrics(env, redis)
+    spent = [
+        float(v) for v in re.findall(r"^loopbot_spend_usd_total\{[^}]*\} (\S+)$", metrics, re.M)
+    ]
+    assert sum(spent) == pytest.approx(billed, abs=1e-5)
+    assert f'loopbot_spend_usd_total{{backend="claude-code",model="{MODEL}",repo="{OTHER}"}}' in (
+        metrics
+    )
+    assert 'kind="cache_read"' in metrics or 'kind="input"' in metrics
+
+    # The dashboard's spend page, in a real browser: the chart and the figures.
+    _dashboard(env, redis, Path(os.environ.get("LOOPBOT_SCREENSHOT_DIR", tmp_path)))
+
+
+def _metrics(env: dict[str, str], redis: Redis) -> str:
+    app = create_app(load_settings(env, role="web"), redis)
+    return app.test_client().get("/metrics").get_data(as_text=True)
+
+
+def _dashboard(env: dict[str, str], redis: Redis, shots: Path) -> None:
+    chromium = chromium_or_skip()
+    from playwright.sync_api import sync_playwright
+    from werkzeug.serving import make_server
+
+    s = load_settings({**env, "LOOPBOT_DASHBOARD_TOKEN": "s3cret-token"}, role="web")
+    server = make_server("127.0.0.1", 0, create_app(s, redis), threaded=True)
+    run_in_thread(server)
+    base = f"http://127.0.0.1:{server.server_port}"
+    shots.mkdir(parents=True, exist_ok=True)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            page.goto(f"{base}/dashboard/login")
+            page.fill("input[name=token]", "s3cret-token")
+            page.click("button")
+            page.click("text=spend")
+            page.wait_for_selector("#spend-chart")
+            bars = page.locator("#spend-chart rect title").all_text_contents()
+            assert any(t.startswith(REPO) for t in bars), bars
+            assert any(t.startswith(OTHER) for t in bars), bars
+            figures = page.inner_text("#figures")
+            assert REPO in figures and OTHER in figures and "(total)" in figures
+            assert "claude-code" in page.inner_text("#models")
+            page.screenshot(path=str(shots / "spend.png"), full_page=True)
+            browser.close()
+    finally:
+        server.shutdown()
+    assert (shots / "spend.png").stat().st_size > 5000
