@@ -46,6 +46,7 @@ from bot.core.rules.merge import (
     queue_removal,
 )
 from bot.core.rules.review import TESTS_CHANGED_FINGERPRINT, dismissal_holds
+from bot.core.spend import lines as spend_lines
 from bot.core.text import messages, receipt
 from bot.io.github.client import Installation
 from bot.io.github.failures import Conflict
@@ -700,13 +701,14 @@ class Gate:
             self._set(receipt_comment_id=posted.id)
 
     def _receipt_merged(self, gh: Installation, record: LoopRecord, merge_sha: str) -> None:
-        """Add the merge commit to the receipt posted before the merge, if there is one."""
+        """Add the merge commit, and the loop's total cost and tokens, to the receipt
+        posted before the merge, if there is one."""
         if record.pr_number is None or not merge_sha:
             return
         posted = gh.find_comment(self.repo, record.pr_number, receipt.COMMENT_KEY)
         if posted is None:
             return  # merged by someone else, before loopbot posted a receipt
-        text = receipt.merged(posted.body, merge_sha)
+        text = receipt.merged(posted.body, merge_sha, spend_lines.total(record))
         if text is not None:
             gh.upsert_comment(self.repo, record.pr_number, receipt.COMMENT_KEY, text, posted.id)
 
@@ -723,7 +725,7 @@ class Gate:
             merge_sha=merge_sha or record.merge_sha,  # GitHub may not say: keep what was
         )
         assert updated is not None  # a merge ends any loop, a cancelled one too
-        self._receipt_merged(gh, record, updated.merge_sha)
+        self._receipt_merged(gh, updated, updated.merge_sha)
         gh.delete_branch(self.repo, record.branch)
         lifecycle.post_status(self.store, gh, updated)
         return "merged"

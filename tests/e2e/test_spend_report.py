@@ -126,6 +126,25 @@ def test_report_matches_the_bill_after_a_mixed_run(
     drain()
     assert _status(redis, OTHER, bad) == (Status.FAILED, "max_turns_reached")
 
+    # Per pull request: the receipt and the status comment's last line give the loop's
+    # total cost and tokens, as the record has them; the body says it as of its writing.
+    for repo, n in ((REPO, merged), (OTHER, good)):
+        r = Store(redis).get(f"{repo}#{n}")
+        assert r is not None and r.pr_number is not None
+        total_line = f"Loop total: ${r.cost_usd:.4f}"
+        on_pr = [
+            c["body"] for c in github.repo(repo).comments.values() if c["_issue"] == r.pr_number
+        ]
+        receipt = next(b for b in on_pr if "merge receipt" in b)
+        assert f"Merged as `{r.merge_sha}`. {total_line} · " in receipt
+        status = next(
+            c["body"]
+            for c in github.repo(repo).comments.values()
+            if c["_issue"] == n and c["body"].startswith("### loopbot")
+        )
+        assert f"**{total_line} · " in status
+        assert "Loop total: $" in github.repo(repo).issues[r.pr_number].body
+
     runner = CliRunner()
     env_cli = {"REDIS_URL": env["REDIS_URL"]}
     out = runner.invoke(main, ["report", "--since", "1d", "--format", "json"], env=env_cli)
