@@ -214,14 +214,14 @@ def running(store: Store, key: LoopKey, worker: str) -> LoopRecord:
 
 
 def hold_for_spend(
-    store: Store, key: LoopKey, words: str, *, gh: Installation | None = None
+    store: Store, key: LoopKey, words: str, need_usd: float, *, gh: Installation | None = None
 ) -> LoopRecord | None:
     """A loop that would start finds a spend cap full (``words`` name it): it waits,
     queued, its slot given to the next in line, the cap said on the issue; None (and
     nothing written) when it moved on meanwhile. ``/loop-restart`` starts it again."""
 
     def apply(r: LoopRecord) -> None:
-        changes = rules.held_for_spend(r.status, words)
+        changes = rules.held_for_spend(r.status, words, need_usd)
         if changes is None:
             raise _MovedOn
         _apply(r, changes)

@@ -44,6 +44,7 @@ from bot.core import repo_config
 from bot.core.ids import LoopId
 from bot.core.record import ACTIVE, LoopRecord, Reason, Status
 from bot.core.rules import recovery
+from bot.core.rules.budget import Call
 from bot.core.rules.lifecycle import SPEND_HELD, Guard, Requeue
 from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
@@ -53,6 +54,7 @@ from bot.io.schedules import Book
 from jobs import lifecycle, merge_slot, schedules
 from jobs.dispatch import start_loop
 from jobs.runtime import Runtime
+from jobs.spend import SpendGate
 from jobs.tree.worktree import Worktrees
 
 log = get_logger("loopbot.reconciler")
@@ -196,6 +198,49 @@ def keep_pace(rt: Runtime) -> list[str]:
     shown = [k for k, s in summaries.items() if str(s.get("phase", "")).startswith("waiting")]
     lifecycle.keep_pace(store, None, operator_max=rt.settings.max_parallel, shown_waiting=shown)
     return repaired
+
+
+def resume_spend(rt: Runtime, now: float) -> list[str]:
+    """With ``LOOPBOT_SPEND_RESUME_ON_ROLLOVER``: restart the loops a spend cap held back or
+    stopped, once every cap has room again for the call it refused (a new day or month, or
+    a cap raised). Without it, only a writer's ``/loop-restart`` does."""
+    if not rt.settings.spend_resume_on_rollover:
+        return []
+    store, started = rt.store, []
+    for summary in store.summaries():
+        held = summary["status"] == Status.QUEUED.value and summary.get("phase") == SPEND_HELD
+        stopped = (summary["status"], summary["reason"]) == (
+            Status.FAILED.value,
+            Reason.BUDGET.value,
+        )
+        if not (held or stopped):
+            continue
+        record = store.get(summary["key"])
+        if record is None or record.spend_need_usd <= 0:
+            continue  # stopped by its own budget, not by a cap: only a person can go on
+        try:
+            gh = rt.github.installation(record.installation_id)
+            config = rt.config(gh, record.repo)
+        except (GitHubError, repo_config.ConfigError) as exc:
+            log.warning("reconciler.spend_resume_failed", loop=record.key, error=str(exc)[:200])
+            continue
+        gate = SpendGate.of(rt.redis, rt.settings, record, config, clock=lambda: now)
+        if gate.room(Call(tokens=0, usd=record.spend_need_usd)):
+            continue  # still no room for the call it could not make
+        result = start_loop(
+            rt,
+            record.repo,
+            record.issue,
+            record.installation_id,
+            record.started_by,
+            config,
+            restart=True,
+            note="A spend cap held this loop back; there is room again, so it goes on.",
+        )
+        store.event(record.key, "spend_resumed", result=result)
+        log.info("reconciler.spend_resumed", loop=record.key, result=result)
+        started.append(record.key)
+    return started
 
 
 def show_places(rt: Runtime) -> int:
@@ -433,6 +478,7 @@ class Reconciler(threading.Thread):
             self._last_sweep = time.time()
             self._step("sweep", sweep)
         self._step("schedules", self.run_schedules)  # after the sweep: its fresh schedules
+        self._step("spend", lambda rt: resume_spend(rt, self.clock()))
         self._step("places", show_places)  # last: the only part that waits for GitHub
 
     def run_schedules(self, rt: Runtime) -> list[str]:

@@ -75,6 +75,7 @@ class SpendGate:
         self._lock = threading.Lock()
         self.admitted = 0  # calls admitted through this gate
         self.refused = ""  # the last refusal's words
+        self.refused_usd = 0.0  # and the worst case it refused
 
     @classmethod
     def of(
@@ -84,6 +85,7 @@ class SpendGate:
         record: LoopRecord,
         config: RepoConfig | None,
         backend: str = "builtin",
+        clock: Callable[[], float] = time.time,
     ) -> SpendGate:
         """The gate of ``record``'s loop: the operator's caps, lowered by ``config``'s."""
         spend = config.spend if config is not None else None
@@ -98,20 +100,23 @@ class SpendGate:
             repo=record.repo,
             installation_id=record.installation_id,
             backend=backend,
+            clock=clock,
         )
 
     def _counters(self, now: float) -> tuple[str, ...]:
         return tuple(counter(c, self.repo, self.installation_id, now) for c in self.caps)
 
     def room(self, worst: Call) -> str:
-        """ "" when a call whose worst case is ``worst`` would be admitted now, else the
-        full cap's words (reserves nothing): whether a loop may start."""
+        """The empty string when a call whose worst case is ``worst`` would be admitted
+        now, else the full cap's words (reserves nothing): whether a loop may start. A
+        refusal is remembered as an admission's is (``refused``, ``refused_usd``)."""
         now = self.clock()
         need = round(worst.usd * MICRO)
         for cap, name in zip(self.caps, self._counters(now), strict=True):
             spent = self.meter.spent(name)
             if spent + need > cap.micro:
-                return full(cap, spent, need, now)
+                self.refused, self.refused_usd = full(cap, spent, need, now), worst.usd
+                return self.refused
         return ""
 
     def admit(self, worst: Call) -> None:
@@ -126,7 +131,7 @@ class SpendGate:
                 cap = self.caps[out.index]
                 words = full(cap, out.spent, need, now)
                 log.info("spend.refused", repo=self.repo, cap=cap.source, need=need)
-                self.refused = words
+                self.refused, self.refused_usd = words, worst.usd
                 raise OverCap(cap, words)
             self._held = _Held(counters, need)
             self.admitted += 1

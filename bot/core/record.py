@@ -226,6 +226,10 @@ class LoopRecord(BaseModel):
     # The agent backend its last run coded with (loop.yml's, or a writer's label): the
     # report and the metrics file the agent's usage under it (bot/core/spend/report.py).
     backend: str = ""
+    # The worst case of the call a spend cap last refused (jobs/spend.py), when a cap held
+    # the loop back or stopped it; 0 otherwise. With LOOPBOT_SPEND_RESUME_ON_ROLLOVER the
+    # reconciler restarts the loop once every cap has that much room again.
+    spend_need_usd: float = 0.0
     metric_results: list[dict[str, Any]] = Field(default_factory=list)  # metric.Row dicts
     metric_head: str = ""  # the branch head after the last decided iteration (or the base)
     metric_since: int = 0  # the iteration after which the current allowance began

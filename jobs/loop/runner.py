@@ -140,7 +140,8 @@ class RunnerBase(ABC):
     def _hold_for_spend(self, words: str) -> str:
         """The loop waits, queued, for room under a spend cap (``words`` name it)."""
         self.lease.check()
-        held = lifecycle.hold_for_spend(self.store, self.key, words, gh=self.gh)
+        need = self.spend.refused_usd if self.spend is not None else 0.0
+        held = lifecycle.hold_for_spend(self.store, self.key, words, need, gh=self.gh)
         self.log.info("loop.spend_held", held=held is not None, detail=words[:200])
         return f"held by a spend cap: {words}" if held is not None else "moved on"
 
@@ -408,10 +409,15 @@ class RunnerBase(ABC):
     def _finish(self, status: Status, reason: Reason, detail: str = "") -> str:
         self._pushed()
         self.lease.check()
-        if reason is Reason.BUDGET and self.spend is not None and self.spend.held_back():
+        spend = self.spend
+        if reason is Reason.BUDGET and spend is not None and spend.held_back():
             # A spend cap refused this job's first call: the loop never really started,
             # so it waits, queued, rather than ending (jobs/spend.py).
-            return self._hold_for_spend(self.spend.held_back())
+            return self._hold_for_spend(spend.held_back())
+        # A loop a spend cap stopped remembers the call it could not make: the reconciler
+        # may restart it once there is room (LOOPBOT_SPEND_RESUME_ON_ROLLOVER).
+        capped = reason is Reason.BUDGET and spend is not None and bool(spend.refused)
+        need = spend.refused_usd if capped and spend is not None else 0.0
         # A cancel that landed meanwhile wins (unless the loop completed): a person asked.
         ended = lifecycle.finish(
             self.store,
@@ -422,6 +428,7 @@ class RunnerBase(ABC):
             gh=self.gh,
             tail=self._verify_tail,
             best_effort=True,
+            spend_need_usd=need,
         )
         record = ended or self._record()
         if ended is None:

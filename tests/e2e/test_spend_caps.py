@@ -19,7 +19,7 @@ from bot.io.store import Store
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
-from jobs import precall
+from jobs import precall, reconciler
 from jobs.runtime import Runtime
 from jobs.spend import OverCap, SpendGate
 from tests.conftest import Web
@@ -161,3 +161,47 @@ def test_two_workers_charging_one_repository_never_cross_its_cap(
     # And the cap was used, not left idle: it stopped only for want of one call's room.
     assert billed > RACE_CAP - 2 * worst, (billed, worst)
     assert all("daily spend cap ($0.50" in why for _, why in results)
+
+
+# -- a new period --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env_extra", [{"LOOPBOT_MODEL": MODEL, "LOOPBOT_CRITIC_MODEL": MODEL}])
+def test_held_loops_wait_for_room_and_resume_by_themselves_only_when_the_operator_says(
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    drain: Any,
+    rt: Runtime,
+    env: dict[str, str],
+) -> None:
+    """A cap already spent: a new loop waits, queued, before any call. The reconciler's
+    spend step leaves it while the operator has not asked for resumes on rollover, and
+    while there is no room; on a new day's empty counter it restarts it, and it finishes."""
+    sample_repo(github, loop_yml=_yml(CAP))
+    n = open_issue(github)
+    repo_day = caps_for(rt.settings.spend_caps(), CAP)[0]
+    today = f"loopbot:spend:{counter(repo_day, REPO, 0, time.time())}"
+    redis.set(today, round((CAP - 0.01) * MICRO))  # spent earlier today, by other loops
+    label(github, "writer", n)
+    drain()
+    held = _record(redis, n)
+    assert held.status is Status.QUEUED and held.phase == SPEND_HELD, held
+    assert model.requests == [] and held.spend_need_usd > 0.01
+    assert "daily spend cap" in held.detail
+
+    assert reconciler.resume_spend(rt, time.time()) == []  # the operator did not ask
+    on = Runtime(
+        Settings.model_validate({**env, "LOOPBOT_SPEND_RESUME_ON_ROLLOVER": "true"}), redis
+    )
+    assert reconciler.resume_spend(on, time.time()) == []  # and there is no room yet
+    assert _record(redis, n).phase == SPEND_HELD
+
+    redis.delete(today)  # midnight, UTC: today's counter starts from nothing
+    model.play(m.replace("calc.py", "return a - b", "return a + b"), m.text("Fixed."))
+    assert reconciler.resume_spend(on, time.time()) == [f"{REPO}#{n}"]
+    drain()
+    done = _record(redis, n)
+    assert done.status is Status.COMPLETED, (done.status, done.reason, done.detail)
+    assert any(e["kind"] == "spend_resumed" for e in Store(redis).events(done.key))

@@ -217,7 +217,7 @@ def running() -> Changes:
 SPEND_HELD = SPEND_PHASE
 
 
-def held_for_spend(current: Status, words: str) -> Changes | None:
+def held_for_spend(current: Status, words: str, need_usd: float) -> Changes | None:
     """A loop about to start finds a spend cap full: it waits, queued, saying which cap;
     None when it moved on meanwhile (a cancel that landed stands)."""
     if current not in (Status.QUEUED, Status.RUNNING):
@@ -227,6 +227,7 @@ def held_for_spend(current: Status, words: str) -> Changes | None:
         "phase": SPEND_HELD,
         "detail": f"⏳ Waiting to start: {words}.",
         "waiting": None,
+        "spend_need_usd": need_usd,
     }
 
 
