@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from redis import Redis
+
 from bot.core.record import LoopRecord, Usage
 from bot.core.repo_config import RepoConfig
 from bot.core.rules.budget import Call
@@ -46,9 +48,9 @@ class OverCap(OverBudget):
         self.cap = cap
 
 
-def meter(redis: object, settings: Settings) -> SpendMeter:
+def meter(redis: Redis, settings: Settings) -> SpendMeter:
     # Counters outlive their period by the retention setting, for the report's chart.
-    return SpendMeter(redis, settings.retention_days * 86_400)  # type: ignore[arg-type]
+    return SpendMeter(redis, settings.retention_days * 86_400)
 
 
 @dataclass
@@ -80,7 +82,7 @@ class SpendGate:
     @classmethod
     def of(
         cls,
-        redis: object,
+        redis: Redis,
         settings: Settings,
         record: LoopRecord,
         config: RepoConfig | None,
@@ -88,6 +90,22 @@ class SpendGate:
         clock: Callable[[], float] = time.time,
     ) -> SpendGate:
         """The gate of ``record``'s loop: the operator's caps, lowered by ``config``'s."""
+        return cls.of_repo(
+            redis, settings, record.repo, record.installation_id, config, backend, clock
+        )
+
+    @classmethod
+    def of_repo(
+        cls,
+        redis: Redis,
+        settings: Settings,
+        repo: str,
+        installation_id: int,
+        config: RepoConfig | None,
+        backend: str = "builtin",
+        clock: Callable[[], float] = time.time,
+    ) -> SpendGate:
+        """The gate of a call for ``repo`` with no loop behind it (``/loop-plan``)."""
         spend = config.spend if config is not None else None
         caps = caps_for(
             settings.spend_caps(),
@@ -97,8 +115,8 @@ class SpendGate:
         return cls(
             meter(redis, settings),
             caps,
-            repo=record.repo,
-            installation_id=record.installation_id,
+            repo=repo,
+            installation_id=installation_id,
             backend=backend,
             clock=clock,
         )
