@@ -30,6 +30,10 @@ log = get_logger("loopbot.precall")
 class OverBudget(Exception):
     """The call was not made: it could cross the issue's budget (the message says which)."""
 
+    # What the model gateway tells the CLI before the message (a spend cap's own words
+    # name it: ``jobs.spend.OverCap``).
+    prefix = "the issue's budget is spent: "
+
 
 Counter = Callable[[dict[str, Any]], int | None]
 

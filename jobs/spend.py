@@ -43,6 +43,8 @@ log = get_logger("loopbot.spend")
 class OverCap(OverBudget):
     """The call was not made: it could cross a spend cap (the message names it)."""
 
+    prefix = ""
+
     def __init__(self, cap: Cap, words: str) -> None:
         super().__init__(words)
         self.cap = cap

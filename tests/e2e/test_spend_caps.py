@@ -20,6 +20,7 @@ from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from jobs import precall, reconciler
+from jobs.agents.claude_code import cli_path
 from jobs.runtime import Runtime
 from jobs.spend import OverCap, SpendGate
 from tests.conftest import Web
@@ -205,3 +206,31 @@ def test_held_loops_wait_for_room_and_resume_by_themselves_only_when_the_operato
     done = _record(redis, n)
     assert done.status is Status.COMPLETED, (done.status, done.reason, done.detail)
     assert any(e["kind"] == "spend_resumed" for e in Store(redis).events(done.key))
+
+
+# -- through the model gateway ------------------------------------------------------------------
+
+CC_CAP = 0.6  # Claude Code's requests are large: each call's worst case is some $0.5
+
+
+@pytest.mark.skipif(cli_path() is None, reason="Claude Code is not installed")
+@pytest.mark.parametrize(
+    "env_extra",
+    [{"LOOPBOT_AGENT_BACKENDS": "builtin,claude-code", "LOOPBOT_MODEL": "claude-sonnet-4-6"}],
+)
+def test_a_cap_stops_claude_code_at_the_gateway(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    yml = _yml(CC_CAP) + "agent:\n  backend: claude-code\n"
+    sample_repo(github, loop_yml=yml)
+    notes = iter(range(1000))
+    model.responder = lambda body: m.cc_write(f"note{next(notes)}.txt", "more\n")
+    n = open_issue(github)
+    label(github, "writer", n)
+    drain()
+    r = _record(redis, n)
+    assert r.status is Status.FAILED and r.reason == Reason.BUDGET.value, (r.reason, r.detail)
+    assert r.detail.startswith("the repository's daily spend cap ($0.60"), r.detail
+    assert "issue's budget" not in r.detail  # the loop's own budget had room
+    assert len(model.responses) >= 1 and 0 < model.billed_usd() <= CC_CAP
+    assert r.cost_usd == pytest.approx(model.billed_usd(), abs=1e-6)
