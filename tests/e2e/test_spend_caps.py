@@ -3,11 +3,13 @@ local model server billed, not against loopbot's own count."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import time
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from redis import Redis
 
 from bot.core.record import LoopRecord, Reason, Status, Usage
@@ -16,6 +18,7 @@ from bot.core.rules.lifecycle import SPEND_HELD
 from bot.core.settings import Settings
 from bot.core.spend.caps import MICRO, Period, Scope, caps_for, counter
 from bot.io.store import Store
+from bot.ops.cli import main
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
@@ -57,7 +60,12 @@ def _comments(github: GitHubServer, n: int) -> str:
 
 
 def test_a_daily_cap_stops_one_loop_holds_the_next_and_a_restart_finishes_it(
-    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    drain: Any,
+    env: dict[str, str],
 ) -> None:
     sample_repo(github, loop_yml=_yml(CAP))
     # The first loop fixes the bug in two calls; the second never does, and calls on
@@ -83,6 +91,9 @@ def test_a_daily_cap_stops_one_loop_holds_the_next_and_a_restart_finishes_it(
     assert c.status is Status.QUEUED and c.phase == SPEND_HELD, c
     assert c.cost_usd == 0 and "Waiting to start" in c.detail and "daily spend cap" in c.detail
     assert "daily spend cap" in _comments(github, third)
+    listed = CliRunner().invoke(main, ["status", "--json"], env={"REDIS_URL": env["REDIS_URL"]})
+    (row,) = [r for r in json.loads(listed.output) if r["issue"] == third]
+    assert "daily spend cap" in row["waiting_for"]  # under its row in `loopbot status`
     assert "daily spend cap" in _comments(github, second)
     # loopbot's count agrees with the bill, and is within the cap too.
     repo_day = caps_for({k: 100.0 for k in _keys()}, CAP)[0]

@@ -9,6 +9,7 @@ import pytest
 
 from bot.core import repo_config
 from bot.core.record import LoopRecord, Reason, Status, Usage
+from bot.core.rules import lifecycle as rules
 from bot.core.spend import chart
 from bot.core.spend.caps import (
     DEFAULTS,
@@ -159,3 +160,24 @@ def test_chart_escapes_names_and_stacks_each_day() -> None:
     assert len(re.findall(r"<rect x=", svg)) == 3 + 2  # three bars' bands, two legend keys
     assert "$0.50" in svg  # the axis's top: 0.5 rounded up to 1, 2 or 5 times ten's power
     assert chart.nice_top(0.0) == 0.01 and chart.nice_top(3.2) == 5 and chart.nice_top(20) == 20
+
+
+@pytest.mark.parametrize(
+    ("status", "held"),
+    [
+        (Status.QUEUED, True),
+        (Status.RUNNING, True),
+        (Status.CANCELLED, False),  # a cancel that landed meanwhile stands
+        (Status.COMPLETED, False),
+        (Status.REVIEWING, False),
+    ],
+)
+def test_only_a_loop_about_to_start_is_held_for_spend(status: Status, held: bool) -> None:
+    changes = rules.held_for_spend(status, "the repository's daily spend cap", 0.05)
+    if not held:
+        assert changes is None
+        return
+    assert changes is not None
+    assert changes["status"] is Status.QUEUED and changes["phase"] == rules.SPEND_HELD
+    assert changes["detail"].startswith("⏳ Waiting to start: the repository's daily")
+    assert changes["spend_need_usd"] == 0.05
