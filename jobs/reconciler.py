@@ -17,6 +17,10 @@ starts, so starting a process changes no loop.
   write to the repository.
 - **Reaping.** Worktrees on this machine whose loop completed, or that no loop owns,
   are removed.
+- **Spend.** With ``LOOPBOT_SPEND_RESUME_ON_ROLLOVER``, loops a spend cap held back or
+  stopped are restarted once every cap has room for the call each could not make.
+- **Retention.** Loops ended more than ``LOOPBOT_RETENTION_DAYS`` ago are archived to their
+  cost summary (``bot/core/spend/retention.py``); the sweep leaves archived loops alone.
 - **Schedules.** Each schedule's due slot starts its loop once (``jobs/schedules.py``),
   by the reconciler's clock. The sweep also reads every repository's ``loop.yml`` into the
   schedules' book (a push to the default branch does so at once: ``jobs.dispatch``).
@@ -46,6 +50,7 @@ from bot.core.record import ACTIVE, LoopRecord, Reason, Status
 from bot.core.rules import recovery
 from bot.core.rules.budget import Call
 from bot.core.rules.lifecycle import SPEND_HELD, Guard, Requeue
+from bot.core.spend import retention
 from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
 from bot.io.pace import Pace
@@ -243,6 +248,23 @@ def resume_spend(rt: Runtime, now: float) -> list[str]:
     return started
 
 
+def archive_expired(rt: Runtime, now: float) -> list[str]:
+    """Archive the loops that ended more than ``LOOPBOT_RETENTION_DAYS`` ago: their cost
+    summary stays for the report (``bot/core/spend/retention.py``), the rest goes."""
+    days, store, done = rt.settings.retention_days, rt.store, []
+    for summary in store.summaries():
+        if summary["status"] in _ACTIVE or float(summary["updated_at"]) >= now - days * 86_400:
+            continue
+        with store.lock(summary["key"]):  # against a restart deciding meanwhile
+            record = store.get(summary["key"])
+            if record is None or not retention.expired(record, now, days):
+                continue
+            store.archive(record)
+        log.info("reconciler.archived", loop=record.key)
+        done.append(record.key)
+    return done
+
+
 def show_places(rt: Runtime) -> int:
     """Tell each waiting loop's issue where it stands, where it does not say so yet."""
     return lifecycle.show_waiting(rt.store, rt.github)
@@ -349,8 +371,8 @@ def sweep(rt: Runtime) -> list[str]:
                     moved = key in waiting and waiting[key].priority != first
                     if moved and Pace(rt.redis).reprioritize(key, first):
                         rt.store.event(key, "reprioritized", priority=first)
-                    if rt.store.get(key) is not None:
-                        continue
+                    if rt.store.get(key) is not None or rt.store.is_archived(key):
+                        continue  # an archived loop ended long ago: the label is not news
                     actor = gh.last_labeler(repo, issue.number, label)
                     if actor is None or not gh.can_write(repo, actor):
                         continue
@@ -479,6 +501,7 @@ class Reconciler(threading.Thread):
             self._step("sweep", sweep)
         self._step("schedules", self.run_schedules)  # after the sweep: its fresh schedules
         self._step("spend", lambda rt: resume_spend(rt, self.clock()))
+        self._step("retention", lambda rt: archive_expired(rt, self.clock()))
         self._step("places", show_places)  # last: the only part that waits for GitHub
 
     def run_schedules(self, rt: Runtime) -> list[str]:

@@ -172,8 +172,9 @@ class Settings(BaseSettings):
     # Loops stopped or held by a spend cap start again by themselves once the period rolls
     # over (the reconciler); off: only a writer's /loop-restart resumes them.
     spend_resume_on_rollover: bool = Field(False, alias="LOOPBOT_SPEND_RESUME_ON_ROLLOVER")
-    # Days the spend counters and each loop's cost summary are kept (the report and the
-    # dashboard's chart read them); a loop's detailed events go sooner (EVENTS_TTL).
+    # Days an ended loop's record is kept before the reconciler archives it to its cost
+    # summary (bot/core/spend/retention.py), and the spend counters (the chart's days);
+    # a loop's detailed events and conversation go sooner (EVENTS_TTL_SECONDS).
     retention_days: int = Field(400, alias="LOOPBOT_RETENTION_DAYS", ge=1)
 
     @field_validator("redis_sentinels")

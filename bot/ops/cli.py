@@ -314,7 +314,8 @@ def report(since: str, repo: str | None, fmt: str) -> None:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--since") from None
     try:
-        records = Store(_redis_only()).all()
+        store = Store(_redis_only())
+        records = [*store.all(), *store.archived()]  # archived: past LOOPBOT_RETENTION_DAYS
     except RedisError as exc:
         click.echo(f"loopbot: cannot read Redis: {exc}", err=True)
         raise SystemExit(1) from None

@@ -162,7 +162,7 @@ def blueprint(settings: Settings, store: Store, redis: Redis) -> Blueprint:
             window = parse_since(request.args.get("since", "30d"))
         except ValueError as exc:
             return escape(str(exc)), 400
-        return spend.page(redis, store.all(), window), 200
+        return spend.page(redis, [*store.all(), *store.archived()], window), 200
 
     @bp.get("/api/spend")
     def api_spend() -> tuple[Response, int]:
@@ -171,7 +171,8 @@ def blueprint(settings: Settings, store: Store, redis: Redis) -> Blueprint:
             window = parse_since(request.args.get("since", "7d"))
         except ValueError as exc:
             return jsonify({"error": str(exc)}), 400
-        built = report(store.all(), time.time() - window, request.args.get("repo") or None)
+        loops = [*store.all(), *store.archived()]
+        built = report(loops, time.time() - window, request.args.get("repo") or None)
         return Response(built.to_json(), mimetype="application/json"), 200
 
     @bp.get("/api/schedules")
