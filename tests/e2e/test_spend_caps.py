@@ -121,7 +121,7 @@ def _keys() -> list[tuple[Scope, Period]]:
 RACE_CAP = 0.5
 
 
-def _charge_until_refused(settings: Settings, redis_url: str, out: Any) -> None:
+def _charge_until_refused(settings: Settings, redis_url: str, out: Any, start: Any) -> None:
     """One worker: calls through the spend gate until a cap refuses it."""
     rt = Runtime(settings, Redis.from_url(redis_url))
     record = LoopRecord(repo=REPO, issue=1, installation_id=7)
@@ -132,6 +132,8 @@ def _charge_until_refused(settings: Settings, redis_url: str, out: Any) -> None:
         installation_id=7,
         backend="builtin",
     )
+    rt.model.models  # noqa: B018 - the client built before the race, not in it
+    start.wait(timeout=60)  # both workers ready: they charge at the same time
     calls = 0
     request = {"model": MODEL, "max_tokens": 8192, "messages": [{"role": "user", "content": "hi"}]}
     try:
@@ -140,6 +142,8 @@ def _charge_until_refused(settings: Settings, redis_url: str, out: Any) -> None:
             calls += 1
     except OverCap as exc:
         out.put((calls, str(exc)))
+    except Exception as exc:  # noqa: BLE001 - said to the test, which fails on it
+        out.put((-1, f"{type(exc).__name__}: {exc}"))
 
 
 def _no(model: str, used: Usage) -> None:
@@ -155,13 +159,17 @@ def test_two_workers_charging_one_repository_never_cross_its_cap(
     call's worst case over it)."""
     # Long answers, so that each call costs a good share of its worst case.
     model.responder = lambda body: m.text("word " * 3000)
-    ctx = multiprocessing.get_context("fork")
-    out = ctx.Queue()
+    # Spawned, not forked: a fork copies whatever lock a thread of this process (a local
+    # server's) holds at that moment, the import lock among them.
+    ctx = multiprocessing.get_context("spawn")
+    out, start = ctx.Queue(), ctx.Barrier(2)
     url = env["REDIS_URL"]
-    procs = [ctx.Process(target=_charge_until_refused, args=(settings, url, out)) for _ in "ab"]
+    procs = [
+        ctx.Process(target=_charge_until_refused, args=(settings, url, out, start)) for _ in "ab"
+    ]
     for p in procs:
         p.start()
-    results = [out.get(timeout=120) for _ in procs]
+    results = [out.get(timeout=60) for _ in procs]
     for p in procs:
         p.join(timeout=30)
     calls = sum(n for n, _ in results)
@@ -173,6 +181,13 @@ def test_two_workers_charging_one_repository_never_cross_its_cap(
     # And the cap was used, not left idle: it stopped only for want of one call's room.
     assert billed > RACE_CAP - 2 * worst, (billed, worst)
     assert all("daily spend cap ($0.50" in why for _, why in results)
+    # Every reservation settled or given back: the counters hold what was billed, the
+    # repository's and its installation's alike.
+    caps = caps_for(settings.spend_caps(), RACE_CAP)
+    now = time.time()
+    for cap in caps:
+        counted = int(redis.get(f"loopbot:spend:{counter(cap, REPO, 7, now)}") or 0) / MICRO
+        assert counted == pytest.approx(billed, abs=1e-5), cap
 
 
 # -- a new period --------------------------------------------------------------------------------
