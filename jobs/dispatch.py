@@ -343,6 +343,7 @@ def _renew(
 
     def renew(r: LoopRecord) -> None:
         r.max_turns = config.max_turns
+        r.spend_need_usd = 0.0  # a spend cap's refusal is judged again when it runs
         r.installation_id = installation_id
         if kind is not None:
             r.kind = kind

@@ -213,6 +213,30 @@ def running(store: Store, key: LoopKey, worker: str) -> LoopRecord:
     return record
 
 
+def hold_for_spend(
+    store: Store, key: LoopKey, words: str, need_usd: float, *, gh: Installation | None = None
+) -> LoopRecord | None:
+    """A loop that would start finds a spend cap full (``words`` name it): it waits,
+    queued, its slot given to the next in line, the cap said on the issue; None (and
+    nothing written) when it moved on meanwhile. ``/loop-restart`` starts it again."""
+
+    def apply(r: LoopRecord) -> None:
+        changes = rules.held_for_spend(r.status, words, need_usd)
+        if changes is None:
+            raise _MovedOn
+        _apply(r, changes)
+
+    try:
+        record = store.update(key, apply)
+    except _MovedOn:
+        return None
+    store.event(key, "spend_held", detail=words)
+    release(store, key, gh.app if gh is not None else None)
+    if gh is not None:
+        record = post_status(store, gh, record, now=True)
+    return record
+
+
 # -- on to the critic or the gate --------------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anthropic
 
@@ -30,8 +30,22 @@ log = get_logger("loopbot.precall")
 class OverBudget(Exception):
     """The call was not made: it could cross the issue's budget (the message says which)."""
 
+    # What the model gateway tells the CLI before the message (a spend cap's own words
+    # name it: ``jobs.spend.OverCap``).
+    prefix = "the issue's budget is spent: "
+
 
 Counter = Callable[[dict[str, Any]], int | None]
+
+
+class Gate(Protocol):
+    """The spend caps above the loop (``jobs.spend.SpendGate``): asked after the issue's
+    budget with the call's worst case (raises ``OverBudget`` when a cap is full), told
+    what the call was billed."""
+
+    def admit(self, worst: budget.Call) -> None: ...
+
+    def charge(self, model: str, used: Usage) -> None: ...
 
 
 def guard(
@@ -40,19 +54,24 @@ def guard(
     record: LoopRecord | None,
     settings: Settings,
     count: Counter | None = None,
+    spend: Gate | None = None,
 ) -> budget.Call:
     """Raise ``OverBudget`` unless ``request`` fits the budget the loop stored on
-    ``record`` (read just before the call, so it counts every call made so far). Returns
+    ``record`` (read just before the call, so it counts every call made so far) and, with
+    ``spend``, the spend caps above the loop (its worst case reserved under them). Returns
     the call's worst case, the figure it was judged by. ``count``: how the request's input
     is counted near the edge (default: Anthropic's ``count_tokens`` with ``client``)."""
     model, max_tokens = str(request["model"]), int(request["max_tokens"])
     limits = Budget.stored(record, Ceilings.of(settings)) if record is not None else None
     if record is None or limits is None:
         rate = budget.write_rate(request)
-        return budget.worst_call(model, budget.input_bound(request), max_tokens, rate)
-    out, worst = check_worst(client, request, limits, Spent.of(record), count=count)
-    if out is not None:
-        raise OverBudget(out.detail)
+        worst = budget.worst_call(model, budget.input_bound(request), max_tokens, rate)
+    else:
+        out, worst = check_worst(client, request, limits, Spent.of(record), count=count)
+        if out is not None:
+            raise OverBudget(out.detail)
+    if spend is not None:
+        spend.admit(worst)
     return worst
 
 
@@ -68,14 +87,18 @@ def call(
     charge: Charge,
     timeout: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    spend: Gate | None = None,
 ) -> tuple[Any, Usage]:
     """One model call of loopbot's own (triage, planner, critic), held to the budget:
     ``guard`` first; refusals (429, 5xx, 529, not billed) retried as the API asks, up to
     ``LOOPBOT_MODEL_RETRIES``; an attempt that times out or loses its connection may have
     been billed, so it is charged at the worst case ``guard`` allowed before the error is
     raised (the SDK never resends it unchecked). The answer is charged as the API counted
-    it. Returns the response and its usage."""
-    worst = guard(client, request, record, settings)
+    it. With ``spend``, each attempt is held to the spend caps too, and charged there.
+    Returns the response and its usage."""
+    worst = guard(client, request, record, settings, spend=spend)
+    if spend is not None:
+        charge = _both(charge, spend)
     model, max_tokens = str(request["model"]), int(request["max_tokens"])
     options: dict[str, Any] = {"max_retries": 0}
     if timeout is not None:
@@ -92,12 +115,22 @@ def call(
             if refused < settings.model_retries and retryable(exc):
                 refused += 1
                 sleep(retry_delay(exc.response.headers, refused))
+                if spend is not None:  # refused, not billed: reserved again for the retry
+                    spend.admit(worst)
                 continue
             raise
         name = resp.model or model
         used = usage_from(name, resp.usage)
         charge(name, used)
         return resp, used
+
+
+def _both(charge: Charge, spend: Gate) -> Charge:
+    def both(model: str, used: Usage) -> None:
+        spend.charge(model, used)
+        charge(model, used)
+
+    return both
 
 
 def worst_usage(worst: budget.Call, max_tokens: int) -> Usage:

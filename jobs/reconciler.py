@@ -17,6 +17,10 @@ starts, so starting a process changes no loop.
   write to the repository.
 - **Reaping.** Worktrees on this machine whose loop completed, or that no loop owns,
   are removed.
+- **Spend.** With ``LOOPBOT_SPEND_RESUME_ON_ROLLOVER``, loops a spend cap held back or
+  stopped are restarted once every cap has room for the call each could not make.
+- **Retention.** Loops ended more than ``LOOPBOT_RETENTION_DAYS`` ago are archived to their
+  cost summary (``bot/core/spend/retention.py``); the sweep leaves archived loops alone.
 - **Schedules.** Each schedule's due slot starts its loop once (``jobs/schedules.py``),
   by the reconciler's clock. The sweep also reads every repository's ``loop.yml`` into the
   schedules' book (a push to the default branch does so at once: ``jobs.dispatch``).
@@ -44,7 +48,9 @@ from bot.core import repo_config
 from bot.core.ids import LoopId
 from bot.core.record import ACTIVE, LoopRecord, Reason, Status
 from bot.core.rules import recovery
-from bot.core.rules.lifecycle import Guard, Requeue
+from bot.core.rules.budget import Call
+from bot.core.rules.lifecycle import SPEND_HELD, Guard, Requeue
+from bot.core.spend import retention
 from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
 from bot.io.pace import Pace
@@ -53,6 +59,7 @@ from bot.io.schedules import Book
 from jobs import lifecycle, merge_slot, schedules
 from jobs.dispatch import start_loop
 from jobs.runtime import Runtime
+from jobs.spend import SpendGate
 from jobs.tree.worktree import Worktrees
 
 log = get_logger("loopbot.reconciler")
@@ -97,6 +104,8 @@ def resume_lapsed(rt: Runtime) -> list[str]:
     waiting = line.state().line.keys()
     for summary in store.summaries():
         if summary["status"] not in wanted or summary["key"] in waiting:
+            continue
+        if summary.get("phase") == SPEND_HELD:  # held by a spend cap: no job on purpose
             continue
         record = store.get(summary["key"])
         if record is None or isinstance(_lapsed(rt, record, now), recovery.Skip):
@@ -172,6 +181,8 @@ def keep_pace(rt: Runtime) -> list[str]:
     for key, summary in summaries.items():
         if summary["status"] not in _ACTIVE or key in state.slots or key in state.line:
             continue
+        if summary.get("phase") == SPEND_HELD:  # waits for room to spend, not for a slot
+            continue
         with store.lock(key):
             record = store.get(key)
             if record is None or not record.active:
@@ -192,6 +203,66 @@ def keep_pace(rt: Runtime) -> list[str]:
     shown = [k for k, s in summaries.items() if str(s.get("phase", "")).startswith("waiting")]
     lifecycle.keep_pace(store, None, operator_max=rt.settings.max_parallel, shown_waiting=shown)
     return repaired
+
+
+def resume_spend(rt: Runtime, now: float) -> list[str]:
+    """With ``LOOPBOT_SPEND_RESUME_ON_ROLLOVER``: restart the loops a spend cap held back or
+    stopped, once every cap has room again for the call it refused (a new day or month, or
+    a cap raised). Without it, only a writer's ``/loop-restart`` does."""
+    if not rt.settings.spend_resume_on_rollover:
+        return []
+    store, started = rt.store, []
+    for summary in store.summaries():
+        held = summary["status"] == Status.QUEUED.value and summary.get("phase") == SPEND_HELD
+        stopped = (summary["status"], summary["reason"]) == (
+            Status.FAILED.value,
+            Reason.BUDGET.value,
+        )
+        if not (held or stopped):
+            continue
+        record = store.get(summary["key"])
+        if record is None or record.spend_need_usd <= 0:
+            continue  # stopped by its own budget, not by a cap: only a person can go on
+        try:
+            gh = rt.github.installation(record.installation_id)
+            config = rt.config(gh, record.repo)
+        except (GitHubError, repo_config.ConfigError) as exc:
+            log.warning("reconciler.spend_resume_failed", loop=record.key, error=str(exc)[:200])
+            continue
+        gate = SpendGate.of(rt.redis, rt.settings, record, config, clock=lambda: now)
+        if gate.room(Call(tokens=0, usd=record.spend_need_usd)):
+            continue  # still no room for the call it could not make
+        result = start_loop(
+            rt,
+            record.repo,
+            record.issue,
+            record.installation_id,
+            record.started_by,
+            config,
+            restart=True,
+            note="A spend cap held this loop back; there is room again, so it goes on.",
+        )
+        store.event(record.key, "spend_resumed", result=result)
+        log.info("reconciler.spend_resumed", loop=record.key, result=result)
+        started.append(record.key)
+    return started
+
+
+def archive_expired(rt: Runtime, now: float) -> list[str]:
+    """Archive the loops that ended more than ``LOOPBOT_RETENTION_DAYS`` ago: their cost
+    summary stays for the report (``bot/core/spend/retention.py``), the rest goes."""
+    days, store, done = rt.settings.retention_days, rt.store, []
+    for summary in store.summaries():
+        if summary["status"] in _ACTIVE or float(summary["updated_at"]) >= now - days * 86_400:
+            continue
+        with store.lock(summary["key"]):  # against a restart deciding meanwhile
+            record = store.get(summary["key"])
+            if record is None or not retention.expired(record, now, days):
+                continue
+            store.archive(record)
+        log.info("reconciler.archived", loop=record.key)
+        done.append(record.key)
+    return done
 
 
 def show_places(rt: Runtime) -> int:
@@ -300,8 +371,8 @@ def sweep(rt: Runtime) -> list[str]:
                     moved = key in waiting and waiting[key].priority != first
                     if moved and Pace(rt.redis).reprioritize(key, first):
                         rt.store.event(key, "reprioritized", priority=first)
-                    if rt.store.get(key) is not None:
-                        continue
+                    if rt.store.get(key) is not None or rt.store.is_archived(key):
+                        continue  # an archived loop ended long ago: the label is not news
                     actor = gh.last_labeler(repo, issue.number, label)
                     if actor is None or not gh.can_write(repo, actor):
                         continue
@@ -429,6 +500,8 @@ class Reconciler(threading.Thread):
             self._last_sweep = time.time()
             self._step("sweep", sweep)
         self._step("schedules", self.run_schedules)  # after the sweep: its fresh schedules
+        self._step("spend", lambda rt: resume_spend(rt, self.clock()))
+        self._step("retention", lambda rt: archive_expired(rt, self.clock()))
         self._step("places", show_places)  # last: the only part that waits for GitHub
 
     def run_schedules(self, rt: Runtime) -> list[str]:

@@ -240,6 +240,13 @@ class LoopRecord(BaseModel):
     waiting: Waiting | None = None
     # -- metric loops (label labels.optimize; jobs/loop/metric.py, bot/core/rules/metric.py) --
     kind: str = "code"  # "code": a fix loop (labels.ready); "metric": a metric loop
+    # The agent backend its last run coded with (loop.yml's, or a writer's label): the
+    # report and the metrics file the agent's usage under it (bot/core/spend/report.py).
+    backend: str = ""
+    # The worst case of the call a spend cap last refused (jobs/spend.py), when a cap held
+    # the loop back or stopped it; 0 otherwise. With LOOPBOT_SPEND_RESUME_ON_ROLLOVER the
+    # reconciler restarts the loop once every cap has that much room again.
+    spend_need_usd: float = 0.0
     metric_results: list[dict[str, Any]] = Field(default_factory=list)  # metric.Row dicts
     metric_head: str = ""  # the branch head after the last decided iteration (or the base)
     metric_since: int = 0  # the iteration after which the current allowance began
@@ -380,11 +387,14 @@ SUMMARY_FIELDS = (
 # the check run on the head all show the same words.
 PEOPLE_PHASE = "awaiting_approval"
 WAIT_PHASES = frozenset({PEOPLE_PHASE, "waiting_for_checks", "waiting_to_merge"})
+# A loop held back by a spend cap (bot/core/rules/lifecycle.py): queued, its detail says
+# which cap.
+SPEND_PHASE = "spend_cap"
 
 
 def waiting_for(record: LoopRecord) -> str:
     """What the loop waits for ("waiting for 1 approving review by a writer"), or ""."""
-    if record.active and record.phase in WAIT_PHASES:
+    if record.active and (record.phase in WAIT_PHASES or record.phase == SPEND_PHASE):
         return record.detail
     return ""
 

@@ -321,6 +321,14 @@ class TaskSettings(_Strict):
         return self.kind or ("metric" if self.metric is not None else "code")
 
 
+class SpendConfig(_Strict):
+    """The repository's own spend caps (bot/core/spend/caps.py): lower than the operator's
+    ``LOOPBOT_SPEND_REPO_{DAY,MONTH}_USD``, never higher (a higher value is lowered)."""
+
+    day_usd: float | None = Field(None, gt=0)
+    month_usd: float | None = Field(None, gt=0)
+
+
 class RepoConfig(_Strict):
     verify: str = Field(min_length=1)
     setup: str | None = None
@@ -335,6 +343,7 @@ class RepoConfig(_Strict):
     # Loops of this repository admitted at once (bot/core/rules/pace.py); more wait in
     # line, queued, and start as others end. Within the operator's LOOPBOT_MAX_PARALLEL.
     max_parallel: int = Field(3, ge=1)
+    spend: SpendConfig = SpendConfig()
     agent: AgentConfig = AgentConfig()
     critic: CriticConfig = CriticConfig()
 
@@ -457,6 +466,8 @@ class Ceilings:
     max_tokens: int = 100_000_000
     max_total_turns: int = 200
     max_parallel: int = 20  # loops admitted at once across every repository
+    spend_repo_day_usd: float = 50.0  # LOOPBOT_SPEND_REPO_DAY_USD
+    spend_repo_month_usd: float = 1000.0  # LOOPBOT_SPEND_REPO_MONTH_USD
     # Ceilings compare by their numbers, as they always have; the policy compares on its own.
     models: ModelPolicy = field(default_factory=ModelPolicy, compare=False)
 
@@ -471,6 +482,8 @@ class Ceilings:
             max_tokens=settings.max_tokens,
             max_total_turns=settings.max_total_turns,
             max_parallel=settings.max_parallel,
+            spend_repo_day_usd=settings.spend_repo_day_usd,
+            spend_repo_month_usd=settings.spend_repo_month_usd,
             models=ModelPolicy.of(settings),
         )
 
@@ -487,6 +500,8 @@ _CAPS: tuple[tuple[str, str, str], ...] = (
     ("limits.max_tokens", "max_tokens", "LOOPBOT_MAX_TOKENS"),
     ("limits.max_total_turns", "max_total_turns", "LOOPBOT_MAX_TOTAL_TURNS"),
     ("max_parallel", "max_parallel", "LOOPBOT_MAX_PARALLEL"),
+    ("spend.day_usd", "spend_repo_day_usd", "LOOPBOT_SPEND_REPO_DAY_USD"),
+    ("spend.month_usd", "spend_repo_month_usd", "LOOPBOT_SPEND_REPO_MONTH_USD"),
     # Each iteration of a metric loop is an agent turn: the turn ceiling bounds them too.
     ("metric.max_iterations", "max_turns", "LOOPBOT_MAX_TURNS"),
 )

@@ -35,6 +35,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bot.core.models import DEFAULT_MODEL, Effort, rank
 from bot.core.redis_url import DEFAULT_URL, effective_url, parse_hosts
+from bot.core.spend.caps import Period, Scope
 
 Role = Literal["web", "worker", "cli"]
 _MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}$")
@@ -157,6 +158,24 @@ class Settings(BaseSettings):
     # Loops admitted at once across every repository (bot/core/rules/pace.py), and the
     # ceiling of each loop.yml's max_parallel; more wait in line.
     max_parallel: int = Field(20, alias="LOOPBOT_MAX_PARALLEL", ge=1)
+    # Spend caps above the loop (bot/core/spend/caps.py), in dollars per UTC day and month:
+    # each repository's, and each installation's across its repositories. A call that
+    # could cross one is not made; a repository's loop.yml may lower its own (spend.*).
+    spend_repo_day_usd: float = Field(50.0, alias="LOOPBOT_SPEND_REPO_DAY_USD", gt=0)
+    spend_repo_month_usd: float = Field(1000.0, alias="LOOPBOT_SPEND_REPO_MONTH_USD", gt=0)
+    spend_installation_day_usd: float = Field(
+        200.0, alias="LOOPBOT_SPEND_INSTALLATION_DAY_USD", gt=0
+    )
+    spend_installation_month_usd: float = Field(
+        4000.0, alias="LOOPBOT_SPEND_INSTALLATION_MONTH_USD", gt=0
+    )
+    # Loops stopped or held by a spend cap start again by themselves once the period rolls
+    # over (the reconciler); off: only a writer's /loop-restart resumes them.
+    spend_resume_on_rollover: bool = Field(False, alias="LOOPBOT_SPEND_RESUME_ON_ROLLOVER")
+    # Days an ended loop's record is kept before the reconciler archives it to its cost
+    # summary (bot/core/spend/retention.py), and the spend counters (the chart's days);
+    # a loop's detailed events and conversation go sooner (EVENTS_TTL_SECONDS).
+    retention_days: int = Field(400, alias="LOOPBOT_RETENTION_DAYS", ge=1)
 
     @field_validator("redis_sentinels")
     @classmethod
@@ -245,6 +264,15 @@ class Settings(BaseSettings):
         return frozenset(
             {"builtin"} | {b.strip() for b in self.agent_backends_list.split(",") if b.strip()}
         )
+
+    def spend_caps(self) -> dict[tuple[Scope, Period], float]:
+        """The operator's four spend caps, by scope and period."""
+        return {
+            (Scope.REPOSITORY, Period.DAY): self.spend_repo_day_usd,
+            (Scope.REPOSITORY, Period.MONTH): self.spend_repo_month_usd,
+            (Scope.INSTALLATION, Period.DAY): self.spend_installation_day_usd,
+            (Scope.INSTALLATION, Period.MONTH): self.spend_installation_month_usd,
+        }
 
     def private_key_pem(self) -> str:
         if self.github_private_key is not None:

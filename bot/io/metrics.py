@@ -19,9 +19,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from bot.core.record import Status
+from bot.core.spend.caps import MICRO
 from bot.io import schedules
 from bot.io.github import tally
 from bot.io.queues import ALL_QUEUES
+from bot.io.spend import SpendMeter
 from bot.io.store import Store
 
 JOB_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, float("inf"))
@@ -145,7 +147,28 @@ class RedisCollector(Collector):
         for (job, kind, what), n in sorted(tally.counts(self.redis).items()):
             requests.add_metric([job, kind, what], n)
         yield requests
+        yield from _spend(self.redis)
         yield from _schedules(self.redis)
+
+
+def _spend(redis: Any) -> Iterator[Any]:
+    """What every model call was billed, as charged under the spend caps (``bot.io.spend``):
+    running totals that only rise, whatever happens to the loops' records."""
+    labels = ["repo", "backend", "model"]
+    usd = CounterMetricFamily(
+        "loopbot_spend_usd", "Model spend in USD, as each call was charged", labels=labels
+    )
+    tokens = CounterMetricFamily(
+        "loopbot_spend_tokens",
+        "Model tokens billed (input, output, cache_read, cache_write)",
+        labels=[*labels, "kind"],
+    )
+    for (repo, backend, model, kind), value in sorted(SpendMeter(redis, 0).totals().items()):
+        if kind == "usd_micro":
+            usd.add_metric([repo, backend, model], value / MICRO)
+        else:
+            tokens.add_metric([repo, backend, model, kind], value)
+    yield from (usd, tokens)
 
 
 def _schedules(redis: Any) -> Iterator[Any]:

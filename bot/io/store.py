@@ -11,6 +11,8 @@ Keys (all under ``loopbot:``):
   event-budget:{repo}#{n}  bytes of the agent's events this loop's stream took
   lease:{repo}#{n}      the worker holding the loop, with a TTL
   cancel:{repo}#{n}     set when a cancel was asked; the running loop polls it
+  archive               hash: loop key -> JSON of an ended loop's cost summary, once its
+                        record passed LOOPBOT_RETENTION_DAYS (bot/core/spend/retention.py)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from bot.core.ids import LoopId
 from bot.core.record import ACTIVE, LoopRecord, Status, summarize
 from bot.core.rules import event_size
 from bot.core.rules.budget import alive_until
+from bot.core.spend import retention
 from bot.io.logs import get_logger
 
 log = get_logger("loopbot.store")
@@ -38,6 +41,7 @@ GLOBAL_EVENTS_MAXLEN = 50_000
 LOOP_EVENTS_MAXLEN = 5_000
 SUMMARIES = P + "summaries"
 RECENT = P + "recent"
+ARCHIVE = P + "archive"
 
 
 # Store methods take a LoopId or its key (``owner/name#12``); both name the same loop.
@@ -195,6 +199,33 @@ class Store:
             return []
         raws = self.redis.mget([_k("loop", k) for k in keys])
         return [LoopRecord.model_validate_json(r) for r in raws if r is not None]
+
+    # -- retention ------------------------------------------------------------------------
+
+    def archive(self, record: LoopRecord) -> None:
+        """Keep only ``record``'s cost summary (``retention.compact``) and remove the rest
+        of the loop, in one transaction."""
+        key = record.key
+        pipe = self.redis.pipeline()
+        pipe.hset(ARCHIVE, key, json.dumps(retention.compact(record)))
+        pipe.delete(
+            _k("loop", key),
+            _k("conv", key),
+            _k("agent-session", key),
+            _k("events", key),
+            _k("event-budget", key),
+        )
+        pipe.srem(P + "loops", key)
+        pipe.hdel(SUMMARIES, key)
+        pipe.zrem(RECENT, key)
+        pipe.execute()
+
+    def archived(self) -> list[LoopRecord]:
+        """The archived loops' cost summaries, as records with only those fields."""
+        return [LoopRecord.model_validate_json(v) for v in self.redis.hvals(ARCHIVE)]
+
+    def is_archived(self, key: LoopKey) -> bool:
+        return bool(self.redis.hexists(ARCHIVE, str(key)))
 
     # -- conversation ----------------------------------------------------------------------
 

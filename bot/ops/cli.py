@@ -293,6 +293,46 @@ def status(as_json: bool, limit: int, only: str | None) -> None:
 
 
 @main.command()
+@click.option("--since", default="7d", show_default=True, help="loops labelled within: 7d, 12h")
+@click.option("--repo", default=None, help="one repository (OWNER/NAME) only")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json"]),
+    default="table",
+    show_default=True,
+)
+def report(since: str, repo: str | None, fmt: str) -> None:
+    """What loops cost, per repository and in total: outcomes, dollars and tokens by
+    backend and model, cost and turns per merged pull request, label to merge."""
+    import time
+
+    from redis.exceptions import RedisError
+
+    from bot.core.spend.report import parse_since
+    from bot.core.spend.report import report as build
+    from bot.io.store import Store
+
+    try:
+        window = parse_since(since)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from None
+    try:
+        store = Store(_redis_only())
+        records = [*store.all(), *store.archived()]  # archived: past LOOPBOT_RETENTION_DAYS
+    except RedisError as exc:
+        click.echo(f"loopbot: cannot read Redis: {exc}", err=True)
+        raise SystemExit(1) from None
+    built = build(records, time.time() - window, repo)
+    if fmt == "json":
+        click.echo(built.to_json())
+    elif fmt == "csv":
+        click.echo(built.to_csv(), nl=False)
+    else:
+        click.echo(built.to_table())
+
+
+@main.command()
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def schedules(as_json: bool) -> None:
     """Each repository's schedules: cron, last slot and its outcome, next slot."""

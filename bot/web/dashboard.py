@@ -20,6 +20,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from html import escape
 from importlib.resources import files
 from typing import Any
 
@@ -31,10 +32,12 @@ from bot.core.ids import LoopId
 from bot.core.record import SUMMARY_FIELDS, LoopRecord, Status
 from bot.core.rules import budget
 from bot.core.settings import Settings
+from bot.core.spend.report import parse_since, report
 from bot.core.text import sessionlog
 from bot.core.text.redact import Redactor, deep, settings_secrets
 from bot.io import schedules
 from bot.io.store import Store
+from bot.web import spend_page as spend
 
 COOKIE = "loopbot_session"
 SESSION_PREFIX = "loopbot:dashboard:session:"
@@ -152,6 +155,25 @@ def blueprint(settings: Settings, store: Store, redis: Redis) -> Blueprint:
                 "status": page.status,
             }
         ), 200
+
+    @bp.get("/dashboard/spend")
+    def spend_page() -> tuple[str, int]:
+        try:
+            window = parse_since(request.args.get("since", "30d"))
+        except ValueError as exc:
+            return escape(str(exc)), 400
+        return spend.page(redis, [*store.all(), *store.archived()], window), 200
+
+    @bp.get("/api/spend")
+    def api_spend() -> tuple[Response, int]:
+        """``loopbot report --format json`` over HTTP (``?since=7d&repo=OWNER/NAME``)."""
+        try:
+            window = parse_since(request.args.get("since", "7d"))
+        except ValueError as exc:
+            return jsonify({"error": str(exc)}), 400
+        loops = [*store.all(), *store.archived()]
+        built = report(loops, time.time() - window, request.args.get("repo") or None)
+        return Response(built.to_json(), mimetype="application/json"), 200
 
     @bp.get("/api/schedules")
     def api_schedules() -> tuple[Response, int]:

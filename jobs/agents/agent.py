@@ -108,6 +108,8 @@ class TurnAgent(Protocol):
     model: str
     system: str
     last_model: str | None
+    # The spend caps above the loop (jobs/spend.py): each call admitted and charged there.
+    spend: precall.Gate | None
 
     def run_turn(self, messages: list[dict[str, Any]], prompt: str, limits: Limits) -> Outcome: ...
 
@@ -277,6 +279,7 @@ class Agent:
         self.attachments: list[dict[str, Any]] = []
         # Blocks for the next turn's prompt only (a writer's comment's images), then gone.
         self.pending: list[dict[str, Any]] = []
+        self.spend: precall.Gate | None = None  # the loop sets it (jobs/spend.py)
 
     def _request(
         self,
@@ -393,17 +396,36 @@ class Agent:
             self._worst = budget.worst_call(
                 model, bound if bound is not None else budget.input_bound(request), max_tokens
             )
-            return None
+            return self._over_cap(self._worst)
         spent = limits.spent.plus(usd=outcome.cost, tokens=outcome.tokens, seconds=seconds)
         out, self._worst = precall.check_worst(self.client, request, limits.budget, spent, bound)
-        return None if out is None else out.detail
+        if out is not None:
+            return out.detail
+        return self._over_cap(self._worst)
+
+    def _over_cap(self, worst: budget.Call) -> str | None:
+        """Why a spend cap above the loop refuses the call (its words), or None: its
+        worst case is reserved under them (``jobs.spend``)."""
+        if self.spend is None:
+            return None
+        try:
+            self.spend.admit(worst)
+        except precall.OverBudget as exc:
+            return str(exc)
+        return None
+
+    def _used(self, outcome: Outcome, model: str, used: Usage) -> None:
+        """A call's usage, in the turn's tally and on the spend caps' counters."""
+        outcome.usage.append((model, used))
+        if self.spend is not None:
+            self.spend.charge(model, used)
 
     def _charge_lost_call(self, outcome: Outcome, model: str, max_tokens: int) -> None:
         """A call that timed out or lost its connection may have reached the API and been
         billed in full: it is charged at the worst case the pre-check allowed it, so no
         number of such calls can spend past the budget unseen."""
         if self._worst is not None:
-            outcome.usage.append((model, precall.worst_usage(self._worst, max_tokens)))
+            self._used(outcome, model, precall.worst_usage(self._worst, max_tokens))
 
     def run_turn(self, messages: list[dict[str, Any]], prompt: str, limits: Limits) -> Outcome:
         """Run one turn on ``messages`` (mutated in place) starting with ``prompt``."""
@@ -512,7 +534,7 @@ class Agent:
             too_long = 0 if resp.stop_reason != "model_context_window_exceeded" else too_long
             outcome.steps += 1  # every call is a step, dropped replies too: retries are bounded
             used = usage_from(resp.model or model, resp.usage)
-            outcome.usage.append((resp.model or model, used))  # charged, kept or not
+            self._used(outcome, resp.model or model, used)  # charged, kept or not
             read = used.input_tokens + used.cache_read_tokens + used.cache_write_tokens
             self.gauge = self.gauge.measured(read, size)  # the tokenizer's real ratio
             counted = (read, len(messages))  # until the reply is kept (with its output)

@@ -216,6 +216,9 @@ class CliAgent:
         self.mcp_servers: dict[str, McpServer] = {}  # loop.yml's, checked (jobs/agents/mcp.py)
         self.on_exchange: Callable[[gateway.Exchange], None] | None = None
         self.gateway_of_turn: gateway.ModelGateway | None = None  # the last turn's
+        # The spend caps (jobs/spend.py): the loop's guard admits each call there, and
+        # each call's usage is charged there as the gateway charges it.
+        self.spend: precall.Gate | None = None
 
     # -- what a backend gives -------------------------------------------------------------
 
@@ -435,6 +438,8 @@ class CliAgent:
         check reads it there), and in the turn's own tally."""
         self.store.update(self.key, lambda r: r.record_usage(model, "agent", used))
         self._charged.append((model, used))
+        if self.spend is not None:
+            self.spend.charge(model, used)
 
     def _read(self, state: Turn, chunk: bytes) -> bool:
         """The JSON events in ``chunk`` (one per line), each to ``event``. True: read.

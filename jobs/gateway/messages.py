@@ -440,7 +440,7 @@ class ModelGateway:
         try:
             worst = self.guard(self.budgeted(body))
         except precall.OverBudget as exc:
-            self.exhausted = f"the issue's budget is spent: {exc}"
+            self.exhausted = f"{exc.prefix}{exc}"
             raise Refused(400, "invalid_request_error", f"loopbot: {self.exhausted}") from None
         self.admitted += 1  # sent: it counts against the cap whatever the API answers
         return worst

@@ -32,6 +32,7 @@ from jobs import precall
 from jobs.intake import structured
 from jobs.models import UnknownModel
 from jobs.runtime import Runtime
+from jobs.spend import SpendGate
 
 log = get_logger("loopbot.plan")
 
@@ -102,6 +103,7 @@ def propose(
     *,
     store: Store | None = None,
     key: str = "",
+    spend: precall.Gate | None = None,
 ) -> Proposal:
     """Ask the model for sections of the issue ``title``/``body``. With ``store`` and
     ``key`` (a loop exists) the call is checked against the issue's budget first
@@ -131,6 +133,7 @@ def propose(
         attempts=ATTEMPTS,
         params=thinking_params(spec, config.agent_effort(rt.ceilings)),
         on_invalid=lambda attempt, problem: log.warning("plan.invalid_answer", problem=problem),
+        spend=spend,
     )
     if answer.value is None:
         return Proposal(
@@ -202,6 +205,8 @@ def command(rt: Runtime, gh: Installation, cmd: ControlCommand, record: LoopReco
             + "\n\n<sub>Proposed before for this same text: no new model call.</sub>"
         )
         return "planned before"
+    # The spend caps (jobs/spend.py) hold the planner's call too, loop or no loop.
+    gate = SpendGate.of_repo(rt.redis, rt.settings, cmd.repo, cmd.installation_id, config)
     try:
         found = propose(
             rt,
@@ -210,10 +215,13 @@ def command(rt: Runtime, gh: Installation, cmd: ControlCommand, record: LoopReco
             visible(issue.body or "").text,  # what GitHub's page shows the writer
             store=rt.store if record is not None else None,
             key=cmd.loop.key if record is not None else "",
+            spend=gate,
         )
     except precall.OverBudget as exc:
         reply(f"loopbot did not plan: {messages.safe_text(str(exc))}.")
         return "over budget"
+    finally:
+        gate.release()  # a reservation no answer settled: its call was not billed
     if not found.sections:
         reply(
             f"loopbot could not propose milestones: {messages.safe_text(found.problem)}. "

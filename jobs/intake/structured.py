@@ -40,6 +40,7 @@ def ask(
     params: dict[str, Any] | None = None,
     on_invalid: Callable[[int, str], None] = lambda attempt, problem: None,
     blocks: list[dict[str, Any]] | None = None,
+    spend: precall.Gate | None = None,
 ) -> Answer[T]:
     """Ask ``prompt`` for JSON in ``schema``, up to ``attempts`` times; ``parse`` turns the
     answer's text into the value or raises ``ValueError`` (a pydantic ``ValidationError``
@@ -63,7 +64,7 @@ def ask(
         if params:
             request = merged(request, params)
         resp, used = precall.call(
-            rt.model, request, record=record(), settings=rt.settings, charge=charge
+            rt.model, request, record=record(), settings=rt.settings, charge=charge, spend=spend
         )
         cost += used.cost_usd
         answered_by = resp.model or model

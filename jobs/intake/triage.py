@@ -75,6 +75,7 @@ def before_coding(
     store: Store,
     record: LoopRecord,
     config: repo_config.RepoConfig,
+    spend: precall.Gate | None = None,
 ) -> Stop | None:
     """Triage the approved text when it is due (``rules.due``); None: go on and code.
 
@@ -106,7 +107,7 @@ def before_coding(
         return _not_ready(gh, record, config, issue, known, float(record.triage["cost_usd"]))
     earlier = rules.loaded(record.triage)  # a proposal on the issue this triage replaces
     store.set_fields(key, phase="triage")  # the dashboard and `loopbot status` say so
-    judged = judge(rt, store, record, config, title, body)
+    judged = judge(rt, store, record, config, title, body, spend=spend)
     if judged.result is None:
         log.warning("triage.failed", loop=key, error=judged.error)
         store.set_fields(key, triage=rules.failed(sha, judged.error, cost_usd=judged.cost_usd))
@@ -191,6 +192,7 @@ def judge(
     config: repo_config.RepoConfig,
     title: str,
     body: str,
+    spend: precall.Gate | None = None,
 ) -> Judged:
     """The one small structured call. Its usage is recorded under the role ``triage``
     and counts against the issue's budget, which is checked before the call. Never
@@ -222,6 +224,7 @@ def judge(
             record=lambda: store.get(record.key),
             charge=_charger(store, record.key),
             on_invalid=invalid,  # one attempt: never asked again (see the note on top)
+            spend=spend,
         )
     except precall.OverBudget as exc:
         return Judged(None, model, 0.0, f"not asked: {exc}"[:300])

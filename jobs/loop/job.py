@@ -51,6 +51,7 @@ from jobs.loop.setup_phase import SetupPhase
 from jobs.models import UnknownModel
 from jobs.runtime import current, instrumented
 from jobs.sandbox.bwrap import Sandbox, SandboxUnavailable
+from jobs.spend import SpendGate
 from jobs.tree.worktree import Checkout, GitError, PushRefused
 
 log = get_logger("loopbot.loop")
@@ -109,6 +110,8 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
         finally:
             self._settle_push()
             self._checks_written()
+            if self.spend is not None:  # a reservation no call's answer settled
+                self.spend.release()
             self.store = self.rt.store
             lease.release()
 
@@ -195,7 +198,15 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
             max_turns=config.max_turns,
             verify_command=config.verify,
             budget_limits=self.budget.limits(),
+            backend=config.agent.backend,
         )
+        # The spend caps above the loop (jobs/spend.py): a loop that could not make even
+        # the smallest call waits, queued, instead of starting and stopping.
+        self.spend = SpendGate.of(
+            self.rt.redis, self.rt.settings, record, config, config.agent.backend
+        )
+        if full := self.spend.room(budget.smallest_call(self.rt.settings.model, MAX_TOKENS)):
+            return self._hold_for_spend(full)
         self._status_comment()
 
         # The approved text's attachments, while their signed URLs live (jobs/loop/attachments.py).
@@ -220,7 +231,9 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
         # too large, is refused uncoded and costs one small call. Metric loops have their
         # own preconditions instead.
         if record.kind != "metric" and (
-            stop := triage.before_coding(self.rt, gh, self.store, self._record(), config)
+            stop := triage.before_coding(
+                self.rt, gh, self.store, self._record(), config, spend=self.spend
+            )
         ):
             return self._finish(Status.REFUSED, stop.reason, stop.detail)
         # Rules on the loop's branch that would refuse its first push (creation restricted,
@@ -354,6 +367,7 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
             )
         else:
             agent = self._builtin_agent(model, spec, effort, sandbox, checkout)
+        agent.spend = self.spend
         if isinstance(agent, CliAgent):
             agent.mcp_servers = dict(config.agent.mcp_servers)
         if self.guidance:
@@ -368,12 +382,19 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
 
     def _gateway_guard(self, request: dict[str, Any]) -> budget.Call:
         """The budget check the model gateway makes before each of the backend's calls."""
-        return precall.guard(self.rt.model, request, self._record(), self.rt.settings)
+        return precall.guard(
+            self.rt.model, request, self._record(), self.rt.settings, spend=self.spend
+        )
 
     def _openai_guard(self, request: dict[str, Any]) -> budget.Call:
         """The same for Codex's calls, counted near the edge by OpenAI's token count."""
         return precall.guard(
-            None, request, self._record(), self.rt.settings, count=self.rt.openai.count
+            None,
+            request,
+            self._record(),
+            self.rt.settings,
+            count=self.rt.openai.count,
+            spend=self.spend,
         )
 
     def _builtin_agent(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from bot.core.evidence import held_out
 from bot.core.record import LoopRecord, Reason, Status
+from bot.core.spend import lines as spend_lines
 from bot.core.text import messages
 from bot.io.github.pulls import PullInfo
 from bot.io.logs import get_logger
@@ -94,6 +95,7 @@ def pull_body(record: LoopRecord, summary: str, stat: str) -> str:
         f"{messages.safe_text(summary.strip()) or 'Changes made by loopbot.'}\n\n"
         f"{TABLE_HEAD}\n|---|---|---|\n"
         f"| {turns} | ${record.cost_usd:.2f} | `{record.verify_command}` {verify} |\n\n"
+        f"{spend_lines.total(record)} so far.\n\n"
         f"Evidence: {evidence.evidence_line(record.base_verify, record.last_verify)}; "
         f"tests changed: {tests}.\n\n"
         + _held_out_lines(record)

@@ -34,6 +34,7 @@ from jobs.loop.lease import Lease
 from jobs.loop.setup_phase import SetupPhase
 from jobs.runtime import Runtime
 from jobs.sandbox.bwrap import Result, Sandbox
+from jobs.spend import SpendGate
 from jobs.tree.worktree import Checkout, FileState, GitError, PushRefused, Worktrees
 
 log = get_logger("loopbot.loop")
@@ -113,6 +114,8 @@ class RunnerBase(ABC):
     sandbox: Sandbox
     setup_phase: SetupPhase | None = None  # `setup`'s own sandbox (jobs/loop/setup_phase.py)
     budget: budget.Budget
+    # The spend caps above the loop (jobs/spend.py), set once loop.yml is read.
+    spend: SpendGate | None = None
 
     def __init__(self, rt: Runtime, repo: str, issue: int) -> None:
         self.rt = rt
@@ -138,6 +141,14 @@ class RunnerBase(ABC):
         self._aside_note = ""
         self._workflows: bool | None = None  # the App may push workflow changes
         self._refused_at: str | None = None  # the head GitHub has, after a refusal
+
+    def _hold_for_spend(self, words: str) -> str:
+        """The loop waits, queued, for room under a spend cap (``words`` name it)."""
+        self.lease.check()
+        need = self.spend.refused_usd if self.spend is not None else 0.0
+        held = lifecycle.hold_for_spend(self.store, self.key, words, need, gh=self.gh)
+        self.log.info("loop.spend_held", held=held is not None, detail=words[:200])
+        return f"held by a spend cap: {words}" if held is not None else "moved on"
 
     def _cancelled(self) -> bool:
         return self.lease.lost.is_set() or self.store.cancel_requested(self.key) is not None
@@ -409,6 +420,15 @@ class RunnerBase(ABC):
     def _finish(self, status: Status, reason: Reason, detail: str = "") -> str:
         self._pushed()
         self.lease.check()
+        spend = self.spend
+        if reason is Reason.BUDGET and spend is not None and spend.held_back():
+            # A spend cap refused this job's first call: the loop never really started,
+            # so it waits, queued, rather than ending (jobs/spend.py).
+            return self._hold_for_spend(spend.held_back())
+        # A loop a spend cap stopped remembers the call it could not make: the reconciler
+        # may restart it once there is room (LOOPBOT_SPEND_RESUME_ON_ROLLOVER).
+        capped = reason is Reason.BUDGET and spend is not None and bool(spend.refused)
+        need = spend.refused_usd if capped and spend is not None else 0.0
         # A cancel that landed meanwhile wins (unless the loop completed): a person asked.
         ended = lifecycle.finish(
             self.store,
@@ -419,6 +439,7 @@ class RunnerBase(ABC):
             gh=self.gh,
             tail=self._verify_tail,
             best_effort=True,
+            spend_need_usd=need,
         )
         record = ended or self._record()
         if ended is None:

@@ -66,7 +66,13 @@ class SectionAudits(RunnerBase):
         if not found and self.config.milestones == "auto" and first and not record.sections:
             try:
                 proposal = plan.propose(
-                    self.rt, self.config, title, body, store=self.store, key=self.key
+                    self.rt,
+                    self.config,
+                    title,
+                    body,
+                    store=self.store,
+                    key=self.key,
+                    spend=self.spend,
                 )
             except precall.OverBudget as exc:
                 return self._finish(Status.FAILED, Reason.BUDGET, str(exc))

@@ -77,6 +77,7 @@ from jobs.review.tools import (
     tools_note,
 )
 from jobs.runtime import Runtime, current, instrumented
+from jobs.spend import SpendGate
 from jobs.tree.worktree import Worktrees
 
 log = get_logger("loopbot.critic")
@@ -113,6 +114,7 @@ class Critic:
         self.effort: str | None = rt.settings.effort
         self.spec: ModelSpec | None = None
         self._runs: CheckRuns | None = None  # the review's check run, once it starts
+        self.spend: SpendGate | None = None  # the spend caps (jobs/spend.py), per review
 
     def run(self) -> str:
         """Review and act; never leave the loop in ``reviewing`` when the review fails for
@@ -122,6 +124,8 @@ class Critic:
         finally:
             if self._runs is not None:  # an update still held goes before the job ends
                 self._runs.flush()
+            if self.spend is not None:  # a reservation no answer settled
+                self.spend.release()
 
     def _run_with_retries(self) -> str:
         return with_retries(
@@ -214,6 +218,7 @@ class Critic:
         self.model = config.critic_model(self.rt.ceilings)
         self.effort = config.critic_effort(self.rt.ceilings)
         self.spec = self.rt.models.spec(self.model)  # UnknownModel: a setting to fix, no retry
+        self.spend = SpendGate.of(self.rt.redis, self.rt.settings, record, config)
         self.store.event(
             self.key,
             "review_started",
@@ -591,6 +596,7 @@ class Critic:
                 record=self.store.get(self.key),
                 settings=self.rt.settings,
                 charge=self._charge,
+                spend=self.spend,
             )
             # Thinking blocks are not the answer; an answer asked for again is a new
             # exchange, where a past turn's thinking may be left out.
@@ -627,6 +633,8 @@ class Critic:
         self.model = config.critic_model(self.rt.ceilings)
         self.effort = config.critic_effort(self.rt.ceilings)
         self.spec = self.rt.models.spec(self.model)
+        if (record := self.store.get(self.key)) is not None:
+            self.spend = SpendGate.of(self.rt.redis, self.rt.settings, record, config)
         self.system = f"{SYSTEM}\n\n{guidance}" if guidance else SYSTEM
         return self._review(title, body, diff, asked=asked, scope=scope)
 
@@ -709,6 +717,7 @@ class Critic:
                 settings=self.rt.settings,
                 charge=self._charge,
                 timeout=timeout,
+                spend=self.spend,
             ),
         )
         self.store.event(

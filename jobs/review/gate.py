@@ -46,6 +46,7 @@ from bot.core.rules.merge import (
     queue_removal,
 )
 from bot.core.rules.review import TESTS_CHANGED_FINGERPRINT, dismissal_holds
+from bot.core.spend import lines as spend_lines
 from bot.core.text import messages, receipt
 from bot.io.github.client import Installation
 from bot.io.github.failures import Conflict
@@ -708,20 +709,19 @@ class Gate:
         self._set(receipt_comment_id=posted.id, receipt_text="")
 
     def _receipt_merged(self, gh: Installation, record: LoopRecord, merge_sha: str) -> None:
-        """Post the receipt of the merge with its commit; or add the commit to a receipt
-        posted before (a merge queue's), if there is one."""
+        """Post the receipt of the merge with its commit and the loop's total cost and
+        tokens; or add them to a receipt posted before (a merge queue's), if there is one."""
         if record.pr_number is None or not merge_sha:
             return
         now = self.store.get(self.key)
         if now is not None and now.receipt_text:
-            self._post_text(
-                gh, now, receipt.merged(now.receipt_text, merge_sha) or now.receipt_text
-            )
+            held, total = now.receipt_text, spend_lines.total(now)
+            self._post_text(gh, now, receipt.merged(held, merge_sha, total) or held)
             return
         posted = gh.find_comment(self.repo, record.pr_number, receipt.COMMENT_KEY)
         if posted is None:
             return  # merged by someone else, before loopbot posted a receipt
-        added = receipt.merged(posted.body, merge_sha)
+        added = receipt.merged(posted.body, merge_sha, spend_lines.total(record))
         if added is not None:
             gh.upsert_comment(self.repo, record.pr_number, receipt.COMMENT_KEY, added, posted.id)
 
@@ -738,7 +738,7 @@ class Gate:
             merge_sha=merge_sha or record.merge_sha,  # GitHub may not say: keep what was
         )
         assert updated is not None  # a merge ends any loop, a cancelled one too
-        self._receipt_merged(gh, record, updated.merge_sha)
+        self._receipt_merged(gh, updated, updated.merge_sha)
         gh.delete_branch(self.repo, record.branch)
         lifecycle.post_status(self.store, gh, updated)
         return "merged"

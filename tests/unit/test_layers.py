@@ -80,6 +80,7 @@ SHARED = frozenset(
         "jobs.models",  # the Models API's answers
         "jobs.precall",  # the budget check before every model call
         "jobs.retries",  # the critic's and the gate's way through failures
+        "jobs.spend",  # the spend caps above the loop, before every model call
         "jobs.status_comment",  # the status comment
     }
 )

@@ -17,6 +17,7 @@ from typing import Any, assert_never
 
 from bot.core.record import (
     ACTIVE,
+    SPEND_PHASE,
     TERMINAL,
     LoopRecord,
     Reason,
@@ -208,6 +209,26 @@ def clears_cancel(why: Requeue) -> bool:
 def running() -> Changes:
     """A worker took the loop's lease and starts preparing its turns."""
     return {"status": Status.RUNNING, "phase": "preparing", "handed_over": False}
+
+
+# The phase of a loop held back by a spend cap (bot/core/spend/caps.py): queued, with no
+# job and no slot, until a writer's /loop-restart (or, if the operator says so, the next
+# period) finds room. The reconciler neither resumes it as lost nor puts it in line.
+SPEND_HELD = SPEND_PHASE
+
+
+def held_for_spend(current: Status, words: str, need_usd: float) -> Changes | None:
+    """A loop about to start finds a spend cap full: it waits, queued, saying which cap;
+    None when it moved on meanwhile (a cancel that landed stands)."""
+    if current not in (Status.QUEUED, Status.RUNNING):
+        return None
+    return {
+        "status": Status.QUEUED,
+        "phase": SPEND_HELD,
+        "detail": f"⏳ Waiting to start: {words}.",
+        "waiting": None,
+        "spend_need_usd": need_usd,
+    }
 
 
 STAGES = frozenset({Status.REVIEWING, Status.MERGING})

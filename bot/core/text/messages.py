@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from bot.core.record import LoopRecord, Status, Waiting
+from bot.core.record import TERMINAL, LoopRecord, Status, Waiting
 from bot.core.rules import budget
 from bot.core.rules import metric as metric_rules
 from bot.core.rules.pace import PLACES_SHOWN
+from bot.core.spend import lines as spend_lines
 from bot.core.text import metric as metric_text
 from bot.core.text.defuse import JOINER, code_block, code_span, safe_text
 from bot.core.text.numbers import duration, plural
@@ -232,6 +233,8 @@ def status_comment(r: LoopRecord, verify_tail: str = "", timeline_lines: Sequenc
             + code_block(verify_tail[-3000:])
             + "\n</details>"
         )
+    if r.status in TERMINAL:  # the last word on what the loop cost, every call of it
+        lines.append(f"**{spend_lines.total(r)}**")
     lines.append(
         "<sub>`/loop-cancel` stops · `/loop-restart` resumes · `/loop-status` reports</sub>"
     )

@@ -123,7 +123,7 @@ def refused(body: str, why: str) -> str:
     return "\n".join([*kept, "", _cell(f"Not merged: GitHub refused the merge: {why}")])
 
 
-def merged(body: str, merge_sha: str) -> str | None:
+def merged(body: str, merge_sha: str, total: str = "") -> str | None:
     """``body`` (a posted receipt) with the merge commit added; None when it has it already
     or is not a receipt. Works from the posted text, so a gate run that finds the pull
     request merged (the merge's answer was lost) completes the receipt all the same."""
@@ -133,7 +133,8 @@ def merged(body: str, merge_sha: str) -> str | None:
     if not rows_at or merge_sha in text:
         return None
     row = _line(Row("merge commit", merge_sha, "pass", "squash-merged"))
-    return "\n".join([*lines[: rows_at[-1] + 1], row, "", f"Merged as {code_span(merge_sha)}."])
+    done = f"Merged as {code_span(merge_sha)}." + (f" {_cell(total)}." if total else "")
+    return "\n".join([*lines[: rows_at[-1] + 1], row, "", done])
 
 
 def _line(r: Row, head: str = "") -> str:

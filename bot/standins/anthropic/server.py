@@ -49,6 +49,7 @@ class AnthropicServer:
         # ``requests`` (see ``is_triage``); an empty script answers "ready".
         self.triage: deque[Item] = deque()
         self.triage_requests: list[Json] = []
+        self.triage_responses: list[Json] = []  # triage messages answered: billed too
         self.responder: Responder | None = None
         self.requests: list[Json] = []
         self.arrivals: list[float] = []  # wall-clock time each request arrived
@@ -90,6 +91,7 @@ class AnthropicServer:
             self.script.clear()
             self.triage.clear()
             self.triage_requests.clear()
+            self.triage_responses.clear()
             self.requests.clear()
             self.headers.clear()
             self.input_tokens.clear()
@@ -101,9 +103,9 @@ class AnthropicServer:
 
     def billed_usd(self) -> float:
         """What the API would have billed for every message answered so far
-        (``responses``), each priced from its own usage (``billing``)."""
+        (``responses``, and triage's), each priced from its own usage (``billing``)."""
         with self.lock:
-            answered = list(self.responses)
+            answered = [*self.responses, *self.triage_responses]
         return sum(billed_usd(str(r["model"]), r["usage"]) for r in answered)
 
     def add_model(self, spec: ModelSpec) -> ModelSpec:
@@ -247,6 +249,9 @@ class AnthropicServer:
             with self.lock:
                 self.responses.append(message)
                 self.exchanges.append((body, message))
+        else:  # a triage answer: kept apart from ``responses``, and billed as any other
+            with self.lock:
+                self.triage_responses.append(message)
         if item.cut_after is not None:
             return _cut(message, body.get("stream") is True, item.cut_after), 200
         if body.get("stream") is True:

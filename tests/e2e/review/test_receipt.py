@@ -296,7 +296,7 @@ def test_merge_receipt_lists_every_condition_on_the_merged_head_then_the_merge_c
     contains = row(body, "head contains the default branch")
     assert contains[:3] == ["head contains the default branch", "head", "✅ pass"], contains
     assert row(body, "merge commit") == ["merge commit", f"`{merge}`", "✅ pass", "squash-merged"]
-    assert body.rstrip().splitlines()[-3].endswith(f"Merged as `{merge}`.")
+    assert body.rstrip().splitlines()[-3].startswith(f"Merged as `{merge}`. Loop total: $")
     assert r.merge_sha == merge and r.last_verify.get("sha", head) == head
 
 
