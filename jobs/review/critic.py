@@ -195,7 +195,9 @@ class Critic:
             # changes, a writer dismisses the finding, or a person takes over.
             return self._stands(gh, record, sha, earlier, diff, config)
         digest = patch_digest(diff)
-        if earlier is None:
+        # A writer's edit or request that came after the catch-up's verify waits for a
+        # turn: the approval of the old text does not carry over it (red team).
+        if earlier is None and not self.store.feedback_waiting(self.key):
             own_sev1 = record.kind != "metric" and (
                 evidence_finding(record.base_verify, record.tests_changed)
                 or tests_changed_finding(record.test_evidence, sha) is not None

@@ -253,6 +253,10 @@ class Gate:
                 f"{r.condition} ({r.result})" for r in unmet
             )
             decision = Refuse(Reason.GATE_ERROR, why)
+        if record.receipt_text and not isinstance(decision, Merge | AlreadyMerged):
+            # A merge call that failed (an error, retried) left its receipt held: another
+            # decision now, so it is not this loop's receipt any more (red team).
+            record = self._set(receipt_text="")
         match decision:
             case Merge(sha=sha):
                 # Posted once, after the merge, with its commit (issue 43: one write where
