@@ -162,7 +162,14 @@ class Attachments:
             case "image":
                 try:
                     sent, media_type, width, height, cut = _scaled(data, media_type)
-                except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+                except (
+                    UnidentifiedImageError,
+                    OSError,
+                    Image.DecompressionBombError,
+                    # Past Pillow's pixel limit (under twice it): ``_scaled`` makes the
+                    # warning an error, and it is no OSError.
+                    Image.DecompressionBombWarning,
+                ) as exc:
                     return Skipped(link.name, f"an image that does not decode ({str(exc)[:80]})")
                 stored = sha + _SUFFIX[media_type]
             case "pdf":

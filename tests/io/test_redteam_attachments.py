@@ -4,11 +4,45 @@ fetched only under GitHub's attachment paths (no ``..`` out of them)."""
 
 from __future__ import annotations
 
+import struct
+import zlib
+from pathlib import Path
+
 import pytest
 
 from bot.core.attachments import allowed, links
+from bot.io.attachments import Attachments
+from bot.standins.github import GitHubServer, attachments
+from tests.helpers import sample_repo
 
 API = "https://api.github.com"
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def bomb_png(width: int = 10_000, height: int = 9_000) -> bytes:
+    """A PNG of 85 bytes that declares 90 million pixels: past Pillow's warning threshold
+    (``Image.MAX_IMAGE_PIXELS``, 89.5 million), under its error threshold (twice that)."""
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _chunk(b"IHDR", header)
+        + _chunk(b"IDAT", zlib.compress(b"\0" * 4))
+        + _chunk(b"IEND", b"")
+    )
+
+
+def test_a_decompression_bomb_png_is_skipped_not_raised(
+    github: GitHubServer, tmp_path: Path
+) -> None:
+    sample_repo(github, loop_yml=None)
+    html = attachments.body_html(github, github.upload("bomb.png", bomb_png(), image=True))
+    fetched = Attachments(tmp_path, github.url).fetch("acme/widgets#1", "approved", html)
+    assert fetched.files == []
+    (skipped,) = fetched.skipped
+    assert skipped.name == "bomb.png" and "does not decode" in skipped.reason
 
 
 @pytest.mark.parametrize(
