@@ -5,6 +5,7 @@ is retried. Real RQ worker, git and sandbox; the local GitHub and model."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from redis import Redis
@@ -14,9 +15,11 @@ from bot.io.github import failures
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
+from jobs.review import critic as critic_job
 from tests.conftest import Web
 from tests.e2e.review.test_receipt import no_waiting, receipt_body, start
 from tests.e2e.review.test_review_merge import FIX, is_critic, record, report
+from tests.helpers import REPO
 
 __all__ = ["no_waiting"]  # the fixture, used by name
 
@@ -49,3 +52,46 @@ def test_a_receipt_whose_post_fails_after_the_merge_is_posted_by_the_retried_gat
     body = receipt_body(github, r.pr_number)
     assert body is not None, "merged, and no receipt on the pull request"
     assert f"Merged as `{r.merge_sha}`." in body
+
+
+def test_a_critic_retry_never_lets_the_first_try_s_held_in_progress_overwrite_its_verdict(
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    drain: Any,
+    no_waiting: None,
+    monkeypatch: Any,
+) -> None:
+    """The critic's ``reviewing`` check run is held 5 s for the verdict. A try that fails
+    (GitHub refuses its review) leaves that update held; the next try, on the same head,
+    writes the verdict within those seconds. The first try's held ``in_progress`` must
+    not go out after it (here the in-process worker's thread outlives the job; a forking
+    worker's job lives that long while its last status edit waits for GitHub's line)."""
+    monkeypatch.setattr(critic_job, "ERROR_BACKOFF", (0.0,))
+    tries: list[str] = []
+
+    def agent(body: dict[str, Any]) -> m.Item:
+        if is_critic(body):
+            if not tries:  # the first try's review: GitHub fails it, every retry
+                github.inject("POST", r"/pulls/\d+/reviews$", 502, times=failures.MAX_ATTEMPTS)
+            tries.append("critic")
+            return report()
+        last = body["messages"][-1]["content"]
+        if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
+            return m.text("Fixed add.")
+        return FIX
+
+    model.responder = agent
+    start(github)
+    drain()
+    r = record(redis)
+    assert len(tries) == 2, tries
+    time.sleep(critic_job.HOLD_REVIEWING + 1.5)  # past the first try's hold
+    runs = [
+        c
+        for c in github.repo(REPO).check_runs.values()
+        if c["name"] == critic_job.CHECK_NAME and c["head_sha"] == r.reviewed_sha
+    ]
+    assert len(runs) == 1, runs  # never two on one head
+    assert (runs[0]["status"], runs[0]["conclusion"]) == ("completed", "success"), runs[0]
