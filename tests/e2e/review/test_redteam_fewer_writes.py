@@ -5,6 +5,7 @@ is retried. Real RQ worker, git and sandbox; the local GitHub and model."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -12,6 +13,7 @@ from redis import Redis
 
 from bot.core.record import Status
 from bot.io.github import failures
+from bot.io.store import Store
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
@@ -19,7 +21,8 @@ from jobs.review import critic as critic_job
 from tests.conftest import Web
 from tests.e2e.review.test_receipt import no_waiting, receipt_body, start
 from tests.e2e.review.test_review_merge import FIX, is_critic, record, report
-from tests.helpers import REPO
+from tests.e2e.review.test_same_change import events, which
+from tests.helpers import REPO, label, open_issue, sample_repo
 
 __all__ = ["no_waiting"]  # the fixture, used by name
 
@@ -95,3 +98,48 @@ def test_a_critic_retry_never_lets_the_first_try_s_held_in_progress_overwrite_it
     ]
     assert len(runs) == 1, runs  # never two on one head
     assert (runs[0]["status"], runs[0]["conclusion"]) == ("completed", "success"), runs[0]
+
+
+def test_a_writer_s_edit_waiting_for_the_next_turn_is_not_skipped_by_a_clean_catch_up(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """A writer edits the issue while its loop is in review: the edit is the new approved
+    text, waiting for the agent's next turn (``push_feedback``). The loop then catches up
+    with the default branch (another loop merged first), cleanly: that catch-up must not
+    skip the turn the edit waits for and merge the change reviewed against the old text.
+    Before issue 43 a turn always followed a catch-up, and took the edit."""
+    sample_repo(github, loop_yml="verify: test -d notes\n")
+    issues = [open_issue(github, "one", "Do one."), open_issue(github, "two", "Do two.")]
+    edited: list[int] = []
+
+    def agent(body: dict[str, Any]) -> m.Item:
+        if is_critic(body):
+            for n in issues:
+                if n not in edited:  # the writer asks for more, while the review runs
+                    edited.append(n)
+                    with github.as_user("writer") as u:
+                        u.patch(
+                            f"/repos/{REPO}/issues/{n}",
+                            json={"body": f"Do it. Also write MORE-{n} in the note."},
+                        ).raise_for_status()
+            return report()
+        if any(b.get("type") == "tool_result" for b in body["messages"][-1]["content"]):
+            return m.text("Done.")
+        n = which(body)
+        more = f"MORE-{n}" in json.dumps(body["messages"][-1])
+        return m.write_file(f"notes/{n}.md", f"noted{' MORE' if more else ''}\n")
+
+    model.responder = agent
+    for n in issues:
+        label(github, "writer", n)
+    drain(rounds=30)
+    (late,) = [n for n in issues if events(redis, n, "base_merged")]
+    r = Store(redis).get(f"{REPO}#{late}")
+    assert r is not None and r.status == Status.COMPLETED, r
+    told = [
+        b
+        for b in model.requests
+        if not is_critic(b) and f"MORE-{late}" in json.dumps(b["messages"][-1])
+    ]
+    assert told, "the writer's edit never reached the agent"
+    assert github.file_at(REPO, "main", f"notes/{late}.md") == "noted MORE\n"
