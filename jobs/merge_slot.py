@@ -54,11 +54,13 @@ return held
 """
 
 # Lets go (when ARGV[1] holds it) and leaves the line; returns the first waiter, taken
-# off the line (and marked woken), when it let go.
+# off the line (and marked woken), when it let go, or when it was woken itself and ends
+# before it took the slot (nobody holds it: the next one's turn).
 _RELEASE = """
 redis.call('LREM', KEYS[2], 0, ARGV[1])
-redis.call('SREM', KEYS[3], ARGV[1])
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local woken = redis.call('SREM', KEYS[3], ARGV[1]) == 1
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] or (woken and not held) then
   redis.call('DEL', KEYS[1])
   local first = redis.call('LPOP', KEYS[2])
   if first then

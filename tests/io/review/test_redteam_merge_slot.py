@@ -32,3 +32,18 @@ def test_a_woken_waiter_that_finds_the_slot_taken_keeps_its_place_in_line(
     assert merge_slot.take(redis, B) is None
     lifecycle.release(store, B.key)  # and C after it
     assert gates_queued(redis)[-1] == f"merge gate {C.key}"
+
+
+def test_a_woken_waiter_that_ends_before_it_takes_the_slot_wakes_the_next(
+    redis: Redis,
+) -> None:
+    """B is woken, and its loop ends before its gate takes the slot (the gate failed for
+    good, a cancel): the next in line is woken then, not after its own timer's minutes."""
+    store = Store(redis)
+    assert merge_slot.take(redis, A) is None
+    assert merge_slot.take(redis, B) == A.key
+    assert merge_slot.take(redis, C) == A.key
+    lifecycle.release(store, A.key)  # B woken
+    assert gates_queued(redis) == [f"merge gate {B.key}"]
+    lifecycle.release(store, B.key)  # B's loop ended (gate_error) without the slot
+    assert gates_queued(redis) == [f"merge gate {B.key}", f"merge gate {C.key}"]
