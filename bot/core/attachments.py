@@ -30,6 +30,10 @@ MAX_SIDE = 1568
 MAX_IMAGE_BYTES = 5 * 1024 * 1024 * 3 // 4  # raw bytes whose base64 is 5 MB
 MAX_TEXT_BYTES = 64 * 1024  # what of one text file reaches the prompt
 MAX_PDF_BYTES = 10 * 1024 * 1024  # the Messages API takes 32 MB a request in all
+# Pixels an image may declare: decoding one to scale it holds every pixel in memory (a
+# 343 KB PNG of 9,400 x 9,400 blank pixels took 1.1 GB and 3 s, under Pillow's own bomb
+# limit of 89 million); an 8K screenshot is 33 million.
+MAX_PIXELS = 40_000_000
 IMAGE_TOKENS_PER_PIXEL = 1 / 750  # Anthropic's documented estimate: width * height / 750
 
 IMAGE_TYPES = {

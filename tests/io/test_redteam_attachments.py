@@ -88,3 +88,29 @@ def test_an_attachment_s_name_cannot_break_out_of_its_code_span_in_the_prompt() 
     said = section(Fetched("approved", [image], [skipped]), {})
     assert f"- {code_span(name)}: image" in said, said
     assert f"- {code_span(skipped.name)}: not read" in said, said
+
+
+def blank_png(width: int, height: int) -> bytes:
+    """A PNG of blank RGBA pixels: a few hundred KB that decode to width * height * 4."""
+    pack = zlib.compressobj(9)
+    row = b"\0" * (width * 4 + 1)
+    idat = b"".join(pack.compress(row) for _ in range(height)) + pack.flush()
+    header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)
+    chunks = _chunk(b"IHDR", header) + _chunk(b"IDAT", idat) + _chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + chunks
+
+
+def test_an_image_of_too_many_pixels_is_skipped_before_it_is_decoded(
+    github: GitHubServer, tmp_path: Path
+) -> None:
+    """9,400 x 9,400 pixels in 343 KB, under Pillow's bomb limit: decoding it to scale it
+    took 1.1 GB of memory on the worker. Skipped, named, with the limit."""
+    sample_repo(github, loop_yml=None)
+    png = blank_png(9_400, 9_400)
+    assert len(png) < 400_000
+    html = attachments.body_html(github, github.upload("huge.png", png, image=True))
+    fetched = Attachments(tmp_path, github.url).fetch("acme/widgets#1", "approved", html)
+    assert fetched.files == []
+    (skipped,) = fetched.skipped
+    assert skipped.name == "huge.png" and "9,400 x 9,400 pixels" in skipped.reason, skipped
+    assert "-pixel limit" in skipped.reason
