@@ -16,7 +16,7 @@ import posixpath
 from dataclasses import asdict, dataclass, field
 from html.parser import HTMLParser
 from typing import Any, Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from PIL import Image, UnidentifiedImageError
 
@@ -30,6 +30,10 @@ MAX_SIDE = 1568
 MAX_IMAGE_BYTES = 5 * 1024 * 1024 * 3 // 4  # raw bytes whose base64 is 5 MB
 MAX_TEXT_BYTES = 64 * 1024  # what of one text file reaches the prompt
 MAX_PDF_BYTES = 10 * 1024 * 1024  # the Messages API takes 32 MB a request in all
+# Pixels an image may declare: decoding one to scale it holds every pixel in memory (a
+# 343 KB PNG of 9,400 x 9,400 blank pixels took 1.1 GB and 3 s, under Pillow's own bomb
+# limit of 89 million); an 8K screenshot is 33 million.
+MAX_PIXELS = 40_000_000
 IMAGE_TOKENS_PER_PIXEL = 1 / 750  # Anthropic's documented estimate: width * height / 750
 
 IMAGE_TYPES = {
@@ -133,12 +137,33 @@ def image_size(data: bytes) -> tuple[int, int] | None:
 # -- which hosts -------------------------------------------------------------------------
 
 
+def _split(url: str) -> SplitResult | None:
+    """``url``'s parts, or None for one Python cannot read (a port out of range or not a
+    number, a bracket left open, a character NFKC turns into ``#`` or ``@``): an issue's
+    text is anyone's, and such a link is no attachment, never a reason to fail the job."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # reading it is what raises for a bad port
+    except ValueError:
+        return None
+    return parts
+
+
+def _climbs(path: str) -> bool:
+    """Whether a path has a ``.`` or ``..`` segment, as written or percent-encoded: the
+    HTTP client (or the server) resolves it, so ``/user-attachments/../login`` is a
+    request for ``/login``, out of the attachment paths the check read."""
+    return any(seg in (".", "..") for seg in unquote(path).replace("\\", "/").split("/"))
+
+
 def allowed(url: str, api_url: str) -> bool:
     """Whether ``url`` is one of GitHub's own attachment URLs: for github.com,
     ``github.com/user-attachments/…`` and ``private-user-images.githubusercontent.com``;
     with any other API (an Enterprise Server, the local stand-in), that server's host,
     under the same paths. HTTPS only, but where the API itself is plain HTTP."""
-    u, api = urlsplit(url), urlsplit(api_url)
+    u, api = _split(url), _split(api_url)
+    if u is None or api is None or _climbs(u.path):
+        return False
     if u.username or u.password or u.scheme not in ("https", api.scheme):
         return False
     host = (u.hostname or "").lower()
@@ -162,7 +187,9 @@ def redirect_allowed(url: str, api_url: str) -> bool:
     github.com the storage its attachment URLs send a reader to."""
     if allowed(url, api_url):
         return True
-    u, api = urlsplit(url), urlsplit(api_url)
+    u, api = _split(url), _split(api_url)
+    if u is None or api is None or _climbs(u.path):
+        return False
     return (
         (api.hostname or "").lower() == "api.github.com"
         and u.scheme == "https"
@@ -197,7 +224,8 @@ class _Links(HTMLParser):
 
 
 def _name(url: str, given: str) -> str:
-    base = posixpath.basename(unquote(urlsplit(url).path)) or "attachment"
+    parts = _split(url)
+    base = posixpath.basename(unquote(parts.path if parts else "")) or "attachment"
     name = given.strip() or base
     return name.replace("\n", " ")[:120]
 
@@ -218,7 +246,8 @@ def links(body_html: str, api_url: str) -> tuple[list[Link], list[Skipped]]:
         if allowed(url, api_url):
             found.append(Link(url, _name(url, given), image))
         elif image:
-            host = urlsplit(url).hostname or "?"
+            parts = _split(url)
+            host = (parts.hostname if parts else None) or "?"
             skipped.append(
                 Skipped(
                     _name(url, given),

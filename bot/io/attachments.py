@@ -40,6 +40,10 @@ class _TooBig(Exception):
     pass
 
 
+class _TooManyPixels(Exception):
+    pass
+
+
 class Attachments:
     """One worker's attachment store; ``api_url`` says which hosts are GitHub's."""
 
@@ -162,7 +166,16 @@ class Attachments:
             case "image":
                 try:
                     sent, media_type, width, height, cut = _scaled(data, media_type)
-                except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+                except _TooManyPixels as exc:
+                    return Skipped(link.name, str(exc))
+                except (
+                    UnidentifiedImageError,
+                    OSError,
+                    Image.DecompressionBombError,
+                    # Past Pillow's pixel limit (under twice it): ``_scaled`` makes the
+                    # warning an error, and it is no OSError.
+                    Image.DecompressionBombWarning,
+                ) as exc:
                     return Skipped(link.name, f"an image that does not decode ({str(exc)[:80]})")
                 stored = sha + _SUFFIX[media_type]
             case "pdf":
@@ -262,6 +275,11 @@ def _scaled(data: bytes, media_type: str) -> tuple[bytes, str, int, int, bool]:
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         with Image.open(io.BytesIO(data)) as img:
             width, height = img.size
+            if width * height > rules.MAX_PIXELS:  # refused before a pixel is decoded
+                raise _TooManyPixels(
+                    f"an image of {width:,} x {height:,} pixels, over the "
+                    f"{rules.MAX_PIXELS:,}-pixel limit (decoding it takes that much memory)"
+                )
             if max(width, height) <= rules.MAX_SIDE and len(data) <= rules.MAX_IMAGE_BYTES:
                 img.verify()  # a truncated or corrupt file is refused here, not by the API
                 return data, media_type, width, height, False

@@ -698,6 +698,8 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
         record = self._set(base_clean=False)
         if record.kind == "metric" or record.sections or not record.catch_up.get("from"):
             return None  # their evidence is per turn
+        if self.store.feedback_waiting(self.key):
+            return None  # a writer's edit or request waits for the agent's next turn
         issue = self.gh.issue(self.repo, self.issue_number)
         label = self.config.labels.of_kind(record.kind)
         step = transitions.before_turn(

@@ -232,7 +232,10 @@ class Critic:
         )
         # Held a moment: a review that ends within it writes its check run once, with
         # the verdict (issue 43); a longer one shows "reviewing" meanwhile.
-        self._runs = CheckRuns(gh, self.repo, CHECK_NAME, lambda: None, self.key)
+        # One per job, not per try: a failed try's held update is replaced by this one,
+        # never left to go out after the verdict (red team).
+        if self._runs is None:
+            self._runs = CheckRuns(gh, self.repo, CHECK_NAME, lambda: None, self.key)
         self._runs.submit(
             Update(
                 head_sha=sha,

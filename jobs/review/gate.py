@@ -158,6 +158,12 @@ class Gate:
         store = self.store
         with store.lock(f"gate:{self.key}", timeout=120, renew=True):
             record = store.get(self.key)
+            if record is not None and _receipt_pending(record):
+                # Merged and recorded, and the receipt's one post (after the merge) failed:
+                # the retry posts it, since nothing else on the pull request says it.
+                gh = self.rt.github.installation(record.installation_id)
+                self._receipt_merged(gh, record, record.merge_sha)
+                return "merged: receipt posted"
             if record is None or record.status != Status.MERGING or record.pr_number is None:
                 merge_slot.pass_on(self.rt.redis, self.repo)  # woken, but no longer waiting
                 return "not waiting to merge"
@@ -763,6 +769,16 @@ class Gate:
 
     def _set(self, **fields: object) -> LoopRecord:
         return self.store.set_fields(self.key, **fields)
+
+
+def _receipt_pending(record: LoopRecord) -> bool:
+    """The gate merged (the loop completed on it) and its receipt is still held on the
+    record: the post after the merge failed."""
+    return (
+        record.status == Status.COMPLETED
+        and record.reason == Reason.MERGED
+        and bool(record.receipt_text and record.merge_sha and record.pr_number)
+    )
 
 
 def _blocked_unexplained(state: ReviewState) -> bool:

@@ -22,7 +22,9 @@ def _line(a: Attachment, where: str) -> str:
             what = "PDF"
         case "text":
             what = "text" + (" (cut to its first 64 KB)" if a.cut else "")
-    return f"- `{name}`: {what}, {human_size(a.size)}{where}"
+    # A code span as long as the name needs: it is anyone's text (alt text, a link's
+    # words), listed outside the fence, and a backtick must not end the span.
+    return f"- {code_span(name)}: {what}, {human_size(a.size)}{where}"
 
 
 def section(
@@ -51,7 +53,7 @@ def section(
             where = " — in this message"
         lines.append(_line(a, where))
     for s in fetched.skipped:
-        lines.append(f"- `{fence_safe(s.name)}`: not read — {fence_safe(s.reason)}")
+        lines.append(f"- {code_span(fence_safe(s.name))}: not read — {fence_safe(s.reason)}")
     parts.append("\n".join(lines))
     if folder and any(a.kind == "image" for a in fetched.files):
         parts.append(
