@@ -41,7 +41,12 @@ log = get_logger("loopbot.loop")
 
 
 CHECK_NAME = "loopbot"
-HOLD_VERIFIED = 5.0  # seconds a verified head's in_progress run waits for its completion
+# Seconds a verified head's in_progress run waits for its completion (the pull request
+# opened or updated on it): a few on a pull request a person may be looking at; longer
+# on a head no pull request shows yet, where opening it can wait that long in a fleet's
+# line of writes (the fleet still wrote both with 5 s). The job's end sends it anyway.
+HOLD_VERIFIED = 5.0
+HOLD_BEFORE_PR = 120.0
 LEASE_LOST = "lease lost: another worker took this loop over"
 
 
@@ -341,7 +346,9 @@ class RunnerBase(ABC):
         # A head verify passed on is held a moment: the pull request opens on it within
         # seconds, and its run is then created once, completed (one write, not two).
         passed = self._record().last_verify
-        held = HOLD_VERIFIED if passed.get("sha") == sha and passed.get("passed") else 0.0
+        held = 0.0
+        if passed.get("sha") == sha and passed.get("passed"):
+            held = HOLD_VERIFIED if self._record().pr_number is not None else HOLD_BEFORE_PR
         self._check_run(
             "in_progress", title=f"turn {turn}: verified", new_head=True, wait=False, hold=held
         )
