@@ -3,6 +3,8 @@ their combined state, and ``check_suite.completed`` as another CI App would send
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Flask, Response, abort, g, jsonify, request
 
 from bot.standins import gitrepo
@@ -47,15 +49,41 @@ def send_suite_completed(state: State, full_name: str, sha: str, conclusion: str
 # -- check runs -------------------------------------------------------------------------------
 
 
+STATUSES = frozenset({"queued", "in_progress", "completed", "waiting", "requested", "pending"})
+CONCLUSIONS = frozenset(
+    {"action_required", "cancelled", "failure", "neutral", "success", "skipped", "stale",
+     "timed_out"}
+)  # fmt: skip
+
+
+def _invalid(body: dict[str, Any], run: dict[str, Any] | None = None) -> Response | None:
+    """GitHub's 422s for a check run's status and conclusion: the values it documents,
+    and a ``completed`` status only with its conclusion ("Required if you provide
+    completed_at or a status of completed").
+    https://docs.github.com/en/rest/checks/runs#create-a-check-run"""
+    status, conclusion = body.get("status"), body.get("conclusion")
+    if status is not None and status not in STATUSES:
+        return error(422, f"Invalid request.\n\n{status} is not a member of status.")
+    if conclusion is not None and conclusion not in CONCLUSIONS:
+        return error(422, f"Invalid request.\n\n{conclusion} is not a member of conclusion.")
+    had = (run or {}).get("conclusion")
+    if status == "completed" and not conclusion and not had:
+        return error(422, "Invalid request.\n\nconclusion is required when status is completed.")
+    return None
+
+
 def create_check_run(state: State, owner: str, name: str) -> tuple[Response, int]:
     repo = state.find_repo(owner, name)
     body = request.get_json(force=True)
+    if (refused := _invalid(body)) is not None:
+        abort(refused)
     with state.lock:
         run = {
             "id": state.next_id(),
             "name": body["name"],
             "head_sha": body["head_sha"],
-            "status": body.get("status", "queued"),
+            # "Providing conclusion will automatically set the status parameter to completed."
+            "status": "completed" if body.get("conclusion") else body.get("status", "queued"),
             "conclusion": body.get("conclusion"),
             "output": body.get("output") or {},
             "details_url": body.get("details_url"),
@@ -76,6 +104,8 @@ def update_check_run(state: State, owner: str, name: str, rid: int) -> Response:
     if run is None:
         abort(error(404, "Not Found"))
     body = request.get_json(force=True)
+    if (refused := _invalid(body, run)) is not None:
+        abort(refused)
     for key in ("status", "conclusion", "output", "details_url"):
         if key in body:
             run[key] = body[key]
