@@ -22,6 +22,9 @@ class RepoInfo(_Model):
     allow_squash_merge: bool = True
     allow_merge_commit: bool = True
     allow_rebase_merge: bool = True
+    # "Automatically delete head branches": GitHub deletes a merged head branch itself
+    # (absent on servers too old to have it: loopbot deletes it then).
+    delete_branch_on_merge: bool = False
 
 
 class Repos(InstallationBase):

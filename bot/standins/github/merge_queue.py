@@ -33,7 +33,7 @@ from __future__ import annotations
 from bot.standins import gitrepo
 from bot.standins.github import review_rules
 from bot.standins.github.issues import set_issue_state
-from bot.standins.github.pulls import closing_references
+from bot.standins.github.pulls import after_merge, closing_references
 from bot.standins.github.shapes import event_base, pull_json
 from bot.standins.github.state import MergeQueueRule, Pull, QueueEntry, Repo, State, User
 from bot.standins.github.wire import Json, now
@@ -269,6 +269,7 @@ def _merge(state: State, repo: Repo, base: str, entry: QueueEntry) -> None:
     pull.merge_commit_sha = entry.group_sha
     pull.closed_head_sha = entry.head
     issue.state = "closed"
+    after_merge(repo, pull)
     repo.queue[base].remove(entry)
     gitrepo.git(repo.path, "update-ref", "-d", f"refs/heads/{entry.group_ref}")
     _group_event(state, repo, base, entry, "destroyed", reason="merged")

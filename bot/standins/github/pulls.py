@@ -332,4 +332,14 @@ def _squash(repo: Repo, pull: Pull, issue: Issue, body: dict[str, Any]) -> tuple
     pull.merge_commit_sha = result.sha
     pull.closed_head_sha = head
     issue.state = "closed"
+    after_merge(repo, pull)
     return result.sha, message
+
+
+def after_merge(repo: Repo, pull: Pull) -> None:
+    """What GitHub does once a pull request merged: with "Automatically delete head
+    branches" on, its head branch is deleted (a ``DELETE`` of it after that is a 422,
+    "Reference does not exist")."""
+    ref = f"refs/heads/{pull.head}"
+    if repo.delete_branch_on_merge and gitrepo.resolve(repo.path, ref):
+        gitrepo.git(repo.path, "update-ref", "-d", ref)

@@ -23,6 +23,7 @@ def repo_json(state: State, repo: Repo) -> Json:
         "allow_squash_merge": repo.allow_squash_merge,
         "allow_merge_commit": repo.allow_merge_commit,
         "allow_rebase_merge": repo.allow_rebase_merge,
+        "delete_branch_on_merge": repo.delete_branch_on_merge,
     }
 
 

@@ -155,6 +155,9 @@ class Repo:
     allow_squash_merge: bool = True
     allow_merge_commit: bool = True
     allow_rebase_merge: bool = True
+    # "Automatically delete head branches": GitHub deletes a merged pull request's head
+    # branch itself (``after_merge``); off by default, as on GitHub.
+    delete_branch_on_merge: bool = False
     # Other ruleset rules ``GET rules/branches/{branch}`` lists, as (fnmatch pattern on
     # the branch name, the rule with GitHub's ``type`` and ``parameters``): listed only;
     # what enforces one (receive-pack's refusals, the merge queue) lives elsewhere.

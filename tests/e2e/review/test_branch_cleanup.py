@@ -1,0 +1,71 @@
+"""After a merge the loop's branch goes: deleted by loopbot, or by GitHub itself when the
+repository deletes merged head branches ("Automatically delete head branches"), and
+then loopbot sends no DELETE of its own (a write for nothing at fleet scale, issue 43;
+a 422 "Reference does not exist" once GitHub has deleted it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from redis import Redis
+
+from bot.core.record import Status
+from bot.standins import anthropic as m
+from bot.standins.anthropic import AnthropicServer
+from bot.standins.github import GitHubServer
+from tests.conftest import Web
+from tests.e2e.review.test_receipt import start
+from tests.e2e.review.test_review_merge import FIX, record, report
+
+BRANCH = "loop/issue-1"
+
+
+def deletes(github: GitHubServer) -> list[str]:
+    return [p for meth, p, _ in github.requests if meth == "DELETE" and "/git/refs/" in p]
+
+
+@pytest.mark.parametrize("github_deletes", [False, True])
+def test_the_merged_branch_is_deleted_once_by_whoever_the_repository_says(
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    drain: Any,
+    github_deletes: bool,
+) -> None:
+    model.play(FIX, m.text("Fixed."), report())
+    start(github)
+    from tests.helpers import REPO
+
+    github.repo(REPO).delete_branch_on_merge = github_deletes
+    drain()
+    r = record(redis)
+    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    assert github.ref(REPO, BRANCH) is None  # gone either way
+    assert len(deletes(github)) == (0 if github_deletes else 1), deletes(github)
+
+
+def test_the_local_github_deletes_a_merged_head_when_the_repository_says_so(
+    github: GitHubServer,
+) -> None:
+    """The stand-in first: GitHub's setting, in the repository's JSON, and its effect."""
+    from bot.standins import gitrepo
+    from tests.helpers import REPO, sample_repo
+
+    sample_repo(github)
+    repo = github.repo(REPO)
+    repo.delete_branch_on_merge = True
+    with github.as_user("acme") as u:
+        assert u.get(f"/repos/{REPO}").json()["delete_branch_on_merge"] is True
+        main = gitrepo.resolve(repo.path, "refs/heads/main")
+        gitrepo.git(repo.path, "update-ref", "refs/heads/topic", str(main))
+        gitrepo.seed(repo.path, "topic", {"NEW.md": "new\n"}, "new")
+        pr = u.post(
+            f"/repos/{REPO}/pulls", json={"title": "t", "head": "topic", "base": "main"}
+        ).json()["number"]
+        done = u.put(f"/repos/{REPO}/pulls/{pr}/merge", json={"merge_method": "squash"})
+        assert done.status_code == 200, done.text
+        assert github.ref(REPO, "topic") is None
+        again = u.delete(f"/repos/{REPO}/git/refs/heads/topic")
+        assert again.status_code == 422 and "Reference does not exist" in again.text
