@@ -248,6 +248,7 @@ def advance(
     came_from: frozenset[Status],
     gh: Installation | None = None,
     tail: str = "",
+    quiet: bool = False,
     **fields: Any,
 ) -> LoopRecord | None:
     """On to the critic (``reviewing``) or the merge gate (``merging``), and its job;
@@ -268,7 +269,7 @@ def advance(
     except _MovedOn:
         return None
     if gh is not None:
-        record = post_status(store, gh, record, tail)
+        record = post_status(store, gh, record, tail, quiet=quiet)
     _fence(store)
     enqueue_stage(store.redis, record)
     return record
@@ -665,12 +666,20 @@ LOOP_CHECK = "loopbot"  # the loop's own check run on its head (jobs/loop/runner
 
 
 def post_status(
-    store: Store, gh: Installation, record: LoopRecord, tail: str = "", *, now: bool = False
+    store: Store,
+    gh: Installation,
+    record: LoopRecord,
+    tail: str = "",
+    *,
+    now: bool = False,
+    hold: float | None = None,
+    quiet: bool = False,
 ) -> LoopRecord:
     """The issue's status comment (``jobs.status_comment.post_status``), and the wait
     for people on the head's check run: a person looking at the pull request's checks
     sees what the loop waits for, in the status comment's words."""
-    return _show_wait(store, gh, _post_comment(store, gh, record, tail, now=now))
+    posted = _post_comment(store, gh, record, tail, now=now, hold=hold, quiet=quiet)
+    return _show_wait(store, gh, posted)
 
 
 def _show_wait(store: Store, gh: Installation, record: LoopRecord) -> LoopRecord:

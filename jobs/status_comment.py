@@ -11,7 +11,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bot.core.record import LoopRecord
 from bot.core.text import messages
@@ -24,24 +24,45 @@ log = get_logger("loopbot.status")
 
 
 def post_status(
-    store: Store, gh: Installation, record: LoopRecord, tail: str = "", *, now: bool = False
+    store: Store,
+    gh: Installation,
+    record: LoopRecord,
+    tail: str = "",
+    *,
+    now: bool = False,
+    hold: float | None = None,
+    quiet: bool = False,
 ) -> LoopRecord:
     """Edit the issue's one status comment to show ``record`` and the timeline of its
     events. The only writer of that comment: every status change and turn comes here.
 
     ``tail``: the last verify output, shown while the last verify failed.
 
-    Inside a job (``publishing``), an edit of a comment that exists is handed to this
+    Inside a job (``publishing``), an edit (or the comment's creation) is handed to this
     process's publisher and the loop goes on: the edit waits for its slot in the
     installation's pace there, and a newer one for the same comment replaces it while it
     waits (the latest state wins). The job's end waits until its edits are sent.
     ``now``: sent before this returns (raising as it fails), superseding any edit of the
     comment still waiting: a loop's last state, another loop's place in line.
+    ``hold``: seconds the edit waits for a newer one (``HOLD`` unless said): a state
+    that is about to be followed by the one a maintainer acts on (verify passed, the
+    pull request opens next) waits longer, so one edit shows both.
+    ``quiet``: a step inside a sequence whose end the next job in line shows anyway (a
+    clean catch-up with the base branch: merged in, verified, the approval carried, then
+    merged): sent only if its hold runs out inside the job; dropped, not flushed, when
+    the job ends (issue 43: each such edit is a second of the installation's pace).
+    Outside a job (no publisher) both are sent at once, as any edit.
     """
     _fence(store)
     publisher = _PUBLISHER if _ACTIVE else None
-    if publisher is not None and record.status_comment_id is not None and not now:
-        publisher.submit(_Edit(store, gh, record, tail))
+    # The comment's creation is held too: a loop's first seconds (its start, then its
+    # first turn's) are one write, not two.
+    if publisher is not None and not now:
+        # A comment not made yet is never a quiet step: it would never be made.
+        quiet = quiet and record.status_comment_id is not None
+        if hold is None:
+            hold = QUIET_HOLD if quiet else HOLD
+        publisher.submit(_Edit(store, gh, record, tail, hold, quiet))
         return record
     if publisher is not None:
         publisher.discard(record.key)
@@ -79,6 +100,8 @@ class _Edit:
     gh: Installation
     record: LoopRecord
     tail: str
+    hold: float = 0.0
+    quiet: bool = False
 
     @property
     def key(self) -> LoopKey:
@@ -113,10 +136,16 @@ class Publisher:
     def submit(self, edit: _Edit) -> None:
         with self._cond:
             self._failed.pop(edit.key, None)
-            self._pending.pop(edit.key, None)
+            older = self._pending.pop(edit.key, None)
+            if older is not None and not older.quiet and edit.quiet:
+                # Replaced by a newer state, but what was waiting was not a quiet step:
+                # the edit stays one to send (the newest state, at the job's end too).
+                edit = replace(edit, quiet=False)
             self._pending[edit.key] = edit
-            # The first edit of a burst waits HOLD for the rest: one write carries them.
-            self._due.setdefault(edit.key, time.monotonic() + HOLD)
+            # The first edit of a burst waits its hold for the rest: one write carries
+            # them. A later edit may bring that forward (its hold is shorter), never back.
+            due = time.monotonic() + edit.hold
+            self._due[edit.key] = min(self._due.get(edit.key, due), due)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, daemon=True, name="loopbot-status-publisher"
@@ -178,6 +207,11 @@ class Publisher:
         self._urgent.set()
         try:
             with self._cond:
+                # A quiet step is not sent at the job's end: the next job shows its end.
+                for key in [k for k, e in self._pending.items() if e.quiet]:
+                    self._pending.pop(key)
+                    self._due.pop(key, None)
+                    log.info("status.quiet_edit_dropped", loop=key)
                 self._cond.notify_all()  # an edit held for a newer one goes now
                 while self._pending or self._busy:
                     left = deadline - time.monotonic()
@@ -198,6 +232,9 @@ class Publisher:
 # Seconds the first of a burst of edits waits for the rest (a turn's outcome, then its
 # pull request; a verdict, then the merge): one edit shows them all, a few seconds late.
 HOLD = 5.0
+# A quiet step's hold: a catch-up's merge, verify and hand-over take seconds; one that
+# takes longer than this shows where it is.
+QUIET_HOLD = 60.0
 
 _PUBLISHER: Publisher | None = None
 _ACTIVE = 0  # jobs running in this process inside ``publishing``

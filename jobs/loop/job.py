@@ -207,7 +207,10 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
         )
         if full := self.spend.room(budget.smallest_call(self.rt.settings.model, MAX_TOKENS)):
             return self._hold_for_spend(full)
-        self._status_comment()
+        # Catching up with the base branch (the gate found it moved): a clean merge
+        # goes on to the critic and the gate without a turn, and the gate's edit shows
+        # how it ended; a conflict or a failing verify starts a turn, which shows it.
+        self._status_comment(quiet=record.sync_base and record.pr_number is not None)
 
         # The approved text's attachments, while their signed URLs live (jobs/loop/attachments.py).
         got = loop_attachments.read(
@@ -738,7 +741,7 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
             return None
         # Its change may be the reviewed head's (the critic compares their diffs).
         self._set(catch_up={**record.catch_up, "to": head})
-        return self._open_pull(base, resumed_outcome(conversation))
+        return self._open_pull(base, resumed_outcome(conversation), caught_up=True)
 
     def _turn_completed(self, turn: int, outcome: Outcome) -> None:
         """The turn's event: how it ended, its steps, calls, cost and where time went."""

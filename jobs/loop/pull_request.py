@@ -19,7 +19,16 @@ log = get_logger("loopbot.loop")
 class PullRequests(RunnerBase):
     """Opening and refreshing the loop's pull request."""
 
-    def _open_pull(self, base: str, outcome: Outcome) -> str:
+    def _open_pull(self, base: str, outcome: Outcome, *, caught_up: bool = False) -> str:
+        """Open the pull request (or update the loop's open one) for the verified head,
+        its check run, and on to the critic or the gate.
+
+        ``caught_up``: the base branch merged in cleanly and verify passed on the merged
+        head, no turn run. The body's facts (the change, its evidence, its turns) are
+        the same, so the body is not written again (only the spend so far moved, and the
+        status comment and the receipt show it), and the status comment shows the
+        catch-up when the gate's edit comes (issue 43: a fleet's catch-ups were a
+        quarter of its writes)."""
         self._pushed()
         record = self._record()
         if not self.worktrees.tree_changed(self.checkout):
@@ -31,20 +40,22 @@ class PullRequests(RunnerBase):
                 "so no pull request was opened",
             )
         self._set(phase="opening_pr")
-        issue = self.gh.issue(self.repo, self.issue_number)
-        summary = outcome.text
-        if record.pr_number is not None:
-            summary = pull_summary(self.gh.pull(self.repo, record.pr_number), outcome.text)
-        body = pull_body(record, summary, self.worktrees.diff_stat(self.checkout))
-        self.lease.check()
-        pull = self.gh.open_pull(
-            self.repo,
-            record.branch,
-            base,
-            record.approved_title or issue.title,
-            body,
-            closes=self.issue_number,
-        )
+        pull = self._caught_up_pull(record) if caught_up else None
+        if pull is None:
+            issue = self.gh.issue(self.repo, self.issue_number)
+            summary = outcome.text
+            if record.pr_number is not None:
+                summary = pull_summary(self.gh.pull(self.repo, record.pr_number), outcome.text)
+            body = pull_body(record, summary, self.worktrees.diff_stat(self.checkout))
+            self.lease.check()
+            pull = self.gh.open_pull(
+                self.repo,
+                record.branch,
+                base,
+                record.approved_title or issue.title,
+                body,
+                closes=self.issue_number,
+            )
         self._set(pr_number=pull.number, pr_url=pull.html_url, head_sha=pull.head_sha)
         # Opened once; a later verified turn (a review fix) updates the same pull request.
         opened = "pr_opened" if record.pr_number != pull.number else "pr_updated"
@@ -54,11 +65,20 @@ class PullRequests(RunnerBase):
         )
         if self.config.critic.enabled or self.config.merge.enabled:
             stage = Status.REVIEWING if self.config.critic.enabled else Status.MERGING
-            if not self._advance(stage):
+            if not self._advance(stage, quiet=caught_up):
                 return f"pull request #{pull.number} opened; the loop was cancelled meanwhile"
             job = "critic" if stage is Status.REVIEWING else "merge gate"
             return f"pull request #{pull.number} opened; {job} queued"
         return self._finish(Status.COMPLETED, Reason.PR_OPENED, f"pull request #{pull.number}")
+
+    def _caught_up_pull(self, record: LoopRecord) -> PullInfo | None:
+        """The loop's pull request, still open on the pushed head; None when the full
+        path must run (no pull request, closed, or its head is not ours yet)."""
+        if record.pr_number is None:
+            return None
+        pull = self.gh.pull(self.repo, record.pr_number)
+        head = self.worktrees.head(self.checkout.path, self.checkout.mirror)
+        return pull if pull.state == "open" and pull.head_sha == head else None
 
     def _refresh_pull(self, outcome: Outcome) -> None:
         """The pull request stays true: after a later turn (a review fix, a checks or a

@@ -407,9 +407,10 @@ class RunnerBase(ABC):
 
         self.store.update(self.key, apply)
 
-    def _advance(self, stage: Status) -> bool:
-        """On to the critic or the gate: the status comment says so before the job runs.
-        False when a cancel landed meanwhile (it stands)."""
+    def _advance(self, stage: Status, *, quiet: bool = False) -> bool:
+        """On to the critic or the gate: the status comment says so before the job runs
+        (``quiet``: unless the job ends first, see ``post_status``). False when a cancel
+        landed meanwhile (it stands)."""
         moved = lifecycle.advance(
             self.store,
             self.key,
@@ -417,6 +418,7 @@ class RunnerBase(ABC):
             came_from=frozenset({Status.RUNNING}),
             gh=self.gh,
             tail=self._verify_tail,
+            quiet=quiet,
         )
         return moved is not None
 
@@ -476,8 +478,8 @@ class RunnerBase(ABC):
             self.log.warning("loop.final_report_failed")
         return f"{record.status.value}: {record.reason}"
 
-    def _status_comment(self) -> None:
-        lifecycle.post_status(self.store, self.gh, self._record(), self._verify_tail)
+    def _status_comment(self, *, quiet: bool = False) -> None:
+        lifecycle.post_status(self.store, self.gh, self._record(), self._verify_tail, quiet=quiet)
 
     def _check_run(
         self,
@@ -543,7 +545,7 @@ class RunnerBase(ABC):
     def _handoff(self, note: str) -> str: ...
 
     @abstractmethod
-    def _open_pull(self, base: str, outcome: Outcome) -> str: ...
+    def _open_pull(self, base: str, outcome: Outcome, *, caught_up: bool = False) -> str: ...
 
     @abstractmethod
     def _refresh_pull(self, outcome: Outcome) -> None: ...

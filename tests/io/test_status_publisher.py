@@ -171,3 +171,121 @@ def test_edits_spread_over_the_hold_cost_one_write_showing_the_last(
     body = next(iter(github.repo(REPO).comments.values()))["body"]
     assert "turn 2" in body.lower(), body
     assert held - deadline + 10 >= 0.5  # sent at the first edit's hold, not at once
+
+
+def posts(github: GitHubServer) -> int:
+    return sum(1 for m, p, _ in github.requests if m == "POST" and p.endswith("/comments"))
+
+
+def test_a_quiet_step_is_dropped_at_the_job_s_end_and_the_next_edit_shows_it(
+    github: GitHubServer, settings: Settings, redis: Redis
+) -> None:
+    """A clean catch-up's steps (merged in, verified, on to the critic) are quiet: the
+    job ends before their hold, so they cost no write; the next job's edit (the gate's)
+    shows the state as it is then (issue 43)."""
+    gh, store, record = setup(github, settings, redis, gap=0.0)
+    before = patches(github)
+    with publishing():
+        record = store.set_fields(record.key, status=Status.REVIEWING, phase="catching up")
+        post_status(store, gh, record, quiet=True)
+    assert patches(github) == before  # dropped, not flushed
+    body = next(iter(github.repo(REPO).comments.values()))["body"]
+    assert "catching up" not in body
+    with publishing():  # the next job's edit: the state now
+        record = store.set_fields(record.key, status=Status.MERGING, phase="merging")
+        post_status(store, gh, record)
+    assert patches(github) == before + 1
+    body = next(iter(github.repo(REPO).comments.values()))["body"]
+    assert "merging" in body.lower(), body
+
+
+def test_a_quiet_step_does_not_silence_an_edit_waiting_before_it(
+    github: GitHubServer, settings: Settings, redis: Redis
+) -> None:
+    """An edit a maintainer acts on (a turn's outcome) waits; a quiet step replaces it
+    with a newer state: the edit is still sent at the job's end, showing the newest."""
+    gh, store, record = setup(github, settings, redis, gap=0.0)
+    before = patches(github)
+    with publishing():
+        record = store.set_fields(record.key, turn=4, status=Status.RUNNING)
+        post_status(store, gh, record)
+        record = store.set_fields(record.key, phase="catching up")
+        post_status(store, gh, record, quiet=True)
+    assert patches(github) == before + 1
+    body = next(iter(github.repo(REPO).comments.values()))["body"]
+    assert "turn 4" in body.lower(), body
+
+
+def test_a_quiet_step_that_outlasts_its_hold_is_shown(
+    github: GitHubServer, settings: Settings, redis: Redis, monkeypatch: object
+) -> None:
+    """A catch-up whose verify takes long shows where it is once the quiet hold passes."""
+    import pytest
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    monkeypatch.setattr(status_comment, "QUIET_HOLD", 0.5)
+    gh, store, record = setup(github, settings, redis, gap=0.0)
+    before = patches(github)
+    with publishing():
+        record = store.set_fields(record.key, status=Status.RUNNING, turn=7)
+        post_status(store, gh, record, quiet=True)
+        deadline = time.monotonic() + 10
+        while patches(github) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert patches(github) == before + 1
+
+
+def test_a_longer_hold_is_brought_forward_by_a_shorter_one_never_back(
+    github: GitHubServer, settings: Settings, redis: Redis, monkeypatch: object
+) -> None:
+    """Verify passed and the pull request opens next: that edit may wait long for the
+    PR's; the PR's own (shorter) hold then decides when the one write goes."""
+    import pytest
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    monkeypatch.setattr(status_comment, "HOLD", 0.3)
+    gh, store, record = setup(github, settings, redis, gap=0.0)
+    before = patches(github)
+    with publishing():
+        record = store.set_fields(record.key, turn=2, status=Status.RUNNING)
+        post_status(store, gh, record, hold=60.0)
+        time.sleep(0.5)
+        assert patches(github) == before  # still held (60 s)
+        record = store.set_fields(record.key, status=Status.REVIEWING)
+        post_status(store, gh, record)  # HOLD: 0.3 s from now
+        deadline = time.monotonic() + 10
+        while patches(github) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert patches(github) == before + 1
+        sent_at = time.monotonic()
+    assert deadline - 10 + 60 > sent_at  # long before the first edit's 60 s
+
+
+def test_the_comment_s_creation_is_held_with_the_first_edits(
+    github: GitHubServer, settings: Settings, redis: Redis, monkeypatch: object
+) -> None:
+    """Inside a job, the comment is created after the hold too: a loop's start and its
+    first turn's start are one write (the comment made showing the turn), not two."""
+    import pytest
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    monkeypatch.setattr(status_comment, "HOLD", 0.5)
+    iid = github.add_installation("acme")
+    github.add_repo(REPO, {"README.md": "hi\n"}, installation_id=iid)
+    with github.as_user("acme") as alice:
+        alice.post(f"/repos/{REPO}/issues", json={"title": "Bug", "body": "It breaks"})
+    gh = GitHubApp(settings, redis=redis).installation(iid)
+    store = Store(redis)
+    record = store.put(LoopRecord(repo=REPO, issue=1, installation_id=iid))
+    before = posts(github)
+    with publishing():
+        record = store.set_fields(record.key, status=Status.RUNNING)
+        post_status(store, gh, record, quiet=True)  # never quiet: not made yet
+        record = store.set_fields(record.key, turn=1)
+        post_status(store, gh, record)
+        assert posts(github) == before  # held
+    assert posts(github) == before + 1 and patches(github) == 0
+    made = store.get(record.key)
+    assert made is not None and made.status_comment_id is not None
+    body = github.repo(REPO).comments[made.status_comment_id]["body"]
+    assert "turn 1" in body.lower(), body

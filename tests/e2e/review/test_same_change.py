@@ -93,6 +93,25 @@ def test_a_clean_catch_up_is_verified_without_a_turn_and_its_approval_carries(
     assert runs[0]["output"]["title"].startswith("approve: the change approved on"), runs
     assert github.file_at(REPO, "main", "notes/1.md") == "noted\n"
     assert github.file_at(REPO, "main", "notes/2.md") == "noted\n"
+    # The catch-up cost GitHub no write beyond its head's check runs (issue 43): the
+    # pull request's body is the same change's (not written again), and its steps are
+    # quiet on the status comment, whose last edit shows them.
+    assert ("PATCH", f"/repos/{REPO}/pulls/{r.pr_number}") not in {
+        (meth, p) for meth, p, _ in github.requests
+    }
+    early = Store(redis).get(f"{REPO}#{first if late == second else second}")
+    assert early is not None
+
+    def edits(comment: int | None) -> int:
+        path = f"/repos/{REPO}/issues/comments/{comment}"
+        return sum(1 for meth, p, _ in github.requests if meth == "PATCH" and p == path)
+
+    # As many as the loop that merged first (its jobs ran one after another here, so
+    # neither waited for the other's merge): the catch-up cost none.
+    assert edits(r.status_comment_id) == edits(early.status_comment_id)
+    shown = github.repo(REPO).comments[r.status_comment_id]["body"]
+    assert "merged the base branch in" in shown and "its approval carries" in shown
+    assert "merge receipt" in shown
     # Each status comment: never two edits that leave the same text, and it ends merged.
     for n in (first, second):
         rec = Store(redis).get(f"{REPO}#{n}")
