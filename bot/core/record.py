@@ -219,6 +219,10 @@ class LoopRecord(BaseModel):
     # The receipt of a merge under way, posted once with its merge commit (one write, not
     # two); kept here first, so a gate run that finds the merge done still posts it.
     receipt_text: str = ""
+    # The receipt of the merge, shown in the status comment's last edit (not a comment of
+    # its own: the two said the same thing, issue 43). A merge queue's receipt is on the
+    # pull request already (``receipt_comment_id``) and is completed there instead.
+    merge_receipt: str = ""
     # The harness merged the default branch in without conflicts: verify runs on the
     # merged head before any turn, and the pull request moves on if it passes.
     base_clean: bool = False

@@ -719,14 +719,24 @@ class Gate:
         self._set(receipt_comment_id=posted.id, receipt_text="")
 
     def _receipt_merged(self, gh: Installation, record: LoopRecord, merge_sha: str) -> None:
-        """Post the receipt of the merge with its commit and the loop's total cost and
-        tokens; or add them to a receipt posted before (a merge queue's), if there is one."""
+        """Show the receipt of the merge with its commit and the loop's total cost and
+        tokens in the status comment's last edit; or add them to a receipt posted on the
+        pull request before (a merge queue's, a refused merge's), if there is one."""
         if record.pr_number is None or not merge_sha:
             return
         now = self.store.get(self.key)
         if now is not None and now.receipt_text:
             held, total = now.receipt_text, spend_lines.total(now)
-            self._post_text(gh, now, receipt.merged(held, merge_sha, total) or held)
+            text = receipt.merged(held, merge_sha, total) or held
+            if now.receipt_comment_id is not None:
+                self._post_text(gh, now, text)
+                return
+            # One write: the status comment says "merged" and shows what the gate checked.
+            # Sent now, raising as it fails: the text stays held, and the gate's retry
+            # shows it (``_receipt_pending``).
+            shown = self._set(merge_receipt=text)
+            lifecycle.post_status(self.store, gh, shown, now=True)
+            self._set(receipt_text="")
             return
         posted = gh.find_comment(self.repo, record.pr_number, receipt.COMMENT_KEY)
         if posted is None:
@@ -749,7 +759,10 @@ class Gate:
         )
         assert updated is not None  # a merge ends any loop, a cancelled one too
         self._receipt_merged(gh, updated, updated.merge_sha)
-        gh.delete_branch(self.repo, record.branch)
+        # A repository that deletes merged head branches itself does it now: a DELETE
+        # of our own would be a write for nothing (issue 43), or a 422 once it has.
+        if not gh.repo(self.repo).delete_branch_on_merge:
+            gh.delete_branch(self.repo, record.branch)
         lifecycle.post_status(self.store, gh, updated)
         return "merged"
 

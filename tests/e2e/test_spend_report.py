@@ -126,24 +126,29 @@ def test_report_matches_the_bill_after_a_mixed_run(
     drain()
     assert _status(redis, OTHER, bad) == (Status.FAILED, "max_turns_reached")
 
-    # Per pull request: the receipt and the status comment's last line give the loop's
-    # total cost and tokens, as the record has them; the body says it as of its writing.
+    # Per pull request: the merge receipt, in the status comment's last edit, gives the
+    # loop's total cost and tokens as the record has them; the body says it as of its
+    # writing. A loop that ended unmerged says it on the status comment's last line.
     for repo, n in ((REPO, merged), (OTHER, good)):
         r = Store(redis).get(f"{repo}#{n}")
         assert r is not None and r.pr_number is not None
         total_line = f"Loop total: ${r.cost_usd:.4f}"
-        on_pr = [
-            c["body"] for c in github.repo(repo).comments.values() if c["_issue"] == r.pr_number
-        ]
-        receipt = next(b for b in on_pr if "merge receipt" in b)
-        assert f"Merged as `{r.merge_sha}`. {total_line} · " in receipt
         status = next(
             c["body"]
             for c in github.repo(repo).comments.values()
             if c["_issue"] == n and c["body"].startswith("### loopbot")
         )
-        assert f"**{total_line} · " in status
+        assert "merge receipt" in status
+        assert f"Merged as `{r.merge_sha}`. {total_line} · " in status
         assert "Loop total: $" in github.repo(repo).issues[r.pr_number].body
+    r = Store(redis).get(f"{OTHER}#{bad}")
+    assert r is not None
+    failed_status = next(
+        c["body"]
+        for c in github.repo(OTHER).comments.values()
+        if c["_issue"] == bad and c["body"].startswith("### loopbot")
+    )
+    assert f"**Loop total: ${r.cost_usd:.4f} · " in failed_status
 
     runner = CliRunner()
     env_cli = {"REDIS_URL": env["REDIS_URL"]}

@@ -233,7 +233,9 @@ def status_comment(r: LoopRecord, verify_tail: str = "", timeline_lines: Sequenc
             + code_block(verify_tail[-3000:])
             + "\n</details>"
         )
-    if r.status in TERMINAL:  # the last word on what the loop cost, every call of it
+    if r.status is Status.COMPLETED and r.merge_receipt:  # the gate's, with its commit
+        lines.append(r.merge_receipt)
+    elif r.status in TERMINAL:  # the last word on what the loop cost, every call of it
         lines.append(f"**{spend_lines.total(r)}**")
     lines.append(
         "<sub>`/loop-cancel` stops · `/loop-restart` resumes · `/loop-status` reports</sub>"

@@ -6,6 +6,7 @@ real git, the local GitHub and Anthropic servers.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -214,13 +215,27 @@ def no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def receipt_body(github: GitHubServer, pr: int) -> str | None:
+    """The gate's receipt for pull request ``pr``: a comment on it (a refusal's, a merge
+    queue's), or, for a merge, the section of the status comment on the issue the pull
+    request closes (one write where two said the same, issue 43)."""
+    repo = github.repo(REPO)
     found = [
         c["body"]
-        for c in github.repo(REPO).comments.values()
+        for c in repo.comments.values()
         if c["_issue"] == pr and "<!-- loopbot:receipt -->" in c["body"]
     ]
+    closes = re.match(r"Closes #(\d+)", repo.issues[pr].body or "")
+    if closes:
+        found += [
+            RECEIPT_HEAD + c["body"].split(RECEIPT_HEAD, 1)[1]
+            for c in repo.comments.values()
+            if c["_issue"] == int(closes.group(1)) and RECEIPT_HEAD in c["body"]
+        ]
     assert len(found) <= 1, found  # one receipt, updated in place
     return found[0] if found else None
+
+
+RECEIPT_HEAD = "### 🧾 loopbot merge receipt"
 
 
 def row(body: str, condition: str) -> list[str]:
@@ -277,8 +292,9 @@ def test_merge_receipt_lists_every_condition_on_the_merged_head_then_the_merge_c
     head, merge = pull.closed_head_sha, pull.merge_commit_sha
     assert head and merge and merge == gitrepo.resolve(github.repo(REPO).path, "refs/heads/main")
     body = receipt_body(github, r.pr_number)
-    assert body is not None and r.receipt_comment_id is not None
-    assert github.repo(REPO).comments[r.receipt_comment_id]["body"] == body
+    # Shown in the status comment's last edit, not posted as a comment of its own.
+    assert body is not None and r.receipt_comment_id is None
+    assert RECEIPT_HEAD in github.repo(REPO).comments[r.status_comment_id]["body"]
     for condition, detail in [
         ("issue open", "open"),
         ("ready label present", "`loop:ready` present"),
@@ -296,7 +312,8 @@ def test_merge_receipt_lists_every_condition_on_the_merged_head_then_the_merge_c
     contains = row(body, "head contains the default branch")
     assert contains[:3] == ["head contains the default branch", "head", "✅ pass"], contains
     assert row(body, "merge commit") == ["merge commit", f"`{merge}`", "✅ pass", "squash-merged"]
-    assert body.rstrip().splitlines()[-3].startswith(f"Merged as `{merge}`. Loop total: $")
+    done = [line for line in body.splitlines() if line.startswith("Merged as")]
+    assert len(done) == 1 and done[0].startswith(f"Merged as `{merge}`. Loop total: $"), done
     assert r.merge_sha == merge and r.last_verify.get("sha", head) == head
 
 

@@ -37,9 +37,9 @@ def test_a_receipt_whose_post_fails_after_the_merge_is_posted_by_the_retried_gat
 ) -> None:
     def agent(body: dict[str, Any]) -> m.Item:
         if is_critic(body):
-            # The pull request's first comment is the gate's receipt: GitHub fails every
-            # try of the first gate run at it (the merge itself went through).
-            github.inject("POST", r"/issues/2/comments$", 502, times=failures.MAX_ATTEMPTS)
+            # The status comment's next edit is the gate's, with the receipt: GitHub
+            # fails every try of the first gate run at it (the merge itself went through).
+            github.inject("PATCH", r"/issues/comments/\d+$", 502, times=failures.MAX_ATTEMPTS)
             return report()
         last = body["messages"][-1]["content"]
         if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
@@ -53,7 +53,7 @@ def test_a_receipt_whose_post_fails_after_the_merge_is_posted_by_the_retried_gat
     assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
     assert r.pr_number == 2
     body = receipt_body(github, r.pr_number)
-    assert body is not None, "merged, and no receipt on the pull request"
+    assert body is not None, "merged, and no receipt in the status comment"
     assert f"Merged as `{r.merge_sha}`." in body
 
 
