@@ -461,8 +461,6 @@ def _secondary_refusal(retry_after: int | None) -> Response:
     return resp
 
 
-
-
 def _matches(if_none_match: str, tag: str) -> bool:
     """Whether an ``If-None-Match`` names ``tag`` (weak comparison, as for a GET)."""
     bare = tag.removeprefix("W/")
