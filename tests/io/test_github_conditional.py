@@ -11,7 +11,7 @@ from redis import Redis
 from bot.core.settings import Settings
 from bot.io.github import tally
 from bot.io.github.client import GitHubApp, Installation
-from bot.io.github.conditional import Bodies
+from bot.io.github.conditional import MAX_BODY, Bodies, Body
 from bot.standins import gitrepo
 from bot.standins.github import GitHubServer
 
@@ -107,8 +107,6 @@ def test_the_bound_holds_least_recently_used_out(gh: Installation, github: GitHu
 
 
 def test_bodies_keep_within_their_bytes() -> None:
-    from bot.io.github.conditional import Body
-
     bodies = Bodies(max_entries=10, max_bytes=100)
     for n in range(5):
         bodies.put(("t", f"/r/{n}", ""), Body(f'"{n}"', (), b"x" * 40))
@@ -116,6 +114,10 @@ def test_bodies_keep_within_their_bytes() -> None:
     assert bodies.get(("t", "/r/4", "")) is not None and bodies.get(("t", "/r/2", "")) is None
     bodies.put(("t", "/big", ""), Body('"b"', (), b"x" * 101))  # larger than all: not kept
     assert bodies.get(("t", "/big", "")) is None and bodies.nbytes == 80
+    default = Bodies()
+    assert (default.max_entries, default.max_bytes) == (256, 8 * 1024 * 1024)
+    default.put(("t", "/file", ""), Body('"f"', (), b"x" * (MAX_BODY + 1)))
+    assert len(default) == 0  # a body over 1 MiB is not kept
 
 
 def test_a_write_drops_the_body_of_what_it_changed(gh: Installation) -> None:

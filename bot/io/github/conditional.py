@@ -118,8 +118,9 @@ class ConditionalTransport(httpx.BaseTransport):
             }
             return _built(200, headers, held.content, request, response, not_modified=True)
         etag = response.headers.get("etag")
-        if response.status_code != 200 or not etag:
-            return response
+        size = response.headers.get("content-length", "")
+        if response.status_code != 200 or not etag or (size.isdigit() and int(size) > MAX_BODY):
+            return response  # nothing to keep: passed on as it comes (a large one unread)
         try:
             content = response.read()
         finally:
