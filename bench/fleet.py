@@ -173,7 +173,7 @@ def main() -> None:
         sampler = Sampler(worker.pid)
         sampler.start()
         time.sleep(2)  # the slots start (each connects, the scheduler takes its lock)
-        before = len(gh.requests)
+        before, not_modified_before = len(gh.requests), len(gh.not_modified)
         tally_before = tally.counts(b.rt.redis)
         labelled = time.time()
         with gh.as_user("writer") as u:
@@ -195,7 +195,7 @@ def main() -> None:
         settle(b.rt.redis, deadline)  # the gate's last writes come after the loop's end
         sampler.stop.set()
         sampler.join()
-        report(args, slots, keys, b, sampler, labelled, before, tally_before)
+        report(args, slots, keys, b, sampler, labelled, (before, not_modified_before), tally_before)
     finally:
         if worker is not None and worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
@@ -275,10 +275,11 @@ def report(
     b: _env.Bench,
     sampler: Sampler,
     labelled: float,
-    before: int,
+    befores: tuple[int, int],
     tally_before: dict[tuple[str, str, str], int],
 ) -> None:
     store, gh = b.rt.store, b.github
+    before, not_modified_before = befores  # the local GitHub's logs' lengths at the labelling
     records = [store.get(k) for k in keys]
     finished = [r for r in records if r is not None and r.status in TERMINAL]
     merged = [r for r in finished if (r.status, r.reason) == (Status.COMPLETED, "merged")]
@@ -316,6 +317,8 @@ def report(
     # requests), so a run of an older loopbot, without the tally, counts the same way.
     writes = sum(1 for at, _, _, who in gh.write_log if at >= labelled)
     reads = len(requests) - writes
+    # Reads GitHub answered 304 Not Modified (bot/io/github/conditional.py), among the reads.
+    not_modified = [r for r in gh.not_modified[not_modified_before:] if r[2] == "installation"]
     after_first = []
     if gh.limited:
         first, wait = gh.limited[0][3], gh.limited[0][4]
@@ -363,8 +366,16 @@ def report(
         f"  GitHub requests per loop: {len(requests) / n:.1f} ({writes / n:.1f} writes, "
         f"{reads / n:.1f} reads); peak in flight {gh.peak_inflight}"
     )
-    for kind in ("write", "read"):
-        print(f"  {kind}s per loop, by the job that sent them:")
+    print(
+        f"  reads answered 304 (not counted against the rate limit): "
+        f"{len(not_modified) / n:.1f} per loop"
+    )
+    for kind, what in (
+        ("write", "writes"),
+        ("read", "reads answered in full"),
+        ("read304", "reads answered 304"),
+    ):
+        print(f"  {what} per loop, by the job that sent them:")
         jobs = collections.Counter[str]()
         for (job, k, _), count in tallied.items():
             if k == kind:

@@ -141,7 +141,8 @@ class RedisCollector(Collector):
         yield paced
         requests = CounterMetricFamily(
             "loopbot_github_requests",
-            "GitHub requests sent, by the job that sent them, read or write, and route",
+            "GitHub requests sent, by the job that sent them, kind (read, write, or "
+            "read304: a read answered 304 Not Modified) and route",
             labels=["job", "kind", "route"],
         )
         for (job, kind, what), n in sorted(tally.counts(self.redis).items()):

@@ -45,6 +45,7 @@ import httpx
 from redis import Redis
 
 from bot.io.github import tally
+from bot.io.github.conditional import NOT_MODIFIED
 from bot.io.github.failures import Unavailable
 from bot.io.logs import get_logger
 
@@ -403,7 +404,10 @@ class SharedPace:
         self.give_back()
         request = response.request
         write = request.method.upper() in WRITES and not graphql_query(request)
-        tally.count(self.redis, "write" if write else "read", request.method, request.url.path)
+        kind = "write" if write else "read"
+        if response.extensions.get(NOT_MODIFIED):
+            kind = "read304"  # answered from the body held: not against the primary limit
+        tally.count(self.redis, kind, request.method, request.url.path)
         status = response.status_code
         message = ""
         if status in (403, 429):

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
+import httpx
 from githubkit import GitHub, TokenAuthStrategy
 from pydantic import BaseModel, ConfigDict
 
@@ -19,6 +20,7 @@ from bot.core.text.defuse import one_line, safe_text
 from bot.core.text.redact import Redactor
 from bot.io.github.app import AppIdentity
 from bot.io.github.calls import _pages, _with_retries
+from bot.io.github.conditional import Bodies, ConditionalTransport
 from bot.io.github.pace import SharedPace
 from bot.io.preload import tls
 
@@ -63,6 +65,8 @@ class InstallationBase:
             else None
         )
         self._clients: dict[int, tuple[str, GitHub[Any]]] = {}
+        # The installation's bodies for conditional reads, shared by its threads' clients.
+        self.bodies = Bodies()
         self._redactor: tuple[str, Redactor] | None = None  # (token, redactor knowing it)
 
     # -- plumbing -------------------------------------------------------------------
@@ -95,7 +99,11 @@ class InstallationBase:
             base_url=s.api_url + "/",
             timeout=s.github_timeout,
             auto_retry=False,
+            # Not githubkit's cache (hishel): loopbot's conditional reads, which always
+            # ask GitHub (bot/io/github/conditional.py). A proxy from the environment
+            # would take httpx's own transport, without them.
             http_cache=False,
+            transport=ConditionalTransport(httpx.HTTPTransport(verify=tls()), self.bodies),
             user_agent="loopbot",
             ssl_verify=tls(),
             # Every request of the installation, retries included, keeps its shared pace.

@@ -15,7 +15,9 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-KEY = "loopbot:metrics:github-requests"  # "job|read or write|METHOD /route" -> count
+# "job|kind|METHOD /route" -> count; kind: write, read, or read304 (a conditional read
+# GitHub answered 304 Not Modified, which its primary rate limit does not count)
+KEY = "loopbot:metrics:github-requests"
 
 _job = "other"  # the job this process runs now (``running``): a horse runs one at a time
 
@@ -51,13 +53,14 @@ def field(kind: str, method: str, path: str) -> str:
 
 
 def count(redis: Any, kind: str, method: str, path: str) -> None:
-    """One request sent (``kind``: read or write). Never fails the request it counts."""
+    """One request sent (``kind``: read, read304 or write). Never fails the request it
+    counts."""
     with contextlib.suppress(Exception):
         redis.hincrby(KEY, field(kind, method, path), 1)
 
 
 def counts(redis: Any) -> dict[tuple[str, str, str], int]:
-    """Every count so far: (job, read or write, "METHOD /route") -> requests."""
+    """Every count so far: (job, kind, "METHOD /route") -> requests."""
     out: dict[tuple[str, str, str], int] = {}
     for raw, n in redis.hgetall(KEY).items():
         text = raw.decode() if isinstance(raw, bytes) else str(raw)

@@ -4,6 +4,7 @@ user, a fault...)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import re
@@ -105,7 +106,7 @@ class GitHubServer(State):
         app = Flask("local-github")
         app.config["MAX_CONTENT_LENGTH"] = 200 * 1024 * 1024
         app.before_request(self._before_request)
-        app.after_request(_after_request)
+        app.after_request(self._after_request)
         app.teardown_request(self._request_done)
         for resource in RESOURCES:
             resource.register(app, self)
@@ -187,6 +188,48 @@ class GitHubServer(State):
             wait = max(1, math.ceil(self.write_window - (now - window[0])))
             self.limited.append((request.method, request.path, who, time.time(), wait))
         return _secondary_refusal(wait)
+
+    def _after_request(self, resp: Response) -> Response:
+        """An "after" fault first (the request has been applied; now answer as if it
+        failed); then, as GitHub: a JSON GET's ETag and caching headers, a 304 for a
+        matching ``If-None-Match``, and the primary rate limit, which a 304 does not
+        spend. https://docs.github.com/en/rest/using-the-rest-api/best-practices-for-using-the-rest-api#use-conditional-requests-if-appropriate"""
+        fault = getattr(g, "fault", None)
+        if fault is not None and fault.after and 200 <= resp.status_code < 300:
+            return _fault_response(fault)
+        who = g.get("auth")
+        if who is None or request.path.rstrip("/").endswith("/graphql"):
+            return resp  # not a REST request of a credential (GraphQL has its own limit)
+        cacheable = (
+            request.method == "GET"
+            and resp.status_code == 200
+            and resp.mimetype == "application/json"
+            and not resp.is_streamed
+        )
+        if cacheable:
+            tag = f'W/"{hashlib.sha256(resp.get_data()).hexdigest()}"'
+            resp.headers["ETag"] = tag
+            resp.headers["Cache-Control"] = "private, max-age=60, s-maxage=60"
+            resp.headers["Vary"] = "Accept, Authorization, Cookie"
+            if _matches(request.headers.get("If-None-Match", ""), tag):
+                resp.status_code = 304
+                resp.set_data(b"")
+                resp.headers.pop("Content-Type", None)
+        with self.lock:
+            if time.time() >= self.rate_reset:  # a new hour: every budget is whole again
+                self.rate_used.clear()
+                self.rate_reset = int(time.time()) + 3600
+            if resp.status_code == 304:
+                self.not_modified.append((request.method, request.path, who[0]))
+            else:
+                self.rate_used[who] = self.rate_used.get(who, 0) + 1
+            used = self.rate_used.get(who, 0)
+        resp.headers["X-RateLimit-Limit"] = str(self.rate_limit)
+        resp.headers["X-RateLimit-Remaining"] = str(max(self.rate_limit - used, 0))
+        resp.headers["X-RateLimit-Used"] = str(used)
+        resp.headers["X-RateLimit-Reset"] = str(self.rate_reset)
+        resp.headers["X-RateLimit-Resource"] = "core"
+        return resp
 
     # -- setup helpers (the test's hands) -------------------------------------------------
 
@@ -418,12 +461,11 @@ def _secondary_refusal(retry_after: int | None) -> Response:
     return resp
 
 
-def _after_request(resp: Response) -> Response:
-    """An "after" fault: the request has been applied; now answer as if it failed."""
-    fault = getattr(g, "fault", None)
-    if fault is not None and fault.after and 200 <= resp.status_code < 300:
-        return _fault_response(fault)
-    return resp
+def _matches(if_none_match: str, tag: str) -> bool:
+    """Whether an ``If-None-Match`` names ``tag`` (weak comparison, as for a GET)."""
+    bare = tag.removeprefix("W/")
+    wanted = {t.strip().removeprefix("W/") for t in if_none_match.split(",")}
+    return bare in wanted or "*" in wanted
 
 
 def _fault_response(fault: Fault) -> Response:

@@ -13,6 +13,7 @@ import queue
 import re
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -263,6 +264,16 @@ class State:
         # How long a push takes once received (github.com: often seconds).
         self.push_delay = 0.0
         self.requests: list[tuple[str, str, str]] = []  # (method, path, auth kind)
+        # GitHub's primary rate limit (server.py): REST requests counted per credential
+        # (kind, who) since ``rate_reset``, told in X-RateLimit-* headers, never refused.
+        # 15,000 an hour, an installation's in an Enterprise Cloud organisation: the
+        # fleet bench's 50 loops in one installation stay within it. A 304 to a
+        # conditional GET is not counted, as GitHub documents; each one is recorded in
+        # ``not_modified`` (method, path, auth kind).
+        self.rate_limit = 15000
+        self.rate_used: dict[tuple[str, Any], int] = {}
+        self.rate_reset = int(time.time()) + 3600
+        self.not_modified: list[tuple[str, str, str]] = []
         self.webhook_url: str | None = None
         self.webhook_secret = "local-webhook-secret"
         self.webhooks_enabled = True
