@@ -113,7 +113,8 @@ class AgentConfig(_Strict):
     # does not allow (LOOPBOT_AGENT_BACKENDS) is clamped to builtin.
     backend: Backend = "builtin"
     # MCP servers (stdio) the backend starts in the sandbox, by name (jobs/agents/mcp.py): for
-    # claude-code and opencode; the built-in agent does not run them (README says why).
+    # claude-code and opencode; the built-in agent does not run them (docs/repositories.md,
+    # MCP servers, says why).
     mcp_servers: dict[str, McpServer] = Field(default_factory=dict, max_length=8)
 
     @field_validator("mcp_servers")
@@ -259,7 +260,7 @@ class MetricConfig(_Strict):
 
 
 # The most schedules one repository may have: each is a loop that starts on its own, with
-# nobody labelling an issue, so a repository gets a few (README, Scheduled loops).
+# nobody labelling an issue, so a repository gets a few (docs/repositories.md#scheduled-loops).
 MAX_SCHEDULES = 5
 TASK_DIR = ".github/loop-tasks/"
 _TASK_PATH = re.compile(r"^\.github/loop-tasks/[A-Za-z0-9][A-Za-z0-9._-]{0,99}\.md$")
@@ -363,7 +364,8 @@ class RepoConfig(_Strict):
     milestones: Literal["off", "on", "auto"] = "on"
     post_action: PostActionConfig | None = None
     metric: MetricConfig | None = None
-    # Recurring loops (README, Scheduled loops; bot/core/schedules/, jobs/schedules.py).
+    # Recurring loops (docs/repositories.md#scheduled-loops; bot/core/schedules/,
+    # jobs/schedules.py).
     schedules: tuple[ScheduleConfig, ...] = Field((), max_length=MAX_SCHEDULES)
 
     @field_validator("schedules")
