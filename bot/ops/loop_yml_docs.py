@@ -74,7 +74,7 @@ def walk(model: type[BaseModel], prefix: str = "") -> Iterator[Key]:
             yield from walk(inner, f"{path}.")
 
 
-def keys() -> frozenset[str]:
+def all_keys() -> frozenset[str]:
     """Every key a ``loop.yml`` may hold, dotted (what the docs test checks names against)."""
     return frozenset(k.path for k in walk(RepoConfig))
 
