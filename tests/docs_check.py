@@ -49,6 +49,10 @@ FENCE = re.compile(r"^(```|~~~)")
 SPAN = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)", re.S)
 
 
+# Read by the tests themselves, not by loopbot (tests/unit/test_docs.py checks they still are).
+TEST_SETTINGS = frozenset({"LOOPBOT_SCREENSHOT_DIR"})
+
+
 @dataclass(frozen=True)
 class Problem:
     doc: str
@@ -69,10 +73,11 @@ class Names:
 
 
 def settings_names(group: click.Group = cli) -> frozenset[str]:
-    """Every setting read by name: the settings model's, the env file's own variable and
-    the CLI options' environment variables (``LOOPBOT_WORKER_LOOPS``)."""
+    """Every setting read by name: the settings model's, the env file's own variable, the
+    CLI options' environment variables (``LOOPBOT_WORKER_LOOPS``) and the tests' own."""
     names = {f.alias for f in Settings.model_fields.values() if f.alias}
     names.add(ENV_FILE_VARIABLE)
+    names |= TEST_SETTINGS
     for command in _commands(group):
         for param in command.params:
             envvar = getattr(param, "envvar", None)

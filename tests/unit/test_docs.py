@@ -11,6 +11,7 @@ from dataclasses import replace
 import click
 import pytest
 
+from bot.core import repo_config
 from bot.ops import loop_yml_docs
 from tests import docs_check
 from tests.docs_check import ROOT, check, current, docs, slug_of
@@ -195,3 +196,24 @@ def test_settings_read_outside_the_model_count_as_settings() -> None:
     # The env file's own variable (bot/core/settings.py) and a CLI option's
     # (`loopbot worker --loops`) are read by name, not through the settings model.
     assert {"LOOPBOT_ENV_FILE", "LOOPBOT_WORKER_LOOPS", "REDIS_URL"} <= names
+
+
+def test_the_tests_still_read_the_settings_the_docs_say_they_read() -> None:
+    for name in docs_check.TEST_SETTINGS:
+        readers = [p for p in (ROOT / "tests").rglob("test_*.py") if name in p.read_text()]
+        assert readers, f"no test reads {name} any more"
+
+
+YAML_BLOCK = re.compile(r"```yaml\n(.*?)```", re.S)
+
+
+def test_the_loop_yml_examples_are_valid() -> None:
+    examples = [
+        block
+        for text in PAGES.values()
+        for block in YAML_BLOCK.findall(text)
+        if re.search(r"^verify:", block, re.M)  # a whole loop.yml, not a fragment
+    ]
+    assert examples
+    for block in examples:
+        repo_config.parse(block)  # raises ConfigError naming the keys
