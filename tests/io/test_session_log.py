@@ -442,7 +442,7 @@ def test_status_comment_of_a_finished_loop_in_a_browser(
 
 def test_log_page_of_a_finished_loop(env: dict[str, str], redis: Redis, tmp_path: Path) -> None:
     plant_finished_loop(redis)
-    # LOOPBOT_SCREENSHOT_DIR=docs/screenshots refreshes the picture in the README.
+    # LOOPBOT_SCREENSHOT_DIR=docs/screenshots refreshes the picture (README, docs/operating.md).
     shots = Path(os.environ.get("LOOPBOT_SCREENSHOT_DIR", tmp_path))
     shots.mkdir(parents=True, exist_ok=True)
     with browser_on(env, redis, tmp_path) as (page, base):
