@@ -11,6 +11,9 @@ must exist.
   model (a misspelt first part, ``critc.enabled``, is not recognised as a key);
 - each relative link (and image) points at a file that exists, and its ``#anchor`` at a
   heading of the target, by GitHub's slug rules.
+- each repository path a code span is made of (``bot/core/rules/context.py``,
+  ``tests/io/test_webhook.py::test_ping_is_200``) exists, and a test it names is defined
+  there: the security page cites the tests that show each claim.
 
 The names to check against are parameters, so a test can take one away and watch the
 check fail on the docs that name it.
@@ -46,6 +49,7 @@ FILE_SUFFIXES = {"py", "md", "yml", "yaml", "json", "toml", "txt", "cfg", "ini",
 NOT_LOOP_YML = {"agent.build.steps"}  # opencode's own config key (operating.md)
 LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^(```|~~~)")
+PATH = re.compile(r"((?:bot|jobs|tests|bench|scripts|deploy|docs)/[\w/.@-]*)(?:::(\w+))?")
 SPAN = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)", re.S)
 
 
@@ -113,6 +117,8 @@ def check(pages: Mapping[Path, str], names: Names | None = None) -> list[Problem
             if fenced or SPAN_COMMAND.match(code):
                 problems += [Problem(doc, line, w) for w in _commands_in(code, names.cli, helps)]
             problems += [Problem(doc, line, w) for w in _keys_in(code, names.keys)]
+            if not fenced:
+                problems += [Problem(doc, line, w) for w in _paths_in(code)]
         for line, raw in enumerate(text.split("\n"), 1):
             for m in SETTING.finditer(raw):
                 if not _setting_known(m.group(1), bool(m.group(2)), names.settings):
@@ -218,6 +224,17 @@ def _keys_in(code: str, keys: frozenset[str]) -> Iterator[str]:
             yield f"unknown loop.yml section: {key}"
     elif key not in keys:
         yield f"unknown loop.yml key: {key}"
+
+
+def _paths_in(code: str) -> Iterator[str]:
+    m = PATH.fullmatch(code)
+    if m is None:
+        return
+    path, test = ROOT / m.group(1), m.group(2)
+    if not path.exists():
+        yield f"no such file: {m.group(1)}"
+    elif test and not re.search(rf"^(?:async )?def {test}\(", path.read_text(), re.M):
+        yield f"no such test: {m.group(0)}"
 
 
 def _setting_known(name: str, prefix: bool, settings: frozenset[str]) -> bool:

@@ -74,6 +74,8 @@ loopbot worker --loops 2 --turbo   # one real option, one not
 
 Set `LOOPBOT_NO_SUCH_SETTING=1`, keep `LOOPBOT_MAX_TURNS`, and `LOOPBOT_NOPE_*` names none.
 In loop.yml, `spend.weekly_usd: 5` is not a key; `spend.day_usd: 5` is, and so is `critic.enabled`.
+Shown by `tests/io/test_nothing.py` and `tests/unit/test_docs.py::test_no_such_test`, not
+by `tests/unit/test_docs.py::test_each_kind_of_mistake_is_reported`, which exists.
 
 See [a page](no-such-page.md), [a heading](operating.md#no-such-heading),
 [this page's own](#nowhere), [one that works](operating.md#spend-caps) and
@@ -91,6 +93,8 @@ def test_each_kind_of_mistake_is_reported() -> None:
         "unknown option of loopbot report: --weekly",
         "unknown option of loopbot worker: --turbo",
         "unknown loop.yml key: spend.weekly_usd",
+        "no such file: tests/io/test_nothing.py",
+        "no such test: tests/unit/test_docs.py::test_no_such_test",
         "unknown setting LOOPBOT_NO_SUCH_SETTING",
         "unknown setting LOOPBOT_NOPE_*",
         "broken link: no-such-page.md (docs/no-such-page.md does not exist)",
