@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-import annotated_types as at
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
@@ -135,20 +134,16 @@ def _limits(info: FieldInfo) -> str:
             return f"{n} character" + ("" if n == 1 else "s")
         return f"{n} entr" + ("y" if n == 1 else "ies")
 
+    # Each constraint pydantic keeps (annotated_types' Ge, MaxLen...) by its attribute.
     words = []
     for m in info.metadata:
-        if isinstance(m, at.Ge):
-            words.append(f"≥ {m.ge}")
-        elif isinstance(m, at.Gt):
-            words.append(f"> {m.gt}")
-        elif isinstance(m, at.Le):
-            words.append(f"≤ {m.le}")
-        elif isinstance(m, at.Lt):
-            words.append(f"< {m.lt}")
-        elif isinstance(m, at.MinLen) and m.min_length > 0:
-            words.append(f"at least {many(m.min_length)}")
-        elif isinstance(m, at.MaxLen):
-            words.append(f"at most {many(m.max_length)}")
+        for attr, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
+            if (bound := getattr(m, attr, None)) is not None:
+                words.append(f"{sign} {bound}")
+        if (least := getattr(m, "min_length", None)) is not None and least > 0:
+            words.append(f"at least {many(least)}")
+        if (most := getattr(m, "max_length", None)) is not None:
+            words.append(f"at most {many(most)}")
     return ", ".join(words)
 
 
