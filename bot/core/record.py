@@ -185,9 +185,10 @@ class LoopRecord(BaseModel):
     # The agent backend a ``loop:agent-<name>`` label picked when a writer approved the
     # issue (bot/core/repo_config.py, ``label_backend``); "" = loop.yml's.
     approved_backend: str = ""
-    # A scheduled loop's approval (README, Scheduled loops): no person approved its text,
-    # the default branch's commit that held the task file did. Its task file's path, and
-    # its ``loop:`` settings (repo_config.TaskSettings, those set), in place of loop.yml's.
+    # A scheduled loop's approval (docs/repositories.md#scheduled-loops): no person
+    # approved its text, the default branch's commit that held the task file did. Its task
+    # file's path, and its ``loop:`` settings (repo_config.TaskSettings, those set), in place
+    # of loop.yml's.
     approved_commit: str = ""
     schedule: str = ""
     task_loop: dict[str, Any] = Field(default_factory=dict)

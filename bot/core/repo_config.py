@@ -33,7 +33,9 @@ STEP_CAP = 200  # the harness's own ceiling, whatever a repository asks for
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Each field's docstring is its description: docs/loop-yml.md is generated from them
+    # (bot/ops/loop_yml_docs.py).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 Backend = Literal["builtin", "claude-code", "opencode", "codex"]
@@ -73,8 +75,13 @@ class McpServer(_Strict):
     (public values only: this file is in the repository)."""
 
     command: str = Field(min_length=1, max_length=500)
+    """The server's command, run inside the sandbox, in the worktree."""
     args: tuple[str, ...] = Field((), max_length=32)
+    """Its arguments."""
     env: dict[str, str] = Field(default_factory=dict, max_length=32)
+    """Environment variables given to it: public values only (this file is in the
+    repository). Names loopbot or the backends set (`ANTHROPIC_*`, `OPENAI_*`,
+    `LOOPBOT_*`, `GITHUB_*`, `GIT_*`, proxies, `PATH`, `HOME`, `LD_*`, ...) are refused."""
 
     @field_validator("args")
     @classmethod
@@ -104,17 +111,26 @@ class McpServer(_Strict):
 
 
 class AgentConfig(_Strict):
-    # A model the operator allows (LOOPBOT_ALLOWED_MODELS) and an effort level up to
-    # LOOPBOT_MAX_EFFORT; unset: the operator's LOOPBOT_MODEL and LOOPBOT_EFFORT.
     model: str | None = Field(None, min_length=1, max_length=200)
+    """The agent's model, one of the operator's `LOOPBOT_ALLOWED_MODELS`; another is
+    replaced by the operator's default, and the issue is told. Unset: `LOOPBOT_MODEL`
+    (for `codex`, an OpenAI model the file names, else `LOOPBOT_CODEX_MODEL`)."""
     effort: Effort | None = None
-    # Who codes: loopbot's own agent (the Messages API, from the worker), or Claude Code
-    # inside the sandbox behind the model gateway (jobs/agents/claude_code.py). One the operator
-    # does not allow (LOOPBOT_AGENT_BACKENDS) is clamped to builtin.
+    """`low`, `medium`, `high`, `xhigh` or `max`, up to the operator's
+    `LOOPBOT_MAX_EFFORT` (more is lowered to it); sent with adaptive thinking, to models
+    that take it. Unset: `LOOPBOT_EFFORT`."""
+    # jobs/agents/backends.py; one the operator does not allow is clamped by ``clamp``.
     backend: Backend = "builtin"
-    # MCP servers (stdio) the backend starts in the sandbox, by name (jobs/agents/mcp.py): for
-    # claude-code and opencode; the built-in agent does not run them (README says why).
+    """Who codes: `builtin` (loopbot's own agent, on the Messages API, from the worker),
+    `claude-code`, `opencode` or `codex` (a CLI inside the sandbox, behind the model
+    gateway), if the operator allows it (`LOOPBOT_AGENT_BACKENDS`); otherwise `builtin`,
+    and the issue is told. A `loop:agent-<name>` label picks one for one issue."""
+    # jobs/agents/mcp.py. The built-in agent runs each command in a fresh sandbox that ends
+    # with it, and an MCP server must live across calls.
     mcp_servers: dict[str, McpServer] = Field(default_factory=dict, max_length=8)
+    """stdio MCP servers by name (lower-case letters, digits, `-` and `_`, at most 32
+    characters), started by `claude-code`, `opencode` or `codex` inside the sandbox,
+    with the sandbox's network. The built-in agent does not start them."""
 
     @field_validator("mcp_servers")
     @classmethod
@@ -130,40 +146,58 @@ class AgentConfig(_Strict):
 
 class CriticConfig(_Strict):
     enabled: bool = True
-    # As for the agent; unset: LOOPBOT_CRITIC_MODEL and LOOPBOT_EFFORT.
+    """Whether the critic reviews the pull request and audits milestones' sections."""
     model: str | None = Field(None, min_length=1, max_length=200)
+    """The critic's model, chosen as `agent.model` is. Unset: `LOOPBOT_CRITIC_MODEL`."""
     effort: Effort | None = None
-    # Read-only tools on the PR head (read, search, run verify) in the sandbox, so the
-    # critic checks claims against the code (jobs/review/tools.py).
-    tools: bool = True
+    """As `agent.effort`, for the critic. Unset: `LOOPBOT_EFFORT`."""
+    tools: bool = True  # jobs/review/tools.py
+    """The critic may read files, search and run `verify` on the pull request's head,
+    read-only, in the sandbox, so it checks claims against the code."""
     max_rounds: int = Field(3, ge=1, le=20)
+    """Review rounds: `sev1` findings still standing after this many end the loop
+    `failed` / `critic_rounds_exhausted`. Also the audits a milestone's section may
+    take."""
     large_diff_lines: int = Field(400, ge=1)
+    """An approval with no findings on a diff of more changed lines than this needs a
+    person (`loop:needs-human`)."""
 
 
 class MergeConfig(_Strict):
     enabled: bool = True
+    """Whether the gate merges; `false`: the loop ends `completed` once reviewed, its
+    pull request open ("merging is disabled for this repository")."""
     method: Literal["squash"] = "squash"
+    """How the gate merges: squash only."""
     require_checks: bool = True
+    """The gate waits for checks to pass (those the base branch requires, or every check
+    on the head when it requires none); `false`: checks are not considered."""
     wait_checks_minutes: int = Field(60, ge=1)
+    """How long the gate waits for pending checks."""
     max_fix_turns: int = Field(2, ge=0, le=10)
-    # How long a loop waits for the approvals and resolved threads its base branch asks
-    # of people (a week), before it hands the pull request to a person.
+    """Turns the agent gets to fix failing checks and conflicts with the base."""
     approval_timeout_hours: int = Field(168, ge=1, le=24 * 90)
-    # Paths loopbot never merges changes to on its own: the agent could otherwise rewrite
-    # the CI that judges it. ``dir/**`` is everything under dir; other patterns are globs.
+    """How long a loop waits for the approvals and resolved threads its base branch asks
+    of people before it hands the pull request to a person (`loop:needs-human`)."""
+    # The agent could otherwise rewrite the CI that judges it.
     protected_paths: tuple[str, ...] = (".github/**",)
+    """A pull request touching these is never merged by loopbot: `loop:needs-human`,
+    naming the files. `dir/**` is everything under dir; other patterns are globs.
+    `.github/**` is always included, whatever the file says."""
 
 
 class LabelsConfig(_Strict):
     ready: str = Field("loop:ready", min_length=1)
+    """Added by someone with write access, starts a loop; removed, stops it."""
     needs_human: str = Field("loop:needs-human", min_length=1)
-    # A waiting loop whose issue carries this label goes before those that do not.
+    """Put on an issue whose pull request a person must look at."""
     priority: str = Field("loop:priority-high", min_length=1)
-    # A metric loop (``metric:`` below) starts when a writer adds this label.
+    """A waiting loop whose issue carries this label goes before those that do not."""
     optimize: str = Field("loop:optimize", min_length=1)
-    # Put on an issue that triage found not ready to code (no checkable outcome, or too
-    # large), with a proposed specification; a writer accepts it, then re-applies ``ready``.
+    """Starts a metric loop (`metric:`)."""
     needs_spec: str = Field("loop:needs-spec", min_length=1)
+    """Put on an issue that triage found not ready to code (no checkable outcome, or too
+    large), with a proposed specification; a writer accepts it, then re-applies `ready`."""
 
     @model_validator(mode="after")
     def _distinct(self) -> LabelsConfig:
@@ -189,11 +223,12 @@ _HOST = re.compile(
 
 
 class SandboxConfig(_Strict):
-    # false: no network; true: any public host; a list: only these hosts (``.example.org``
-    # also allows its subdomains). Always through loopbot's egress proxy, never loopback,
-    # private, link-local or metadata addresses.
     network: bool | tuple[str, ...] = False
+    """`false`: no network; `true`: any public host; a list of host names: only those
+    (`.example.org` also allows its subdomains). Always through loopbot's filtering
+    proxy, never loopback, private, link-local or metadata addresses."""
     timeout_seconds: int = Field(600, ge=1, le=3600)
+    """Seconds each command in the sandbox may run."""
 
     @field_validator("network")
     @classmethod
@@ -215,42 +250,57 @@ def _network(v: bool | tuple[str, ...]) -> bool | tuple[str, ...]:
 
 
 class LimitsConfig(_Strict):
-    # Wall-clock hours a loop may be active (queued, running, reviewing, merging), summed
-    # over its whole life, restarts included; unset means the operator's ceiling
-    # (LOOPBOT_MAX_WALL_HOURS).
     max_hours: float | None = Field(None, gt=0)
-    # A change larger than these is not merged on its own: a person looks at it.
+    """Hours the issue's loop may be active, summed over its whole life, restarts
+    included; past them it stops `failed` / `budget_exhausted`. Unset: the operator's
+    `LOOPBOT_MAX_WALL_HOURS`."""
     max_changed_lines: int = Field(1000, ge=1)
+    """A change with more changed lines is not merged on its own: `loop:needs-human`,
+    with the numbers."""
     max_changed_files: int = Field(100, ge=1)
-    # The issue's whole-life budget for tokens and turns (bot/core/rules/budget.py); unset means
-    # the operator's ceiling.
+    """A change with more changed files is not merged on its own: `loop:needs-human`,
+    with the numbers."""
+    # The issue's whole-life budgets: bot/core/rules/budget.py.
     max_tokens: int | None = Field(None, ge=1)
+    """Tokens (all kinds) over the issue's whole life. Unset: the operator's
+    `LOOPBOT_MAX_TOKENS`."""
     max_total_turns: int | None = Field(None, ge=1)
+    """Turns over the issue's whole life. Unset: the operator's
+    `LOOPBOT_MAX_TOTAL_TURNS`."""
 
 
 class TriageConfig(_Strict):
-    # Before the first turn, one small structured call judges the approved issue text
-    # (bot/core/rules/triage.py): no checkable outcome, or too large, means no coding.
+    # bot/core/rules/triage.py
     enabled: bool = True
+    """Before the first turn, one small structured call judges whether the approved
+    issue has a checkable outcome; not ready, or too large, means no coding
+    (`labels.needs_spec`)."""
 
 
 class PostActionConfig(_Strict):
-    # One best-effort turn after a clean final audit (e.g. update the changelog); it is
-    # not audited again, and its summary is kept.
     prompt: str = Field(min_length=1, max_length=4000)
+    """What the post-action turn is asked (e.g. "add a line to CHANGELOG.md")."""
 
 
 class MetricConfig(_Strict):
     """A metric loop (label ``labels.optimize``): one change per iteration, kept only if
     ``command``'s number improves by ``min_delta`` and ``guard`` passes."""
 
-    command: str = Field(min_length=1)  # prints the number (the last number it prints)
+    command: str = Field(min_length=1)
+    """A command whose last printed number is the metric."""
     direction: Literal["higher", "lower"]
+    """Whether `higher` or `lower` is better."""
     min_delta: float = Field(0.0, ge=0)
-    guard: str | None = Field(None, min_length=1)  # must pass for a change to be kept
-    scope: tuple[str, ...] = Field(min_length=1)  # globs the agent may change
+    """The least improvement kept."""
+    guard: str | None = Field(None, min_length=1)
+    """A command that must pass for a change to be kept. Unset: `verify`."""
+    scope: tuple[str, ...] = Field(min_length=1)
+    """Globs of the files the agent may change (one glob may be given as a string)."""
     max_iterations: int = Field(20, ge=1, le=200)
+    """Iterations per run (each an agent turn, so at most the operator's
+    `LOOPBOT_MAX_TURNS`)."""
     max_consecutive_discards: int = Field(10, ge=2, le=100)
+    """Discards in a row that stop the loop."""
 
     @field_validator("scope", mode="before")
     @classmethod
@@ -259,7 +309,7 @@ class MetricConfig(_Strict):
 
 
 # The most schedules one repository may have: each is a loop that starts on its own, with
-# nobody labelling an issue, so a repository gets a few (README, Scheduled loops).
+# nobody labelling an issue, so a repository gets a few (docs/repositories.md#scheduled-loops).
 MAX_SCHEDULES = 5
 TASK_DIR = ".github/loop-tasks/"
 _TASK_PATH = re.compile(r"^\.github/loop-tasks/[A-Za-z0-9][A-Za-z0-9._-]{0,99}\.md$")
@@ -270,7 +320,10 @@ class ScheduleConfig(_Strict):
     (``.github/loop-tasks/<name>.md``) whose text loopbot opens as an issue and starts."""
 
     cron: str = Field(min_length=1, max_length=200)
+    """When: a cron expression of five fields, in UTC."""
     task: str
+    """The task file whose text loopbot opens as an issue: directly in
+    `.github/loop-tasks/`, named with letters, digits, `.`, `-` and `_`, ending `.md`."""
 
     @field_validator("cron")
     @classmethod
@@ -297,10 +350,17 @@ class TaskSettings(_Strict):
     uses ``loop.yml``'s own ``metric:``."""
 
     kind: Literal["code", "metric"] | None = None
+    """`metric`: the task's runs are metric loops with `loop.yml`'s own `metric:`;
+    `code`: coding loops."""
     metric: MetricConfig | None = None
+    """A metric loop's whole section, in place of `loop.yml`'s (its runs are metric
+    loops)."""
     max_turns: int | None = Field(None, ge=1, le=100)
+    """In place of `loop.yml`'s `max_turns`."""
     max_cost_usd: float | None = Field(None, gt=0)
+    """In place of `loop.yml`'s `max_cost_usd`."""
     milestones: Literal["off", "on", "auto"] | None = None
+    """In place of `loop.yml`'s `milestones`."""
 
     @field_validator("milestones", mode="before")
     @classmethod
@@ -326,26 +386,43 @@ class SpendConfig(_Strict):
     ``LOOPBOT_SPEND_REPO_{DAY,MONTH}_USD``, never higher (a higher value is lowered)."""
 
     day_usd: float | None = Field(None, gt=0)
+    """This repository's model spend per UTC day, across its loops: lower than the
+    operator's `LOOPBOT_SPEND_REPO_DAY_USD`, never higher (a higher value is lowered,
+    and the issue is told). Unset: the operator's."""
     month_usd: float | None = Field(None, gt=0)
+    """The same per UTC month, within `LOOPBOT_SPEND_REPO_MONTH_USD`."""
 
 
 class RepoConfig(_Strict):
     verify: str = Field(min_length=1)
+    """The command that judges the work: exit 0 means pass."""
     setup: str | None = None
-    # The network of `setup` alone (the package registries, say), as `sandbox.network`
-    # is the agent's and verify's; unset: `sandbox.network`. Setup also gets the
-    # repository's dependency caches (jobs/loop/setup_phase.py); the agent never does.
+    """Run once per new worktree, before the first turn, in a sandbox of its own with
+    `setup_network` and the repository's dependency caches."""
+    # Setup also gets the repository's dependency caches (jobs/loop/setup_phase.py); the
+    # agent never does.
     setup_network: bool | tuple[str, ...] | None = None
+    """The network of `setup` alone (e.g. `[pypi.org, files.pythonhosted.org]`), as
+    `sandbox.network` is the agent's, verify's and the critic's. Unset:
+    `sandbox.network`."""
     max_turns: int = Field(20, ge=1, le=100)
+    """Turns per run before the loop ends `failed` / `max_turns_reached`."""
     max_steps: int = Field(200, ge=0)
+    """Model calls per turn (0: one text-only call)."""
     tool_budget: int = Field(400, ge=1)
+    """Tool calls per turn."""
     max_cost_usd: float = Field(10.0, gt=0)
-    # Loops of this repository admitted at once (bot/core/rules/pace.py); more wait in
-    # line, queued, and start as others end. Within the operator's LOOPBOT_MAX_PARALLEL.
-    max_parallel: int = Field(3, ge=1)
+    """Model spend for the issue's loop, in dollars; past it, `failed` /
+    `budget_exhausted`."""
+    max_parallel: int = Field(3, ge=1)  # bot/core/rules/pace.py
+    """Loops of this repository admitted at once; more wait in line, `queued`, with
+    their place shown. At most the operator's `LOOPBOT_MAX_PARALLEL`."""
     spend: SpendConfig = SpendConfig()
+    """This repository's spend caps, per UTC day and month."""
     agent: AgentConfig = AgentConfig()
+    """The agent that codes."""
     critic: CriticConfig = CriticConfig()
+    """The critic that reviews."""
 
     @field_validator("setup_network")
     @classmethod
@@ -353,18 +430,30 @@ class RepoConfig(_Strict):
         return None if v is None else _network(v)
 
     merge: MergeConfig = MergeConfig()
+    """The merge gate."""
     labels: LabelsConfig = LabelsConfig()
+    """The labels loopbot reads and writes; every label must be distinct."""
     sandbox: SandboxConfig = SandboxConfig()
+    """The sandbox every command runs in."""
     limits: LimitsConfig = LimitsConfig()
+    """The issue's whole-life budgets and the size of a change merged on its own."""
     triage: TriageConfig = TriageConfig()
-    # Milestones (bot/core/rules/sections.py): "on" works an issue with a task list or
-    # ``## Milestone`` headings section by section; "auto" also asks the model to propose
-    # sections for an issue that has none; "off" treats every issue as one section.
-    milestones: Literal["off", "on", "auto"] = "on"
+    """Readiness triage."""
+    milestones: Literal["off", "on", "auto"] = "on"  # bot/core/rules/sections.py
+    """`on`: an issue with a task list (two or more `- [ ]`) or `## Milestone` headings
+    is worked section by section, each audited; `auto`: also ask the model to propose
+    sections for an issue that has none; `off`: every issue is one section."""
     post_action: PostActionConfig | None = None
+    """One best-effort turn after a clean final audit; kept only if verify passes, no
+    protected path or binary file changes and it changes at most 300 lines; not reviewed
+    again."""
     metric: MetricConfig | None = None
-    # Recurring loops (README, Scheduled loops; bot/core/schedules/, jobs/schedules.py).
+    """A metric loop (started by `labels.optimize`): one change per iteration, kept only
+    if `metric.command`'s number improves by `metric.min_delta` and `metric.guard`
+    passes."""
+    # bot/core/schedules/, jobs/schedules.py
     schedules: tuple[ScheduleConfig, ...] = Field((), max_length=MAX_SCHEDULES)
+    """Recurring loops: a cron and a task file each, at most 5, one per task file."""
 
     @field_validator("schedules")
     @classmethod
@@ -491,7 +580,7 @@ class Ceilings:
 DEFAULT_CEILINGS = Ceilings()
 
 # (key in loop.yml, ceiling attribute, the operator's variable)
-_CAPS: tuple[tuple[str, str, str], ...] = (
+CAPS: tuple[tuple[str, str, str], ...] = (
     ("max_cost_usd", "max_cost_usd", "LOOPBOT_MAX_COST_USD"),
     ("max_turns", "max_turns", "LOOPBOT_MAX_TURNS"),
     ("tool_budget", "tool_budget", "LOOPBOT_MAX_TOOL_BUDGET"),
@@ -519,7 +608,7 @@ def clamp(config: RepoConfig, ceilings: Ceilings) -> tuple[RepoConfig, list[str]
     """
     data = config.model_dump()
     notes: list[str] = []
-    for key, attr, env in _CAPS:
+    for key, attr, env in CAPS:
         *parents, leaf = key.split(".")
         node: dict[str, Any] | None = data
         for p in parents:

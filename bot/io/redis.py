@@ -16,7 +16,7 @@ Through Sentinel the client asks the sentinels for the master's address whenever
 the same retries that ride out a restart: a connection to the dead master fails, one to an
 old master turned replica answers READONLY (redis-py drops it), and the next attempt asks
 the sentinels again. An old master that lives on (a manual ``SENTINEL FAILOVER``, a
-partition) takes writes until Sentinel demotes it, and those are lost: README, "Redis
+partition) takes writes until Sentinel demotes it, and those are lost: docs/operating.md, "Redis
 Sentinel and failover", says what bounds that.
 
 A password never reaches a log line or an error message: ``mask_url`` is what an

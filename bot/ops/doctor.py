@@ -78,7 +78,9 @@ def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
             for problem in exc.problems:
                 name, _, detail = problem.partition(":")
                 checks.append(
-                    Check(f"setting {name}", False, detail.strip(), "see README, Configure")
+                    Check(
+                        f"setting {name}", False, detail.strip(), "see docs/operating.md#configure"
+                    )
                 )
     checks.extend(_env_file(env_file_path(source)))
     checks.append(_tool("git", ["git", "--version"], "apt-get install git"))
@@ -92,7 +94,7 @@ def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
         try:
             url = effective_url(source)
         except ValueError as exc:  # names the variables; never a password
-            checks.append(Check("redis", False, str(exc), "see README, Configure"))
+            checks.append(Check("redis", False, str(exc), "see docs/operating.md#configure"))
             return checks
         checks.append(_redis_url(url))
         return checks
@@ -282,7 +284,8 @@ def _redis_url(url: str) -> Check:
             "redis",
             True,
             check.detail + "; no replica in sync: a failover would have nothing to promote",
-            "start a replica (replicaof the master); see README, Redis Sentinel",
+            "start a replica (replicaof the master); "
+            "see docs/operating.md#redis-sentinel-and-failover",
             warn=True,
         )
     return check
@@ -423,7 +426,8 @@ def backend_checks(settings: Settings) -> list[Check]:
         elif backend == "codex":
             checks.append(_codex_backend(settings, name))
         else:  # the settings refuse unknown names; kept so a new one is never silent
-            checks.append(Check(name, False, "unknown backend", "see README, Agent backends"))
+            fix = "see docs/operating.md#agent-backends"
+            checks.append(Check(name, False, "unknown backend", fix))
     return checks
 
 
@@ -448,7 +452,7 @@ def _cli_backend(settings: Settings, name: str, backend: str) -> Check:
     except UnknownModel:
         return Check(name, False, f"{label} {version}; {settings.model} is unknown")
     result = run_trial(backend, client, settings, settings.model, spec)
-    fix = "see the line above for the sandbox and the model; README, Agent backends"
+    fix = "see the line above for the sandbox and the model; docs/operating.md#agent-backends"
     return Check(name, result.ok, f"{label} {version}: {result.detail}", fix)
 
 
@@ -473,7 +477,7 @@ def _codex_backend(settings: Settings, name: str) -> Check:
         return Check(name, False, f"Codex {version}; {model}: {why}", fix)
     spec = openai_models.spec(model, settings.context_window)
     result = run_trial("codex", upstream, settings, model, spec)
-    fix = "see the line above for the sandbox; README, Agent backends"
+    fix = "see the line above for the sandbox; docs/operating.md#agent-backends"
     return Check(name, result.ok, f"Codex {version}: {result.detail}", fix)
 
 

@@ -24,7 +24,7 @@ def config_checks(path: str, text: str, ceilings: Ceilings) -> list[Check]:
         config, clamped = repo_config.load(text, ceilings)
     except repo_config.ConfigError as exc:
         return [
-            Check(name, False, p, "fix the key named; see README, loop.yml") for p in exc.problems
+            Check(name, False, p, "fix the key named; see docs/loop-yml.md") for p in exc.problems
         ]
     checks = [Check(name, True, note, warn=True) for note in clamped]
     labels = config.labels
@@ -65,7 +65,7 @@ def schedule_checks(path: str, config: repo_config.RepoConfig) -> list[Check]:
             task = tasks.parse(s.task, file.read_text(encoding="utf-8") if file.exists() else None)
         except tasks.TaskError as exc:
             checks.extend(
-                Check(name, False, p, "fix the task file; see README, Scheduled loops")
+                Check(name, False, p, "fix the task file; see docs/repositories.md#scheduled-loops")
                 for p in exc.problems
             )
             continue

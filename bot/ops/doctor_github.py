@@ -355,7 +355,7 @@ def run_github_checks(env: Mapping[str, str] | None = None) -> list[Check]:
         settings: Settings = load_settings(env, role="cli")
     except SettingsError as exc:
         return [
-            Check("settings", False, p, "see README, Configure (or run loopbot doctor)")
+            Check("settings", False, p, "see docs/operating.md#configure (or run loopbot doctor)")
             for p in exc.problems
         ]
     github_web = web_url(settings.api_url)

@@ -120,4 +120,4 @@ def sandbox_fix(facts: HostFacts) -> str:
             "kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0; on Ubuntu an "
             "AppArmor profile for bwrap)"
         )
-    return "; ".join(steps) + " (README, Deploy)"
+    return "; ".join(steps) + " (docs/operating.md#what-the-sandbox-needs-from-the-host)"

@@ -7,7 +7,7 @@ request a byte at a time held /healthz for 30 s, longer than GitHub waits for a 
 (10 s, and it does not redeliver by itself). Under gevent each connection is a greenlet,
 so a slow client holds only memory. gunicorn has no per-request read deadline for its
 async workers: the limits below bound what a client may send, and a reverse proxy with
-short header/body read timeouts belongs in front in production (see the README).
+short header/body read timeouts belongs in front in production (see docs/operating.md#slow-clients).
 """
 
 from __future__ import annotations

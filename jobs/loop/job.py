@@ -156,7 +156,7 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
                 messages.config_error(exc.problems, record.started_by),
             )
             return self._finish(Status.FAILED, Reason.BAD_CONFIG, "; ".join(exc.problems))
-        if record.task_loop:  # a scheduled task's `loop:` settings (README, Scheduled loops)
+        if record.task_loop:  # a scheduled task's `loop:` settings (docs/repositories.md)
             config, lowered = repo_config.with_task(config, record.task_loop, self.rt.ceilings)
             clamped = [*clamped, *lowered]
         if record.approved_backend:  # a writer's loop:agent-<name> label
@@ -167,8 +167,9 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
         if config.agent.mcp_servers and config.agent.backend not in CLI_BACKENDS:
             clamped = [
                 *clamped,
-                "`agent.mcp_servers`: the built-in agent does not start MCP servers (README, "
-                "MCP servers), so this loop runs without them; `agent.backend: claude-code`, "
+                "`agent.mcp_servers`: the built-in agent does not start MCP servers "
+                "(docs/repositories.md#mcp-servers), so this loop runs without them; "
+                "`agent.backend: claude-code`, "
                 "`opencode` or `codex` starts them",
             ]
         self.config = config

@@ -268,7 +268,7 @@ def test_dashboard_in_a_real_browser(
     server = make_server("127.0.0.1", 0, create_app(s, redis), threaded=True)
     run_in_thread(server)
     base = f"http://127.0.0.1:{server.server_port}"
-    # LOOPBOT_SCREENSHOT_DIR=docs/screenshots refreshes the pictures in the README.
+    # LOOPBOT_SCREENSHOT_DIR=docs/screenshots refreshes the pictures in docs/operating.md.
     shots = Path(os.environ.get("LOOPBOT_SCREENSHOT_DIR", tmp_path))
     shots.mkdir(parents=True, exist_ok=True)
     try:

@@ -12,16 +12,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import cmarkgfm
 import pytest
+from cmarkgfm.cmark import Options
 from redis import Redis
 from werkzeug.serving import make_server
 
 from bot.core.record import LoopRecord, Status
-from bot.core.settings import load_settings
+from bot.core.settings import Settings, load_settings
+from bot.io.github.client import GitHubApp
 from bot.io.store import Store
+from bot.standins.github import GitHubServer
 from bot.standins.serving import run_in_thread
 from bot.web.app import create_app
 from bot.web.dashboard import turn_rows
+from jobs.status_comment import post_status
 from tests.helpers import CHROMIUM_ARGS, chromium_or_skip
 from tests.io.test_operator import LOOPBOT, cli, seed_loops
 
@@ -368,9 +373,76 @@ def browser_on(env: dict[str, str], redis: Redis, tmp_path: Path) -> Iterator[tu
         server.server_close()
 
 
+# The frame GitHub draws around a comment, roughly, so the picture reads as one; the
+# comment's own text is cmark-gfm's rendering of what the local GitHub stored.
+COMMENT_PAGE = """<!doctype html><html><head><meta charset="utf-8"><style>
+body {{ margin: 16px; font: 14px/1.5 -apple-system, "Segoe UI", Helvetica, Arial, sans-serif;
+  color: #1f2328; background: #fff; }}
+.comment {{ width: 760px; border: 1px solid #d0d7de; border-radius: 6px; }}
+.comment header {{ padding: 8px 16px; background: #f6f8fa; border-bottom: 1px solid #d0d7de;
+  border-radius: 6px 6px 0 0; color: #59636e; }}
+.comment header b {{ color: #1f2328; }}
+.comment .body {{ padding: 8px 16px; }}
+h3 {{ margin: 8px 0; font-size: 16px; }}
+ul {{ padding-left: 2em; }} li {{ list-style: none; }}
+input[type=checkbox] {{ margin: 0 0.4em 0 -1.4em; vertical-align: middle; }}
+code {{ padding: 0.2em 0.4em; font-size: 85%; background: #eff1f3; border-radius: 6px; }}
+a {{ color: #0969da; text-decoration: none; }} sub {{ color: #59636e; }}
+</style></head><body><div class="comment"><header><b>loopbot</b> <span>bot</span> commented
+</header><div class="body">{body}</div></div></body></html>"""
+
+
+def test_status_comment_of_a_finished_loop_in_a_browser(
+    github: GitHubServer, settings: Settings, redis: Redis, tmp_path: Path
+) -> None:
+    """The status comment as the local GitHub stores it, for the loop whose session log
+    is pictured below, rendered by cmark-gfm (GitHub's renderer) in Chromium."""
+    chromium = chromium_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    plant_finished_loop(redis)
+    iid = github.add_installation("acme")
+    github.add_repo("acme/widgets", {"README.md": "hi\n"}, installation_id=iid)
+    with github.as_user("alice") as alice:
+        for n in range(1, 8):  # the loop's issue is #7
+            alice.post("/repos/acme/widgets/issues", json={"title": f"issue {n}", "body": "."})
+    store = Store(redis)
+    record = store.set_fields(KEY, installation_id=iid)
+    post_status(store, GitHubApp(settings, redis=redis).installation(iid), record, now=True)
+    (comment,) = github.repo("acme/widgets").comments.values()
+    html = cmarkgfm.github_flavored_markdown_to_html(
+        comment["body"], options=Options.CMARK_OPT_UNSAFE
+    )
+    # LOOPBOT_SCREENSHOT_DIR=docs/screenshots refreshes the picture in the README.
+    shots = Path(os.environ.get("LOOPBOT_SCREENSHOT_DIR", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 800, "height": 600})
+        page.set_content(COMMENT_PAGE.format(body=html))
+        assert page.inner_text("h3") == "loopbot"
+        # The timeline is a task list GitHub draws as ticked boxes, one per step.
+        steps = page.locator("li:has(input[type=checkbox])")
+        lines = [
+            steps.nth(i).inner_text().replace("\u2060", "").strip() for i in range(steps.count())
+        ]
+        assert lines == [
+            "turn 1 — verify failed (test_add)",
+            "turn 2 — verify passed",
+            "PR #2 opened",
+            "review round 1 — 1 sev3",
+            "merged as c0ffee0",
+        ]
+        assert page.locator("input[type=checkbox]:checked").count() == len(lines)
+        text = page.inner_text("body")
+        assert WEBHOOK_SECRET not in text and "/loop-restart" in text
+        page.locator(".comment").screenshot(path=str(shots / "status-comment.png"))
+        browser.close()
+
+
 def test_log_page_of_a_finished_loop(env: dict[str, str], redis: Redis, tmp_path: Path) -> None:
     plant_finished_loop(redis)
-    # LOOPBOT_SCREENSHOT_DIR=docs/screenshots refreshes the picture in the README.
+    # LOOPBOT_SCREENSHOT_DIR=docs/screenshots refreshes the picture (README, docs/operating.md).
     shots = Path(os.environ.get("LOOPBOT_SCREENSHOT_DIR", tmp_path))
     shots.mkdir(parents=True, exist_ok=True)
     with browser_on(env, redis, tmp_path) as (page, base):

@@ -452,7 +452,8 @@ def _merge_group(payload: dict[str, Any], app_id: int, delivery: str) -> Route:
 
 def _push(payload: dict[str, Any], app_id: int, delivery: str) -> Route:
     """A push to the default branch that changed ``loop.yml``: its schedules are read
-    again (README, Scheduled loops). Whoever pushed: reading the default branch is safe."""
+    again (docs/repositories.md#scheduled-loops). Whoever pushed: reading the default
+    branch is safe."""
     ev = _PushEvent.model_validate(payload)
     if ev.ref != f"refs/heads/{ev.repository.default_branch}":
         return Ignore("push to a branch other than the default")

@@ -39,7 +39,7 @@ from markdown-it-py, a CommonMark parser like cmark-gfm. Where the two could rea
 differently the rule takes out more, never less: a paragraph with a ``|`` (which GFM may
 read as a table, whose cells split code spans) trusts no code span in it.
 
-Not taken out, and said so in the README: what a reader reaches by hovering or
+Not taken out, and said so in docs/repositories.md: what a reader reaches by hovering or
 expanding (a Markdown link's address and title, a Markdown image's alt text,
 ``<details>``), and a raw tag's ``href`` and ``src``.
 """
