@@ -190,39 +190,55 @@ def test_in_redis_a_write_drops_the_bodies_of_what_it_changed(
 # -- shared through Redis: every job of an installation ------------------------------
 
 
-def test_the_next_jobs_first_read_of_an_unchanged_issue_is_a_304(
-    gh: Installation, github: GitHubServer, settings: Settings, redis: Redis
+# The stand-in stamps an issue's ``updated_at`` with the second it is read, so its ETag
+# changes each second; these read a file, ``.github/loop.yml`` (the measured case: read
+# by one job after another), whose body changes only with the file.
+LOOP_YML = f"/repos/{REPO}/contents/.github/loop.yml"
+
+
+@pytest.fixture
+def loop_yml(github: GitHubServer, gh: Installation) -> str:
+    gitrepo.seed(github.repo(REPO).path, "main", {".github/loop.yml": "max_turns: 3\n"}, "cfg")
+    return ".github/loop.yml"
+
+
+def test_the_next_jobs_first_read_of_an_unchanged_file_is_a_304(
+    gh: Installation, github: GitHubServer, settings: Settings, redis: Redis, loop_yml: str
 ) -> None:
-    first = gh.issue(REPO, 1)
+    assert gh.file(REPO, loop_yml) == "max_turns: 3\n"
     job2 = another_job(gh, settings, redis)
     assert job2.token() != gh.token()  # nothing in the process is shared
-    again = job2.issue(REPO, 1)
-    assert answered_304(github, ISSUE) == 1
-    assert again == first and again.title == "Bug" and again.open
+    assert job2.file(REPO, loop_yml) == "max_turns: 3\n"
+    assert answered_304(github, LOOP_YML) == 1
 
 
 def test_a_change_between_two_jobs_is_read_fresh(
-    gh: Installation, github: GitHubServer, settings: Settings, redis: Redis
+    gh: Installation, github: GitHubServer, settings: Settings, redis: Redis, loop_yml: str
 ) -> None:
     assert gh.issue(REPO, 1).open
+    assert gh.file(REPO, loop_yml) == "max_turns: 3\n"
     with github.as_user("acme") as alice:
         assert alice.patch(ISSUE, json={"state": "closed"}).status_code == 200
+    gitrepo.seed(github.repo(REPO).path, "main", {loop_yml: "max_turns: 5\n"}, "more")
     job2 = another_job(gh, settings, redis)
     assert not job2.issue(REPO, 1).open
-    assert answered_304(github, ISSUE) == 0
-    assert not another_job(gh, settings, redis).issue(REPO, 1).open  # the fresh one held
-    assert answered_304(github, ISSUE) == 1
+    assert job2.file(REPO, loop_yml) == "max_turns: 5\n"
+    assert answered_304(github, ISSUE) == 0 and answered_304(github, LOOP_YML) == 0
+    job3 = another_job(gh, settings, redis)
+    assert job3.file(REPO, loop_yml) == "max_turns: 5\n"  # the fresh body is the one held
+    assert answered_304(github, LOOP_YML) == 1
 
 
 def test_a_rotated_token_still_gets_a_304_for_the_same_installation(
-    gh: Installation, github: GitHubServer
+    gh: Installation, github: GitHubServer, loop_yml: str
 ) -> None:
-    gh.issue(REPO, 1)
+    assert gh.file(REPO, loop_yml) == "max_turns: 3\n"
     before = gh.token()
     github.revoke_tokens()
-    again = gh.issue(REPO, 1)  # answered 401, and read again with a new token: a 304
+    # Answered 401, and read again with a new token: a 304.
+    assert gh.file(REPO, loop_yml) == "max_turns: 3\n"
     assert gh.token() != before
-    assert answered_304(github, ISSUE) == 1 and again.title == "Bug"
+    assert answered_304(github, LOOP_YML) == 1
 
 
 def test_redis_failing_fails_no_read_and_is_logged_once(
@@ -273,7 +289,7 @@ def test_each_entry_has_a_ttl_refreshed_on_use(gh: Installation, redis: Redis) -
     key = f"loopbot:etag:{gh.installation_id}:{ISSUE}"
     assert REDIS_TTL - 5 <= redis.ttl(key) <= REDIS_TTL == 15 * 60
     redis.expire(key, 10)
-    gh.issue(REPO, 1)  # a 304: its use keeps it
+    gh.issue(REPO, 1)  # its use keeps it, whatever GitHub answers
     assert redis.ttl(key) > REDIS_TTL - 5
 
 
