@@ -16,10 +16,14 @@ counted. This layer is an httpx transport, below the event hooks: the shared pac
 Where the bodies are kept: with Redis, in it (``RedisBodies``), shared by every job of
 the installation (RQ forks a fresh work horse per job, so bodies kept in the process
 saved only a job's own repeated reads); keyed by installation, not token, so a token's
-hourly rotation keeps them. Sharing is safe because a body is only ever used when GitHub
-answers 304 to its ETag for this very request: GitHub itself says the body it would send
-is that one. Without Redis, one ``Bodies`` per installation in the process, keyed by
-(token, URL, Accept). Either way, no two installations share one.
+hourly rotation does not empty them. Sharing is safe because a body is only ever used
+when GitHub answers 304 to its ETag for this very request: GitHub itself says the body it
+would send is that one. GitHub is reported to tie an ETag to the token that read it
+(GitHub support, in eclipse-csi/otterdog#201): a read with another token is then
+answered in full and its body replaces the entry, so a 304 across jobs needs the jobs to
+read with the same token (each work horse mints its own today). Without Redis, one
+``Bodies`` per installation in the process, keyed by (token, URL, Accept). Either way, no
+two installations share one.
 """
 
 from __future__ import annotations
@@ -48,11 +52,11 @@ MAX_ENTRIES = 256
 MAX_BYTES = 8 * 1024 * 1024
 MAX_BODY = 1024 * 1024
 # In Redis: no body over 256 KiB, and each resource's bodies expire 15 minutes after
-# their last use. How big that gets: a loop reads a few dozen distinct resources (an
-# issue, its pull, comments, files, check runs), most a few KiB of JSON that zlib
-# shrinks about four times; say 40 bodies of 2 KiB kept, 80 KiB a loop, so about 4 MiB
-# at 50 loops, and 50 x 40 x 256 KiB (500 MiB) if every body were a large incompressible
-# file, which the TTL ends 15 minutes after the loops stop reading them.
+# their last use. How big that gets: ``bench/fleet.py --smoke`` ends with about 12
+# bodies a loop, 8 KiB a loop in Redis (the local GitHub's JSON is terse). GitHub's
+# bodies are larger (a pull's JSON is some 20-30 KiB, a few KiB once compressed): at
+# 50 loops, a few MiB to some tens of MiB; at worst, 50 x 12 x 256 KiB (150 MiB) of
+# incompressible files, gone 15 minutes after the loops stop reading them.
 REDIS_MAX_BODY = 256 * 1024
 REDIS_TTL = 15 * 60  # seconds
 # Headers that describe the stored body as it came over the wire, not as kept (decoded).
