@@ -370,6 +370,14 @@ def report(
         f"  reads answered 304 (not counted against the rate limit): "
         f"{len(not_modified) / n:.1f} per loop"
     )
+    # What the shared conditional-read bodies hold in Redis at the end (15 min TTL).
+    held = list(b.rt.redis.scan_iter("loopbot:etag:*"))
+    fields = sum(int(b.rt.redis.hlen(k)) for k in held)
+    nbytes = sum(int(b.rt.redis.memory_usage(k) or 0) for k in held)
+    print(
+        f"  conditional-read bodies in Redis: {fields} in {len(held)} keys, "
+        f"{nbytes / 1024:.0f} KiB ({nbytes / 1024 / n:.0f} KiB per loop)"
+    )
     for kind, what in (
         ("write", "writes"),
         ("read", "reads answered in full"),

@@ -13,18 +13,35 @@ or bytes, and a 304 reaches the response hooks as the stored 200, so it could no
 counted. This layer is an httpx transport, below the event hooks: the shared pace
 (bot/io/github/pace.py) sees every request, and a 304 as a 200 marked ``NOT_MODIFIED``.
 
-One ``Bodies`` per installation; entries are keyed by (token, URL, Accept), so neither
-two installations nor two tokens share one.
+Where the bodies are kept: with Redis, in it (``RedisBodies``), shared by every job of
+the installation (RQ forks a fresh work horse per job, so bodies kept in the process
+saved only a job's own repeated reads); keyed by installation, not token, so a token's
+hourly rotation does not empty them. Sharing is safe because a body is only ever used
+when GitHub answers 304 to its ETag for this very request: GitHub itself says the body it
+would send is that one. GitHub is reported to tie an ETag to the token that read it
+(GitHub support, in eclipse-csi/otterdog#201): a read with another token is then
+answered in full and its body replaces the entry, so a 304 across jobs needs the jobs to
+read with the same token (each work horse mints its own today). Without Redis, one
+``Bodies`` per installation in the process, keyed by (token, URL, Accept). Either way, no
+two installations share one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Protocol
 
 import httpx
+from redis import Redis, RedisError
+
+from bot.io.logs import get_logger
+
+log = get_logger("loopbot.github.conditional")
 
 NOT_MODIFIED = "loopbot_not_modified"  # response extension: GitHub answered 304
 WRITES = frozenset({"POST", "PATCH", "PUT", "DELETE"})
@@ -34,6 +51,14 @@ WRITES = frozenset({"POST", "PATCH", "PUT", "DELETE"})
 MAX_ENTRIES = 256
 MAX_BYTES = 8 * 1024 * 1024
 MAX_BODY = 1024 * 1024
+# In Redis: no body over 256 KiB, and each resource's bodies expire 15 minutes after
+# their last use. How big that gets: ``bench/fleet.py --smoke`` ends with about 12
+# bodies a loop, 8 KiB a loop in Redis (the local GitHub's JSON is terse). GitHub's
+# bodies are larger (a pull's JSON is some 20-30 KiB, a few KiB once compressed): at
+# 50 loops, a few MiB to some tens of MiB; at worst, 50 x 12 x 256 KiB (150 MiB) of
+# incompressible files, gone 15 minutes after the loops stop reading them.
+REDIS_MAX_BODY = 256 * 1024
+REDIS_TTL = 15 * 60  # seconds
 # Headers that describe the stored body as it came over the wire, not as kept (decoded).
 _WIRE = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 
@@ -45,6 +70,20 @@ class Body:
     content: bytes
 
 
+Key = tuple[str, str, str]  # (whose: see ``Store.whose``, URL with its query, Accept)
+
+
+class Store(Protocol):
+    """Where an installation's bodies are kept: in the process or in Redis."""
+
+    max_body: int  # bytes: a larger body is not kept (nor read before it is passed on)
+
+    def whose(self, request: httpx.Request) -> str: ...
+    def get(self, key: Key) -> Body | None: ...
+    def put(self, key: Key, body: Body) -> None: ...
+    def forget(self, whose: str, path: str) -> None: ...
+
+
 class Bodies:
     """The last body of each GET that came with an ETag, bounded; thread-safe (the
     installation's threads each have their own client, and share these)."""
@@ -52,6 +91,7 @@ class Bodies:
     def __init__(self, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+        self.max_body = min(MAX_BODY, max_bytes)
         self._lock = threading.Lock()
         self._held: OrderedDict[tuple[str, str, str], Body] = OrderedDict()
         self.nbytes = 0
@@ -59,53 +99,144 @@ class Bodies:
     def __len__(self) -> int:
         return len(self._held)
 
-    def get(self, key: tuple[str, str, str]) -> Body | None:
+    def whose(self, request: httpx.Request) -> str:
+        """In the process, per token: nothing else is shared, and tokens are few."""
+        return _token(request)
+
+    def get(self, key: Key) -> Body | None:
         with self._lock:
             body = self._held.get(key)
             if body is not None:
                 self._held.move_to_end(key)
             return body
 
-    def put(self, key: tuple[str, str, str], body: Body) -> None:
+    def put(self, key: Key, body: Body) -> None:
         with self._lock:
             self._pop(key)
-            if len(body.content) > min(MAX_BODY, self.max_bytes):
+            if len(body.content) > self.max_body:
                 return
             self._held[key] = body
             self.nbytes += len(body.content)
             while len(self._held) > self.max_entries or self.nbytes > self.max_bytes:
                 self._pop(next(iter(self._held)))
 
-    def forget(self, token: str, path: str) -> None:
+    def forget(self, whose: str, path: str) -> None:
         """Drop what is held of the resource at ``path`` (a write changed it): memory
         back early; correctness does not need it, every read asks GitHub."""
         with self._lock:
-            for key in [k for k in self._held if k[0] == token and _path(k[1]) == path]:
+            for key in [k for k in self._held if k[0] == whose and _path(k[1]) == path]:
                 self._pop(key)
 
-    def _pop(self, key: tuple[str, str, str]) -> None:
+    def _pop(self, key: Key) -> None:
         body = self._held.pop(key, None)
         if body is not None:
             self.nbytes -= len(body.content)
+
+
+# Headers kept in Redis with a body: what githubkit reads of a 200 (its type, the next
+# page's link). Every other header comes fresh with GitHub's 304.
+_KEPT = frozenset({"content-type", "link", "etag", "last-modified"})
+
+
+class RedisBodies:
+    """An installation's bodies in Redis, shared by all its jobs and workers: one hash a
+    resource path (``loopbot:etag:<installation>:<path>``), a field per URL and Accept,
+    so a write drops its resource's bodies with one DEL and they expire together. A
+    read costs one round trip before it is sent (the entry, its TTL refreshed) and, after
+    a 200 with an ETag, one more (the new entry). Redis failing never fails a read: it is
+    sent unconditionally, and the failure logged once."""
+
+    def __init__(self, redis: Redis, installation_id: int, max_body: int = REDIS_MAX_BODY) -> None:
+        self.redis = redis
+        self.installation_id = installation_id
+        self.max_body = max_body
+        self._failed = False
+
+    def whose(self, request: httpx.Request) -> str:
+        """The installation, whatever its token: a token lasts an hour."""
+        return str(self.installation_id)
+
+    def get(self, key: Key) -> Body | None:
+        name, field = self._where(key)
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hget(name, field)
+            pipe.expire(name, REDIS_TTL)
+            raw, _ = pipe.execute()
+        except RedisError as e:
+            self._failure("get", e)
+            return None
+        return _unpacked(raw) if isinstance(raw, bytes) else None
+
+    def put(self, key: Key, body: Body) -> None:
+        if len(body.content) > self.max_body:
+            return
+        name, field = self._where(key)
+        headers = tuple((k, v) for k, v in body.headers if k.lower() in _KEPT)
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hset(name, field, _packed(Body(body.etag, headers, body.content)))
+            pipe.expire(name, REDIS_TTL)
+            pipe.execute()
+        except RedisError as e:
+            self._failure("put", e)
+
+    def forget(self, whose: str, path: str) -> None:
+        try:
+            self.redis.delete(self._name(path))
+        except RedisError as e:
+            self._failure("forget", e)
+
+    def _name(self, path: str) -> str:
+        return f"loopbot:etag:{self.installation_id}:{path}"
+
+    def _where(self, key: Key) -> tuple[str, str]:
+        _, url, accept = key
+        return self._name(_path(url)), f"{accept} {url}"
+
+    def _failure(self, what: str, e: RedisError) -> None:
+        if not self._failed:
+            self._failed = True
+            log.warning(
+                "github.etag_store_failed",
+                installation=self.installation_id,
+                what=what,
+                error=repr(e),
+            )
+
+
+def _packed(body: Body) -> bytes:
+    """zlib of: the ETag and headers as one line of JSON, a newline, the body."""
+    head = json.dumps([body.etag, body.headers]).encode()  # JSON escapes its newlines
+    return zlib.compress(head + b"\n" + body.content)
+
+
+def _unpacked(raw: bytes) -> Body | None:
+    try:
+        head, _, content = zlib.decompress(raw).partition(b"\n")
+        etag, headers = json.loads(head)
+        return Body(str(etag), tuple((str(k), str(v)) for k, v in headers), content)
+    except (zlib.error, ValueError, TypeError):
+        return None  # not one of ours: read unconditionally, and replaced after
 
 
 class ConditionalTransport(httpx.BaseTransport):
     """Sends a GET with ``If-None-Match`` when a body of it is held, and turns GitHub's
     304 into that body (a 200, marked ``NOT_MODIFIED``)."""
 
-    def __init__(self, inner: httpx.BaseTransport, bodies: Bodies) -> None:
+    def __init__(self, inner: httpx.BaseTransport, bodies: Store) -> None:
         self.inner = inner
         self.bodies = bodies
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         method = request.method.upper()
-        token = _token(request)
+        whose = self.bodies.whose(request)
         if method != "GET" or "if-none-match" in request.headers:
             response = self.inner.handle_request(request)
             if method in WRITES:
-                self.bodies.forget(token, request.url.path)
+                self.bodies.forget(whose, request.url.path)
             return response
-        key = (token, str(request.url), request.headers.get("accept", ""))
+        key = (whose, str(request.url), request.headers.get("accept", ""))
         held = self.bodies.get(key)
         if held is not None:
             request.headers["If-None-Match"] = held.etag
@@ -119,7 +250,11 @@ class ConditionalTransport(httpx.BaseTransport):
             return _built(200, headers, held.content, request, response, not_modified=True)
         etag = response.headers.get("etag")
         size = response.headers.get("content-length", "")
-        if response.status_code != 200 or not etag or (size.isdigit() and int(size) > MAX_BODY):
+        if (
+            response.status_code != 200
+            or not etag
+            or (size.isdigit() and int(size) > self.bodies.max_body)
+        ):
             return response  # nothing to keep: passed on as it comes (a large one unread)
         try:
             content = response.read()

@@ -20,7 +20,7 @@ from bot.core.text.defuse import one_line, safe_text
 from bot.core.text.redact import Redactor
 from bot.io.github.app import AppIdentity
 from bot.io.github.calls import _pages, _with_retries
-from bot.io.github.conditional import Bodies, ConditionalTransport
+from bot.io.github.conditional import Bodies, ConditionalTransport, RedisBodies, Store
 from bot.io.github.pace import SharedPace
 from bot.io.preload import tls
 
@@ -65,8 +65,11 @@ class InstallationBase:
             else None
         )
         self._clients: dict[int, tuple[str, GitHub[Any]]] = {}
-        # The installation's bodies for conditional reads, shared by its threads' clients.
-        self.bodies = Bodies()
+        # The installation's bodies for conditional reads, shared by its threads' clients
+        # and, in the Redis the pace uses, by every job of the installation.
+        self.bodies: Store = (
+            RedisBodies(app.redis, installation_id) if app.redis is not None else Bodies()
+        )
         self._redactor: tuple[str, Redactor] | None = None  # (token, redactor knowing it)
 
     # -- plumbing -------------------------------------------------------------------
