@@ -19,6 +19,7 @@ from redis import Redis
 
 from bot.core.settings import Settings
 from bot.core.text.redact import Redactor, settings_secrets
+from bot.io.github import tokens
 from bot.io.github.calls import _pages, _with_retries
 from bot.io.github.failures import GitHubError, message_of
 from bot.io.preload import tls
@@ -64,6 +65,7 @@ class AppIdentity:
         self._tokens: dict[int, tuple[str, float]] = {}
         self._permissions: dict[int, dict[str, str]] = {}  # what each token was granted
         self._redactor: Redactor | None = None
+        self._shared_tokens: tokens.SharedTokens | None = None
         self._slug: str | None = None
         self.client = GitHub(
             AppAuthStrategy(settings.github_app_id, settings.private_key_pem()),
@@ -79,21 +81,55 @@ class AppIdentity:
         )
 
     def installation_token(self, installation_id: int, *, refresh: bool = False) -> str:
-        """A token for ``installation_id``; reused until five minutes before it expires."""
+        """A token for ``installation_id``; reused until five minutes before it expires,
+        by this process and, with Redis, by every job of the installation
+        (``bot.io.github.tokens``: a work horse runs one job, and GitHub's ETags are per
+        token, so a token per job made every job's reads whole again)."""
         with self._lock:
             cached = self._tokens.get(installation_id)
             if cached and not refresh and cached[1] - time.time() > TOKEN_MARGIN_SECONDS:
                 return cached[0]
-        data = _with_retries(
-            lambda: self.client.rest.apps.create_installation_access_token(installation_id).json(),
-            self.settings.github_max_retry_wait,
-            self._sleep,
-        )
-        expires = datetime.strptime(data["expires_at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        shared = self._shared()
+        held = None if refresh or shared is None else shared.get(installation_id)
+        if held is not None and held.expires - time.time() > TOKEN_MARGIN_SECONDS:
+            data: dict[str, Any] = {"token": held.token, "permissions": held.permissions}
+            expires_at = held.expires
+        else:
+            data = _with_retries(
+                lambda: self.client.rest.apps.create_installation_access_token(
+                    installation_id
+                ).json(),
+                self.settings.github_max_retry_wait,
+                self._sleep,
+            )
+            expires_at = (
+                datetime.strptime(data["expires_at"], "%Y-%m-%dT%H:%M:%SZ")
+                .replace(tzinfo=UTC)
+                .timestamp()
+            )
+            if shared is not None:
+                shared.put(
+                    installation_id,
+                    tokens.Held(
+                        str(data["token"]), expires_at, dict(data.get("permissions") or {})
+                    ),
+                    ttl=expires_at - time.time() - TOKEN_MARGIN_SECONDS,
+                )
         with self._lock:
-            self._tokens[installation_id] = (data["token"], expires.timestamp())
+            self._tokens[installation_id] = (data["token"], expires_at)
             self._permissions[installation_id] = dict(data.get("permissions") or {})
         return str(data["token"])
+
+    def _shared(self) -> tokens.SharedTokens | None:
+        """The installation tokens kept in Redis, encrypted with a key only the App's
+        private key gives (None without Redis)."""
+        if self.redis is None:
+            return None
+        if self._shared_tokens is None:
+            self._shared_tokens = tokens.SharedTokens(
+                self.redis, self.settings.github_app_id, self.settings.private_key_pem()
+            )
+        return self._shared_tokens
 
     def installation_permissions(self, installation_id: int) -> dict[str, str]:
         """What the installation's token may do (``permissions`` of the token's answer:

@@ -207,7 +207,12 @@ class GitHubServer(State):
             and not resp.is_streamed
         )
         if cacheable:
-            tag = f'W/"{hashlib.sha256(resp.get_data()).hexdigest()}"'
+            # Of the body AND the credential: GitHub's ETags are reported to be per token
+            # (GitHub support, quoted in eclipse-csi/otterdog#201): another token's ETag
+            # gets the whole body again, never a 304.
+            credential = request.headers.get("Authorization", "").encode()
+            digest = hashlib.sha256(credential + b"\0" + resp.get_data()).hexdigest()
+            tag = f'W/"{digest}"'
             resp.headers["ETag"] = tag
             resp.headers["Cache-Control"] = "private, max-age=60, s-maxage=60"
             resp.headers["Vary"] = "Accept, Authorization, Cookie"
