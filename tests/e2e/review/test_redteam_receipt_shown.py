@@ -101,3 +101,35 @@ def test_a_receipt_whose_every_gate_try_failed_is_shown_when_the_gate_comes_back
     shown = github.repo(REPO).comments[r.status_comment_id]["body"]
     assert "**completed**" in shown, shown
     assert github.ref(REPO, BRANCH) is None, "merged, and its branch is left"
+
+
+def test_a_merge_whose_answer_was_lost_still_shows_its_receipt(
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    drain: Any,
+    no_waiting: None,
+) -> None:
+    """GitHub merges, and its answer is lost (a 502 after the merge): the next try finds
+    the pull request merged already. The receipt the gate held is still shown."""
+
+    def agent(body: dict[str, Any]) -> m.Item:
+        if is_critic(body):
+            github.inject("PUT", r"/pulls/\d+/merge$", 502, after=True)
+            return report()
+        last = body["messages"][-1]["content"]
+        if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
+            return m.text("Fixed add.")
+        return FIX
+
+    model.responder = agent
+    start(github)
+    drain()
+    r = record(redis)
+    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    assert r.pr_number is not None
+    body = receipt_body(github, r.pr_number)
+    assert body is not None, "merged, and the receipt is never shown"
+    assert f"Merged as `{r.merge_sha}`." in body
+    assert github.ref(REPO, BRANCH) is None
