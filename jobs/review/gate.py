@@ -679,8 +679,8 @@ class Gate:
                 closes=self.issue,
             )
         except Conflict as exc:
-            self._set(receipt_text="")  # not this merge's: the next decision has its own
             if exc.status == 409:  # the head moved between our read and the merge
+                self._set(receipt_text="")  # not this merge's: the next decision has its own
                 why = "the head moved while merging"
                 moved = lifecycle.advance(
                     self.store, self.key, Status.REVIEWING, came_from=AT_GATE, detail=why
@@ -688,7 +688,9 @@ class Gate:
                 return "head moved: review again" if moved else MOVED_ON
             now = gh.pull(self.repo, record.pr_number)  # 405: merged already, or not mergeable
             if now.merged:
+                # This merge's answer was lost (a retried PUT): the held receipt is its.
                 return self._completed(gh, record, now.merge_commit_sha or "")
+            self._set(receipt_text="")  # not this merge's: the next decision has its own
             if "merge queue" in str(exc).lower():
                 # A merge queue the rules did not show (classic protection's, which the App
                 # cannot read): the one refused merge says so; the queue takes it from here.
