@@ -319,3 +319,24 @@ def test_a_last_state_sent_now_while_the_held_creation_is_in_flight_makes_one_co
     comments = [c for c in github.repo(REPO).comments.values() if c["_issue"] == 1]
     assert len(comments) == 1, [c["body"][:80] for c in comments]
     assert "**failed**" in comments[0]["body"], comments[0]["body"]
+
+
+def test_a_last_state_sent_now_is_not_overwritten_by_an_older_edit_in_flight(
+    github: GitHubServer, settings: Settings, redis: Redis, monkeypatch: object
+) -> None:
+    """The same race on an edit: the thread's edit of an older state, slow on its way,
+    must not land after the loop's last state, sent now."""
+    import pytest
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    monkeypatch.setattr(status_comment, "HOLD", 0.1)
+    gh, store, record = setup(github, settings, redis, gap=0.0)
+    github.inject("PATCH", r"/issues/comments/\d+$", 0, delay=1.0)  # slow, not failing
+    with publishing():
+        post_status(store, gh, store.set_fields(record.key, status=Status.RUNNING, turn=2))
+        time.sleep(0.4)  # that edit is on its way
+        ended = store.set_fields(record.key, status=Status.FAILED, reason="verify_failed")
+        post_status(store, gh, ended, now=True)
+    time.sleep(1.0)
+    body = next(iter(github.repo(REPO).comments.values()))["body"]
+    assert "**failed**" in body, body
