@@ -11,6 +11,7 @@ import os
 import signal
 from typing import Any
 
+import pytest
 from redis import Redis
 
 from bot.core.record import Status
@@ -28,6 +29,11 @@ KEY = f"{REPO}#1"
 BRANCH = "loop/issue-1"
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="not fixed: nothing revives a loop recorded completed whose gate died before its "
+    "receipt (a gate recheck scheduled before the merge was tried: its job never ran here)",
+)
 def test_a_gate_killed_after_the_merge_still_shows_the_receipt_and_deletes_the_branch(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, workers: Any
 ) -> None:
