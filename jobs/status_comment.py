@@ -66,6 +66,10 @@ def post_status(
         return record
     if publisher is not None:
         publisher.discard(record.key)
+        # The comment the thread may have made meanwhile (its held creation): edited,
+        # not made again.
+        if record.status_comment_id is None and (made := store.get(record.key)) is not None:
+            record = record.model_copy(update={"status_comment_id": made.status_comment_id})
     return _send(store, gh, record, tail)
 
 
@@ -122,16 +126,23 @@ class Publisher:
         self._due: dict[LoopKey, float] = {}  # when a loop's pending edit may go (HOLD)
         self._failed: dict[LoopKey, _Edit] = {}  # the last edit of a loop, if it failed
         self._busy = False
+        self._sending: LoopKey | None = None  # the loop whose edit the thread sends now
         self._urgent = threading.Event()  # a flush is waiting: edits stop giving way
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def discard(self, key: LoopKey) -> None:
-        """Drop the edits of ``key`` still waiting (one sent at once supersedes them)."""
+    def discard(self, key: LoopKey, timeout: float = 60.0) -> None:
+        """Drop the edits of ``key`` still waiting (one sent at once supersedes them), and
+        wait for one of them on its way: sent after it, the edit sent at once could be
+        overwritten by an older state, or (the comment's held creation) make a second
+        comment (red team, issue 43)."""
+        deadline = time.monotonic() + timeout
         with self._cond:
             self._pending.pop(key, None)
             self._due.pop(key, None)
             self._failed.pop(key, None)
+            while self._sending == key and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
 
     def submit(self, edit: _Edit) -> None:
         with self._cond:
@@ -170,6 +181,7 @@ class Publisher:
                 edit = self._pending.pop(key)
                 self._due.pop(key, None)
                 self._busy = True
+                self._sending = key
             try:
                 self._send(edit)
             except LeaseLost:
@@ -179,6 +191,10 @@ class Publisher:
                 with self._cond:
                     if key not in self._pending:
                         self._failed[key] = edit
+            finally:
+                with self._cond:
+                    self._sending = None
+                    self._cond.notify_all()
 
     def _send(self, edit: _Edit) -> None:
         pace = edit.gh.pace

@@ -214,6 +214,11 @@ class Critic:
             )
             if carried is not None:
                 return self._carried(gh, record, sha, carried, digest, diff, config)
+        if record.catch_up.get("to") == sha:
+            # A clean catch-up's steps were quiet (dropped at its job's end): the status
+            # comment still shows what came before it (the gate's wait, say). It is
+            # reviewed again, for as long as the model takes: say so (red team, issue 43).
+            lifecycle.post_status(self.store, gh, record)
         round_ = record.critic_round + 1
         # Milestones: every section passed its own audit, so this review is the final audit.
         final = sections.final(record.sections)

@@ -137,6 +137,12 @@ class Gate:
                 guard=Guard.WHILE_MERGING,
             )
             if updated is None:
+                moved = self.store.get(self.key)
+                if moved is not None and _receipt_pending(moved):
+                    # Merged, and GitHub failed every try of what follows (the branch,
+                    # the receipt, the status comment's "merged"): nothing on GitHub says
+                    # the loop ended, so the gate comes back to say it.
+                    self._recheck_later()
                 return f"gate error after the loop moved on: {error}"
             record = updated
         try:  # best effort: GitHub may be what is failing; the record says it all already
@@ -159,10 +165,10 @@ class Gate:
         with store.lock(f"gate:{self.key}", timeout=120, renew=True):
             record = store.get(self.key)
             if record is not None and _receipt_pending(record):
-                # Merged and recorded, and the receipt's one post (after the merge) failed:
-                # the retry posts it, since nothing else on the pull request says it.
+                # Merged and recorded, and its tidying up (the branch, the receipt's one
+                # post) failed: the retry does it, since nothing else on GitHub says it.
                 gh = self.rt.github.installation(record.installation_id)
-                self._receipt_merged(gh, record, record.merge_sha)
+                self._tidy_merged(gh, record, record.branch)
                 return "merged: receipt posted"
             if record is None or record.status != Status.MERGING or record.pr_number is None:
                 merge_slot.pass_on(self.rt.redis, self.repo)  # woken, but no longer waiting
@@ -673,8 +679,8 @@ class Gate:
                 closes=self.issue,
             )
         except Conflict as exc:
-            self._set(receipt_text="")  # not this merge's: the next decision has its own
             if exc.status == 409:  # the head moved between our read and the merge
+                self._set(receipt_text="")  # not this merge's: the next decision has its own
                 why = "the head moved while merging"
                 moved = lifecycle.advance(
                     self.store, self.key, Status.REVIEWING, came_from=AT_GATE, detail=why
@@ -682,7 +688,9 @@ class Gate:
                 return "head moved: review again" if moved else MOVED_ON
             now = gh.pull(self.repo, record.pr_number)  # 405: merged already, or not mergeable
             if now.merged:
+                # This merge's answer was lost (a retried PUT): the held receipt is its.
                 return self._completed(gh, record, now.merge_commit_sha or "")
+            self._set(receipt_text="")  # not this merge's: the next decision has its own
             if "merge queue" in str(exc).lower():
                 # A merge queue the rules did not show (classic protection's, which the App
                 # cannot read): the one refused merge says so; the queue takes it from here.
@@ -758,13 +766,21 @@ class Gate:
             merge_sha=merge_sha or record.merge_sha,  # GitHub may not say: keep what was
         )
         assert updated is not None  # a merge ends any loop, a cancelled one too
-        self._receipt_merged(gh, updated, updated.merge_sha)
+        self._tidy_merged(gh, updated, record.branch)
+        return "merged"
+
+    def _tidy_merged(self, gh: Installation, record: LoopRecord, branch: str) -> None:
+        """After the merge: the branch goes, then the receipt is shown. The held receipt
+        text is cleared last (``_receipt_merged``), so a run that fails anywhere here is
+        redone whole by the gate's retry (``_receipt_pending``): a DELETE again is a 422,
+        suppressed."""
         # A repository that deletes merged head branches itself does it now: a DELETE
         # of our own would be a write for nothing (issue 43), or a 422 once it has.
         if not gh.repo(self.repo).delete_branch_on_merge:
-            gh.delete_branch(self.repo, record.branch)
-        lifecycle.post_status(self.store, gh, updated)
-        return "merged"
+            gh.delete_branch(self.repo, branch)
+        self._receipt_merged(gh, record, record.merge_sha)
+        # As it is now: with the receipt just shown (``record`` is from before it).
+        lifecycle.post_status(self.store, gh, self.store.get(self.key) or record)
 
     def _refuse(self, gh: Installation, record: LoopRecord, reason: Reason, why: str) -> str:
         # Always: the gate decided on the status it read under its lock, and an issue

@@ -289,3 +289,54 @@ def test_the_comment_s_creation_is_held_with_the_first_edits(
     assert made is not None and made.status_comment_id is not None
     body = github.repo(REPO).comments[made.status_comment_id]["body"]
     assert "turn 1" in body.lower(), body
+
+
+def test_a_last_state_sent_now_while_the_held_creation_is_in_flight_makes_one_comment(
+    github: GitHubServer, settings: Settings, redis: Redis, monkeypatch: object
+) -> None:
+    """Red team (issue 43): the comment's creation is held, then sent by the publisher's
+    thread. A loop that ends while that request is on its way posts its last state now:
+    one comment, showing the last state, never two."""
+    import pytest
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    monkeypatch.setattr(status_comment, "HOLD", 0.1)
+    iid = github.add_installation("acme")
+    github.add_repo(REPO, {"README.md": "hi\n"}, installation_id=iid)
+    with github.as_user("acme") as alice:
+        alice.post(f"/repos/{REPO}/issues", json={"title": "Bug", "body": "It breaks"})
+    gh = GitHubApp(settings, redis=redis).installation(iid)
+    store = Store(redis)
+    record = store.put(LoopRecord(repo=REPO, issue=1, installation_id=iid, status=Status.RUNNING))
+    # GitHub takes a while to answer the creation (no failure: only slow).
+    github.inject("POST", rf"/repos/{REPO}/issues/1/comments$", 0, delay=1.0)
+    with publishing():
+        post_status(store, gh, record)  # held, then sent by the thread
+        time.sleep(0.4)  # the creation is on its way
+        ended = store.set_fields(record.key, status=Status.FAILED, reason="verify_failed")
+        post_status(store, gh, ended, now=True)  # the loop's last state
+    time.sleep(1.0)
+    comments = [c for c in github.repo(REPO).comments.values() if c["_issue"] == 1]
+    assert len(comments) == 1, [c["body"][:80] for c in comments]
+    assert "**failed**" in comments[0]["body"], comments[0]["body"]
+
+
+def test_a_last_state_sent_now_is_not_overwritten_by_an_older_edit_in_flight(
+    github: GitHubServer, settings: Settings, redis: Redis, monkeypatch: object
+) -> None:
+    """The same race on an edit: the thread's edit of an older state, slow on its way,
+    must not land after the loop's last state, sent now."""
+    import pytest
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    monkeypatch.setattr(status_comment, "HOLD", 0.1)
+    gh, store, record = setup(github, settings, redis, gap=0.0)
+    github.inject("PATCH", r"/issues/comments/\d+$", 0, delay=1.0)  # slow, not failing
+    with publishing():
+        post_status(store, gh, store.set_fields(record.key, status=Status.RUNNING, turn=2))
+        time.sleep(0.4)  # that edit is on its way
+        ended = store.set_fields(record.key, status=Status.FAILED, reason="verify_failed")
+        post_status(store, gh, ended, now=True)
+    time.sleep(1.0)
+    body = next(iter(github.repo(REPO).comments.values()))["body"]
+    assert "**failed**" in body, body
