@@ -54,7 +54,7 @@ from bot.core.spend import retention
 from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger
 from bot.io.pace import Pace
-from bot.io.queues import JobKind, fetch_job, waits_where_it_says
+from bot.io.queues import JobKind, enqueue_gate, fetch_job, waits_where_it_says
 from bot.io.schedules import Book
 from jobs import lifecycle, merge_slot, schedules
 from jobs.dispatch import start_loop
@@ -67,6 +67,8 @@ log = get_logger("loopbot.reconciler")
 QUEUED_GRACE_SECONDS = 120
 # A reviewing or merging loop whose job is gone is looked at after this long unchanged.
 STRANDED_GRACE_SECONDS = 300
+# A gate tidies up within seconds of the merge; still held after this, its gate died.
+TIDY_GRACE_SECONDS = 30
 
 
 def _job_state(rt: Runtime, record: LoopRecord) -> recovery.JobState:
@@ -328,6 +330,25 @@ def revive_stranded(rt: Runtime) -> list[str]:
     return acted
 
 
+def finish_merged(rt: Runtime) -> list[str]:
+    """A loop merged whose gate died before its tidy-up (the branch, the receipt, the
+    last status: a worker killed right after the merge) gets its gate again, which
+    finishes it (``Gate._tidy_merged``); nothing else revives a completed loop."""
+    now = time.time()
+    due = [s for s in rt.store.summaries() if s.get("tidy_pending")]
+    if not due:
+        return []
+    pending = lifecycle.pending_stage_jobs(rt.redis)
+    acted = []
+    for s in due:
+        job = (JobKind.GATE, str(s["repo"]), int(s["issue"]))
+        if recovery.tidy_due(s, job_pending=job in pending, now=now, grace=TIDY_GRACE_SECONDS):
+            enqueue_gate(rt.redis, str(s["repo"]), int(s["issue"]))
+            log.warning("reconciler.tidy_merged", loop=s["key"])
+            acted.append(str(s["key"]))
+    return acted
+
+
 def sweep(rt: Runtime) -> list[str]:
     """Start loops for labelled issues whose webhook never arrived; book each repository's
     schedules as its ``loop.yml`` says now (a missed push, a file removed)."""
@@ -495,6 +516,7 @@ class Reconciler(threading.Thread):
         self._step("pace", keep_pace)  # first: a queued loop without a slot joins the line
         self._step("resume", resume_lapsed)
         self._step("revive", revive_stranded)
+        self._step("tidy", finish_merged)
         self._step("merge slots", free_merge_slots)
         if time.time() - self._last_sweep >= self.rt.settings.sweep_interval:
             self._last_sweep = time.time()

@@ -414,6 +414,13 @@ def summarize(record: LoopRecord) -> dict[str, Any]:
     data = record.model_dump(mode="json", include=set(SUMMARY_FIELDS))
     data["key"] = record.key
     data["waiting_for"] = waiting_for(record)
+    # Merged, and the gate's tidy-up after it (the branch, the receipt, the last status)
+    # not finished: the reconciler sends the gate again (``jobs.reconciler``).
+    data["tidy_pending"] = (
+        record.status is Status.COMPLETED
+        and record.reason == Reason.MERGED
+        and bool(record.receipt_text)
+    )
     data["tokens"] = {
         slot: [u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens]
         for slot, u in record.usage.items()

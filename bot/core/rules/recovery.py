@@ -14,7 +14,9 @@ they say through ``jobs/lifecycle.py``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from bot.core.record import LoopRecord, Reason, Status
 from bot.core.text.messages import gave_up
@@ -130,3 +132,14 @@ def stranded(
             ),
         )
     return Revive()
+
+
+def tidy_due(summary: Mapping[str, Any], *, job_pending: bool, now: float, grace: float) -> bool:
+    """Whether a merged loop's tidy-up (its branch, receipt and last status) was left
+    unfinished long enough that its gate died after the merge (a worker killed): the
+    gate is sent again, and finishes it. Pure."""
+    return (
+        bool(summary.get("tidy_pending"))
+        and not job_pending
+        and now - float(summary.get("updated_at") or 0.0) >= grace
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from redis import Redis
 
 from bot.core.record import Status
@@ -14,7 +15,9 @@ from bot.io.github import failures
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
+from jobs import reconciler
 from jobs.review import gate as merge_gate
+from jobs.runtime import Runtime
 from tests.conftest import Web
 from tests.e2e.review.test_receipt import no_waiting, receipt_body, start
 from tests.e2e.review.test_review_merge import FIX, is_critic, record, report
@@ -133,3 +136,44 @@ def test_a_merge_whose_answer_was_lost_still_shows_its_receipt(
     assert body is not None, "merged, and the receipt is never shown"
     assert f"Merged as `{r.merge_sha}`." in body
     assert github.ref(REPO, BRANCH) is None
+
+
+def test_a_merged_loop_whose_gate_died_before_its_tidy_up_is_finished_by_the_reconciler(
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    drain: Any,
+    no_waiting: None,
+    rt: Runtime,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gate's worker dies after the merge (recorded completed) and before its
+    tidy-up: nothing of that gate comes back, not even its recheck (here: the gate's
+    every try failed, and its recheck is lost with the worker). The reconciler sends the
+    gate again once the grace has passed: the receipt is shown and the branch goes."""
+    from rq import Queue
+    from rq.registry import ScheduledJobRegistry
+
+    from bot.io.queues import LOOP_QUEUE
+
+    model.responder = failing_after_review(github, tries=merge_gate.ERROR_ATTEMPTS)
+    start(github)
+    drain()
+    r = record(redis)
+    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    assert r.pr_number is not None and r.status_comment_id is not None
+    scheduled = ScheduledJobRegistry(queue=Queue(LOOP_QUEUE, connection=redis))  # type: ignore[no-untyped-call]
+    for job_id in scheduled.get_job_ids():
+        scheduled.remove(job_id, delete_job=True)  # lost with the worker
+    assert reconciler.finish_merged(rt) == []  # within the grace: its gate may be at it
+    monkeypatch.setattr(reconciler, "TIDY_GRACE_SECONDS", 0)
+    assert reconciler.finish_merged(rt) == [f"{REPO}#1"]
+    assert reconciler.finish_merged(rt) == []  # its gate is queued: not twice
+    drain()
+    body = receipt_body(github, r.pr_number)
+    assert body is not None and f"Merged as `{r.merge_sha}`." in body
+    shown = github.repo(REPO).comments[r.status_comment_id]["body"]
+    assert "**completed**" in shown, shown
+    assert github.ref(REPO, BRANCH) is None
+    assert reconciler.finish_merged(rt) == []  # tidied: nothing left to do
