@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
 
 from flask import Flask, Response, request
@@ -74,9 +75,13 @@ def _write_rules(state: State, repo: Repo) -> None:
             "push_protection": repo.push_protection,
             "restrict_creation": list(repo.restrict_creation),
         }
-    # One push at a time per repository writes it (the stand-in's tests push serially
-    # per repository; a concurrent push would at worst read the same rules).
-    (repo.path / RULES_FILE).write_text(json.dumps(rules))
+    # Written whole or not at all (a new file renamed over the old): a push's hook that
+    # read the file while another push wrote it failed on half a file (the fleet bench,
+    # 3 pushes of 50 refused). Concurrent pushes of one repository read the same rules
+    # unless the rules changed between them.
+    tmp = repo.path / f"{RULES_FILE}.{threading.get_ident()}.tmp"
+    tmp.write_text(json.dumps(rules))
+    os.replace(tmp, repo.path / RULES_FILE)
 
 
 def _cgi_env(state: State, path_info: str, length: int) -> dict[str, str]:

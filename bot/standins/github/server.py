@@ -220,7 +220,9 @@ class GitHubServer(State):
                 resp.status_code = 304
                 resp.set_data(b"")
                 resp.headers.pop("Content-Type", None)
-        with self.lock:
+        # Its own lock, not the server's: the server's is held through git work (a merge),
+        # and every response waiting for it made the whole fleet wait (issue 43's bench).
+        with self.rate_lock:
             if time.time() >= self.rate_reset:  # a new hour: every budget is whole again
                 self.rate_used.clear()
                 self.rate_reset = int(time.time()) + 3600

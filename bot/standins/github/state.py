@@ -272,6 +272,7 @@ class State:
         # ``not_modified`` (method, path, auth kind).
         self.rate_limit = 15000
         self.rate_used: dict[tuple[str, Any], int] = {}
+        self.rate_lock = threading.Lock()  # the rate counters' and ``not_modified``'s
         self.rate_reset = int(time.time()) + 3600
         self.not_modified: list[tuple[str, str, str]] = []
         self.webhook_url: str | None = None
