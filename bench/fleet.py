@@ -1,14 +1,18 @@
 """A fleet: many loops at once on one machine, one installation, GitHub's limits enforced.
 
-    .venv/bin/python bench/fleet.py [--loops 50] [--repos 3] [--latency 3] [--slots N]
-        [--gap 1.0] [--smoke]
+    .venv/bin/python bench/fleet.py [--loops 50] [--repos 3] [--latency 3] [--jitter 0.5]
+        [--slots N] [--gap 1.0] [--smoke]
 
 Starts a private redis-server, the local GitHub (enforcing GitHub's documented secondary
 limits per installation: 80 content-creating requests a minute, 100 concurrent
 requests; past them a 403 with the secondary-limit message), the local model answering
-every call after ``--latency`` seconds, the web app, and ONE ``loopbot worker --loops
-SLOTS`` process (a supervisor and its slots). Then ``--loops`` issues across ``--repos``
-repositories of one installation are labelled at once, through real webhooks. Each loop
+every call after ``--latency`` seconds on average (each call ``--jitter`` of it shorter
+or longer, drawn evenly: a real model's calls vary, and calls that all take the same
+time keep every loop in lockstep, so all their commits, pushes and verifies land in the
+same second and measure the collision on this machine's two cores, not loopbot), the
+web app, and ONE ``loopbot worker --loops SLOTS`` process (a supervisor and its
+slots). Then ``--loops`` issues across ``--repos`` repositories of one installation are
+labelled at once, through real webhooks. Each loop
 runs two turns (the first leaves a draft that verify refuses, the second finishes it; the
 note is under tests/, so no third turn asks for a test),
 opens its pull request, is reviewed by the critic and merged. Triage is off: every model
@@ -33,6 +37,7 @@ import argparse
 import collections
 import logging
 import os
+import random
 import re
 import signal
 import statistics
@@ -63,16 +68,21 @@ def yml(loops: int) -> str:
     return f'verify: "{VERIFY}"\nmax_turns: 4\nmax_parallel: {loops}\ntriage:\n  enabled: false\n'
 
 
-def respond_after(latency: float) -> Any:
+def respond_after(latency: float, jitter: float = 0.0, seed: int = 1) -> Any:
     """The model: turn 1 writes the issue's note as a draft, turn 2 finishes it; the
-    critic approves. Every answer takes ``latency`` seconds."""
+    critic approves. An answer takes ``latency`` seconds, times a factor drawn evenly
+    from 1 - ``jitter`` to 1 + ``jitter`` (seeded: the same run draws the same)."""
+    draw = random.Random(seed)
+    lock = threading.Lock()
 
     def note(said: str) -> tuple[str, bool]:
         name = re.search(r"fleet-(\d+)", said)
         return f"tests/fleet-{name.group(1) if name else 'x'}.txt", True
 
     def respond(body: dict[str, Any]) -> m.Item:
-        time.sleep(latency)
+        with lock:
+            factor = draw.uniform(1 - jitter, 1 + jitter)
+        time.sleep(latency * factor)
         return _env.scripted_answer(body, note)
 
     return respond
@@ -131,6 +141,12 @@ def main() -> None:
     ap.add_argument("--loops", type=int, default=50)
     ap.add_argument("--repos", type=int, default=3)
     ap.add_argument("--latency", type=float, default=3.0, help="seconds per model call")
+    ap.add_argument(
+        "--jitter",
+        type=float,
+        default=0.5,
+        help="a model call takes latency x (1 +- up to this); 0: every call the same",
+    )
     ap.add_argument("--slots", type=int, default=0, help="loop slots (default: --loops)")
     ap.add_argument("--gap", type=float, default=1.0, help="LOOPBOT_GITHUB_WRITE_GAP")
     ap.add_argument("--timeout", type=float, default=3600.0)
@@ -152,7 +168,7 @@ def main() -> None:
         gh = b.github
         gh.write_limit, gh.write_window = 80, 60.0  # GitHub: 80 content-creating a minute
         gh.concurrent_limit = 100  # GitHub: 100 concurrent requests
-        b.model.responder = respond_after(args.latency)
+        b.model.responder = respond_after(args.latency, args.jitter)
         server = make_server("127.0.0.1", 0, create_app(b.rt.settings, b.rt.redis), threaded=True)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         gh.webhook_url = f"http://127.0.0.1:{server.server_port}/webhook"
@@ -174,7 +190,7 @@ def main() -> None:
         sampler.start()
         time.sleep(2)  # the slots start (each connects, the scheduler takes its lock)
         before, not_modified_before = len(gh.requests), len(gh.not_modified)
-        tally_before = tally.counts(b.rt.redis)
+        tally_before = tallies(b.rt.redis)
         labelled = time.time()
         with gh.as_user("writer") as u:
             for key in keys:
@@ -206,6 +222,16 @@ def main() -> None:
         if server is not None:
             server.shutdown()
         b.close()
+
+
+def tallies(redis: Any) -> dict[tuple[str, str, str, str], int]:
+    """loopbot's own count of its GitHub requests: (job, phase, kind, route) -> requests.
+    A loopbot from before phases were counted (a run interleaved with an older commit)
+    gives no phase."""
+    by_phase = getattr(tally, "by_phase", None)
+    if by_phase is not None:
+        return {tuple(c): v for c, v in by_phase(redis).items()}  # type: ignore[misc]
+    return {(j, "", k, w): v for (j, k, w), v in tally.counts(redis).items()}
 
 
 def settle(redis: Any, deadline: float) -> None:
@@ -276,7 +302,7 @@ def report(
     sampler: Sampler,
     labelled: float,
     befores: tuple[int, int],
-    tally_before: dict[tuple[str, str, str], int],
+    tally_before: dict[tuple[str, str, str, str], int],
 ) -> None:
     store, gh = b.rt.store, b.github
     before, not_modified_before = befores  # the local GitHub's logs' lengths at the labelling
@@ -310,7 +336,7 @@ def report(
     # loopbot's own tally by the job that sent each (bot/io/github/tally.py).
     tallied = {
         k: n - tally_before.get(k, 0)
-        for k, n in tally.counts(b.rt.redis).items()
+        for k, n in tallies(b.rt.redis).items()
         if n > tally_before.get(k, 0)
     }
     # The headline counts are GitHub's (the local GitHub's log of content-creating
@@ -335,7 +361,8 @@ def report(
     slot_peaks = sorted(sampler.slot_peaks.values())
     print(
         f"fleet: {n} loops, {args.repos} repositories, one installation, {slots} slots in one "
-        f"worker, model latency {args.latency:.1f} s, write gap {args.gap:.1f} s"
+        f"worker, model latency {args.latency:.1f} s (+-{args.jitter:.0%}), "
+        f"write gap {args.gap:.1f} s"
     )
     print(f"  loops finished {len(finished)}/{n}   merged {len(merged)}/{n}")
     print(
@@ -383,18 +410,18 @@ def report(
         ("read", "reads answered in full"),
         ("read304", "reads answered 304"),
     ):
-        print(f"  {what} per loop, by the job that sent them:")
-        jobs = collections.Counter[str]()
-        for (job, k, _), count in tallied.items():
+        # Writes by the job and its phase that made each (issue 43: each one justified
+        # or cut); reads by the job.
+        by = "job and phase" if kind == "write" else "job"
+        print(f"  {what} per loop, by the {by} that sent them:")
+        groups: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        for (job, phase, k, route), count in tallied.items():
             if k == kind:
-                jobs[job] += count
-        for job, total in jobs.most_common():
-            routes = sorted(
-                ((what, c) for (j, k, what), c in tallied.items() if (j, k) == (job, kind)),
-                key=lambda wc: -wc[1],
-            )
-            shown = ", ".join(f"{what} {c / n:.1f}" for what, c in routes)
-            print(f"    {job:<9} {total / n:5.1f}: {shown}")
+                group = f"{job}/{phase}" if kind == "write" and phase else job
+                groups[group][route] += count
+        for group, routes in sorted(groups.items(), key=lambda g: -g[1].total()):
+            shown = ", ".join(f"{route} {c / n:.1f}" for route, c in routes.most_common())
+            print(f"    {group:<22} {routes.total() / n:5.1f}: {shown}")
     print(
         f"  403/429 secondary-limit answers: {len(gh.limited)} "
         f"({len(after_first)} after the first Retry-After)"

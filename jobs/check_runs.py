@@ -16,9 +16,10 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from bot.io.github import tally
 from bot.io.github.client import Installation
 from bot.io.logs import get_logger
 from bot.io.store import LeaseLost
@@ -44,6 +45,9 @@ class Update:
     hold: float = 0.0
     annotations: tuple[dict[str, Any], ...] = ()
     text: str | None = None
+    # The job's phase that asked for it (a turn, the pull request...): its write counts
+    # there, whenever the thread sends it (bot/io/github/tally.py).
+    phase: str = field(default_factory=tally.phase)
 
 
 class CheckRuns:
@@ -172,7 +176,10 @@ class CheckRuns:
         # githubkit wraps it); then again right before the request is sent, after the
         # pace's waits: an update may go long after it was asked for.
         self._fence()
-        with pace.guarded(self._fence) if pace is not None else contextlib.nullcontext():
+        with (
+            pace.guarded(self._fence) if pace is not None else contextlib.nullcontext(),
+            tally.as_phase(update.phase),
+        ):
             run = self._gh.upsert_check_run(
                 self._repo,
                 self._name,

@@ -11,11 +11,12 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from bot.core.record import LoopRecord
 from bot.core.text import messages
 from bot.core.text.timeline import Timeline
+from bot.io.github import tally
 from bot.io.github.client import Installation
 from bot.io.logs import get_logger
 from bot.io.store import FencedStore, LeaseLost, LoopKey, Store
@@ -106,6 +107,9 @@ class _Edit:
     tail: str
     hold: float = 0.0
     quiet: bool = False
+    # The job's phase that asked for it: the edit counts there when the thread sends it
+    # (the newest of a burst: the state it shows).
+    phase: str = field(default_factory=tally.phase)
 
     @property
     def key(self) -> LoopKey:
@@ -215,7 +219,8 @@ class Publisher:
             record = edit.store.get(edit.key)
             if record is None or record.status_comment_id != edit.record.status_comment_id:
                 record = edit.record
-            _send(edit.store, edit.gh, record, edit.tail)
+            with tally.as_phase(edit.phase):
+                _send(edit.store, edit.gh, record, edit.tail)
 
     def flush(self, timeout: float) -> bool:
         """Wait until every edit submitted is sent (or failed); False on a timeout."""

@@ -141,12 +141,13 @@ class RedisCollector(Collector):
         yield paced
         requests = CounterMetricFamily(
             "loopbot_github_requests",
-            "GitHub requests sent, by the job that sent them, kind (read, write, or "
-            "read304: a read answered 304 Not Modified) and route",
-            labels=["job", "kind", "route"],
+            "GitHub requests sent, by the job that sent them, its phase (a turn, the "
+            "pull request, a catch-up, a review, the gate's decision...), kind (read, "
+            "write, or read304: a read answered 304 Not Modified) and route",
+            labels=["job", "phase", "kind", "route"],
         )
-        for (job, kind, what), n in sorted(tally.counts(self.redis).items()):
-            requests.add_metric([job, kind, what], n)
+        for c, n in sorted(tally.by_phase(self.redis).items()):
+            requests.add_metric([c.job, c.phase, c.kind, c.what], n)
         yield requests
         yield from _spend(self.redis)
         yield from _schedules(self.redis)

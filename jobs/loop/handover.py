@@ -4,6 +4,7 @@ saved for another worker (``jobs.drain``)."""
 from __future__ import annotations
 
 from bot.core.rules.lifecycle import Requeue
+from bot.io.github import tally
 from bot.io.logs import get_logger
 from jobs import lifecycle
 from jobs.loop.runner import RunnerBase
@@ -20,6 +21,7 @@ class Handover(RunnerBase):
         ``note`` is what the next turn's prompt says (the pending verify failure, if any).
         The reconciler of any live worker resumes it at once (see ``jobs.drain``).
         """
+        tally.enter("handoff")
         self._pushed()
         lifecycle.requeue(
             self.store,

@@ -21,6 +21,7 @@ from bot.core.rules import budget, intake, push_refusal
 from bot.core.rules import turns as transitions
 from bot.core.text import messages, prompts
 from bot.io.attachments import Attachments
+from bot.io.github import tally
 from bot.io.github.failures import GitHubError, new_error_id, public_error
 from bot.io.github.issues import IssueInfo
 from bot.io.github.pace import waited_here
@@ -140,6 +141,7 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
         raise exc  # RQ retries the job (see enqueue in jobs.dispatch)
 
     def _run(self, record: LoopRecord) -> str:
+        tally.enter("start")  # its config, the status comment, the worktree, setup
         gh = self.rt.github.installation(record.installation_id)
         self.gh = gh
         lifecycle.running(self.store, self.key, self.lease.owner)
@@ -480,6 +482,7 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
                 return LEASE_LOST
             if DRAIN.is_set():
                 return self._handoff(failure)
+            tally.enter("turn")
             self._pushed(wait=False)  # the last turn's push, if it has ended since verify
             # A refusal GitHub gave it is this turn's first news (``_refused``); one found
             # later, at this turn's commit, is the next turn's, before anything is pushed.
@@ -699,6 +702,7 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
         the tests as approved, the pull request moves on, no model asked (a turn only to
         hear "still passes" cost a call and a fleet's writes, issue 43); else None, and a
         turn follows with what verify said."""
+        tally.enter("catch_up")  # a turn follows unless it passes (the turn's own then)
         record = self._set(base_clean=False)
         if record.kind == "metric" or record.sections or not record.catch_up.get("from"):
             return None  # their evidence is per turn

@@ -7,6 +7,7 @@ from bot.core.evidence import held_out
 from bot.core.record import LoopRecord, Reason, Status
 from bot.core.spend import lines as spend_lines
 from bot.core.text import messages
+from bot.io.github import tally
 from bot.io.github.pulls import PullInfo
 from bot.io.logs import get_logger
 from jobs.agents.agent import Outcome
@@ -29,6 +30,7 @@ class PullRequests(RunnerBase):
         status comment and the receipt show it), and the status comment shows the
         catch-up when the gate's edit comes (issue 43: a fleet's catch-ups were a
         quarter of its writes)."""
+        tally.enter("catch_up" if caught_up else "pull_request")
         self._pushed()
         record = self._record()
         if not self.worktrees.tree_changed(self.checkout):

@@ -22,6 +22,7 @@ from bot.core.rules import metric as metric_rules
 from bot.core.rules import turns as transitions
 from bot.core.text import messages
 from bot.core.text.defuse import one_line
+from bot.io.github import tally
 from bot.io.github.client import Installation
 from bot.io.github.failures import GitHubError
 from bot.io.github.issues import IssueInfo
@@ -427,6 +428,7 @@ class RunnerBase(ABC):
         return self._finish(stop.status, stop.reason, stop.detail or fallback)
 
     def _finish(self, status: Status, reason: Reason, detail: str = "") -> str:
+        tally.enter("end")
         self._pushed()
         self.lease.check()
         spend = self.spend

@@ -54,6 +54,7 @@ from bot.core.rules.same_change import carried_from, patch_digest
 from bot.core.text import messages, prompts
 from bot.core.text import metric as metric_text
 from bot.io.attachments import Attachments
+from bot.io.github import tally as github_tally
 from bot.io.github.client import Installation
 from bot.io.github.failures import GitHubError, Unavailable
 from bot.io.github.pulls import PullInfo
@@ -157,6 +158,7 @@ class Critic:
         return "failed: critic_error"
 
     def _run_once(self) -> str:
+        github_tally.enter("review")
         record = self.store.get(self.key)
         if record is None or record.status != Status.REVIEWING or record.pr_number is None:
             return "nothing to review"
@@ -445,6 +447,7 @@ class Critic:
         in): the approval carries, the model is not asked, no review is posted (the one
         on ``reviewed`` says it). The check run on the new head says where it came from:
         a branch that requires it finds it on the head it merges."""
+        github_tally.enter("carried")
         self.store.event(self.key, "review_carried", sha=sha, reviewed=reviewed)
 
         def save(r: LoopRecord) -> None:

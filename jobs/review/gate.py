@@ -48,6 +48,7 @@ from bot.core.rules.merge import (
 from bot.core.rules.review import TESTS_CHANGED_FINGERPRINT, dismissal_holds
 from bot.core.spend import lines as spend_lines
 from bot.core.text import messages, receipt
+from bot.io.github import tally
 from bot.io.github.client import Installation
 from bot.io.github.failures import Conflict
 from bot.io.github.issues import IssueInfo
@@ -161,6 +162,7 @@ class Gate:
         return "failed: gate_error"
 
     def _run_once(self) -> str:
+        tally.enter("facts")  # what it reads before it decides; then the decision's own
         store = self.store
         with store.lock(f"gate:{self.key}", timeout=120, renew=True):
             record = store.get(self.key)
@@ -258,6 +260,7 @@ class Gate:
         facts: Facts,
     ) -> str:
         """Carry out ``decision`` (under the gate's lock)."""
+        tally.enter(_snake(type(decision).__name__))
         if isinstance(decision, Merge | Enqueue) and (unmet := receipt.unmet(table)):
             # The decision and its receipt disagree: a condition the receipt cannot show
             # as passed is not one to merge on.
@@ -774,6 +777,7 @@ class Gate:
         text is cleared last (``_receipt_merged``), so a run that fails anywhere here is
         redone whole by the gate's retry (``_receipt_pending``): a DELETE again is a 422,
         suppressed."""
+        tally.enter("tidy")
         # A repository that deletes merged head branches itself does it now: a DELETE
         # of our own would be a write for nothing (issue 43), or a 422 once it has.
         if not gh.repo(self.repo).delete_branch_on_merge:
@@ -851,3 +855,8 @@ def _held_out(record: LoopRecord, judged: str) -> dict[str, Any]:
     elif why:
         out["tests_changed_to_pass"] = "the tests were changed to pass: " + why
     return out
+
+
+def _snake(name: str) -> str:
+    """``WaitTurn`` -> ``wait_turn``: a decision's name as a phase of the gate. Pure."""
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")

@@ -1,40 +1,80 @@
-"""Every GitHub request of an installation, counted by the job that sent it and its route.
+"""Every GitHub request of an installation, counted by the job and phase that sent it
+and its route.
 
 At fleet scale an installation's writes are its time (they go one at a time, a second
 apart: bot/io/github/pace.py), so each write must be justified: the counts say which
-job (loop, critic, gate, dispatch, the reconciler) made which write, for the fleet
-benchmark and for an operator's ``loopbot_github_requests_total``. The job is the
-process's: a work horse runs one job at a time, and every thread of it (the status
-publisher, the check-run writer) writes for that job.
+job (loop, critic, gate, dispatch, the reconciler), in which of its phases (a turn, the
+pull request, a catch-up, a review, a wait, the merge...), made which write, for the
+fleet benchmark and for an operator's ``loopbot_github_requests_total``. The job and its
+phase are the process's: a work horse runs one job at a time, its phases one after
+another. A thread that writes for the job later (the status publisher, the check-run
+writer) counts its write in the phase that asked for it (``as_phase``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
-# "job|kind|METHOD /route" -> count; kind: write, read, or read304 (a conditional read
-# GitHub answered 304 Not Modified, which its primary rate limit does not count)
+# "job|kind|METHOD /route|phase" -> count; kind: write, read, or read304 (a conditional
+# read GitHub answered 304 Not Modified, which its primary rate limit does not count).
+# Fields written before phases were counted have no "|phase": their phase is "".
 KEY = "loopbot:metrics:github-requests"
 
 _job = "other"  # the job this process runs now (``running``): a horse runs one at a time
+_phase = ""  # the phase of that job now (``enter``)
+_asked = threading.local()  # a thread's phase for the write it sends for another (``as_phase``)
+
+
+class Count(NamedTuple):
+    job: str
+    phase: str
+    kind: str
+    what: str  # "METHOD /route"
 
 
 @contextlib.contextmanager
 def running(kind: str) -> Iterator[None]:
-    """Count the requests sent in the body (by any thread of the process) as ``kind``'s."""
-    global _job
-    previous, _job = _job, kind
+    """Count the requests sent in the body (by any thread of the process) as ``kind``'s;
+    its phase starts empty."""
+    global _job, _phase
+    previous, _job = (_job, _phase), kind
+    _phase = ""
     try:
         yield
     finally:
-        _job = previous
+        _job, _phase = previous
 
 
 def job() -> str:
     return _job
+
+
+def enter(phase: str) -> None:
+    """The job is in ``phase`` from now on (until the next ``enter`` or its end)."""
+    global _phase
+    _phase = phase
+
+
+def phase() -> str:
+    """The phase a request sent now by this thread counts in."""
+    asked = getattr(_asked, "phase", None)
+    return _phase if asked is None else asked
+
+
+@contextlib.contextmanager
+def as_phase(name: str) -> Iterator[None]:
+    """This thread's requests in the body count in ``name``: the phase that asked for the
+    write it sends (a status edit, a check run), not the phase the job is in by then."""
+    previous = getattr(_asked, "phase", None)
+    _asked.phase = name
+    try:
+        yield
+    finally:
+        _asked.phase = previous
 
 
 def route(path: str) -> str:
@@ -49,7 +89,7 @@ def route(path: str) -> str:
 
 
 def field(kind: str, method: str, path: str) -> str:
-    return f"{_job}|{kind}|{method.upper()} {route(path)}"
+    return f"{_job}|{kind}|{method.upper()} {route(path)}|{phase()}"
 
 
 def count(redis: Any, kind: str, method: str, path: str) -> None:
@@ -59,12 +99,20 @@ def count(redis: Any, kind: str, method: str, path: str) -> None:
         redis.hincrby(KEY, field(kind, method, path), 1)
 
 
-def counts(redis: Any) -> dict[tuple[str, str, str], int]:
-    """Every count so far: (job, kind, "METHOD /route") -> requests."""
-    out: dict[tuple[str, str, str], int] = {}
+def by_phase(redis: Any) -> dict[Count, int]:
+    """Every count so far, by job, phase, kind and route."""
+    out: dict[Count, int] = {}
     for raw, n in redis.hgetall(KEY).items():
         text = raw.decode() if isinstance(raw, bytes) else str(raw)
-        job_, _, rest = text.partition("|")
-        kind, _, what = rest.partition("|")
-        out[(job_, kind, what)] = int(n)
+        job_, kind, what, phase_ = [*text.split("|", 3), "", "", ""][:4]
+        key = Count(job_, phase_, kind, what)
+        out[key] = out.get(key, 0) + int(n)
+    return out
+
+
+def counts(redis: Any) -> dict[tuple[str, str, str], int]:
+    """Every count so far: (job, kind, "METHOD /route") -> requests, all phases."""
+    out: dict[tuple[str, str, str], int] = {}
+    for c, n in by_phase(redis).items():
+        out[(c.job, c.kind, c.what)] = out.get((c.job, c.kind, c.what), 0) + n
     return out

@@ -1,0 +1,92 @@
+"""Which phase of which job made each GitHub write (issue 43: count first, so each write
+is justified or cut): two loops of one repository, the second catching up with the
+first's merge, counted by ``bot/io/github/tally.py`` as the worker ran them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis import Redis
+
+from bot.core.record import Status
+from bot.io.github import tally
+from bot.io.store import Store
+from bot.standins import anthropic as m
+from bot.standins.anthropic import AnthropicServer
+from bot.standins.github import GitHubServer
+from tests.conftest import Web
+from tests.e2e.review.test_review_merge import is_critic, report
+from tests.helpers import REPO, label, open_issue, sample_repo
+
+
+def _writes(redis: Redis) -> dict[tuple[str, str, str], int]:
+    """(job, phase, route) -> writes."""
+    return {
+        (c.job, c.phase, c.what): n for c, n in tally.by_phase(redis).items() if c.kind == "write"
+    }
+
+
+def test_every_write_of_a_loop_names_the_phase_that_made_it(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    def agent(body: dict[str, Any]) -> m.Item:
+        if is_critic(body):
+            return report()
+        which = body["messages"][0]["content"][0]["text"].split("issue #")[1].split()[0]
+        last = body["messages"][-1]["content"]
+        if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in last):
+            return m.text(f"Done {which}.")
+        return m.write_file(f"notes/{which.strip('.:')}.md", "noted\n")
+
+    sample_repo(github, loop_yml="verify: test -d notes\n")
+    issues = [open_issue(github, f"note {i}", "Add a note.") for i in range(2)]
+    model.responder = agent
+    for n in issues:
+        label(github, "writer", n)
+    drain(rounds=30)
+    store = Store(redis)
+    records = [store.get(f"{REPO}#{n}") for n in issues]
+    assert all(
+        r is not None and (r.status, r.reason) == (Status.COMPLETED, "merged") for r in records
+    )
+    carried = [
+        n for n in issues if any(e["kind"] == "review_carried" for e in store.events(f"{REPO}#{n}"))
+    ]
+    assert len(carried) == 1, "the second loop caught up with the first's merge, cleanly"
+
+    writes = _writes(redis)
+    # Every write of a loop's jobs is counted in a phase of its job.
+    unnamed = {k: n for k, n in writes.items() if k[0] in {"loop", "critic", "gate"} and not k[1]}
+    assert not unnamed, unnamed
+    routes: dict[str, set[tuple[str, str]]] = {}
+    for (job, phase, what), _ in writes.items():
+        routes.setdefault(what, set()).add((job, phase))
+    assert routes["POST /pulls"] == {("loop", "pull_request")}
+    assert routes["POST /pulls/N/reviews"] == {("critic", "review")}
+    assert routes["PUT /pulls/N/merge"] == {("gate", "merge")}
+    assert routes["DELETE /git/refs/heads/{branch}"] == {("gate", "tidy")}
+    # The status comment is made in the loop's first seconds, held for what comes next
+    # (here the whole loop, which takes less than the hold: the pull request's edit
+    # makes it); its last edit (the receipt) is the tidy-up's.
+    made = {("loop", "start"), ("loop", "turn"), ("loop", "pull_request")}
+    assert routes["POST /issues/N/comments"] <= made
+    assert ("gate", "tidy") in routes["PATCH /issues/comments/N"]
+    # The catch-up's writes are its own: the loop's check run on the merged head, and
+    # the critic's saying the approval carried (no review).
+    assert writes[("loop", "catch_up", "POST /check-runs")] == 1
+    assert writes[("critic", "carried", "POST /check-runs")] == 1
+    # What the gate reads before it decides writes nothing.
+    assert not [k for k in writes if k[:2] == ("gate", "facts")], writes
+    # Counted by job as before too: the phases add up to the totals.
+    total = {k: n for k, n in tally.counts(redis).items() if k[1] == "write"}
+    assert sum(total.values()) == sum(writes.values())
+
+
+def test_counts_written_before_phases_read_as_no_phase(redis: Redis) -> None:
+    """An upgrade keeps the counts of the release before (no phase in the field)."""
+    redis.hset(tally.KEY, "loop|write|POST /pulls", 3)
+    redis.hset(tally.KEY, "loop|write|POST /pulls|pull_request", 2)
+    got = tally.by_phase(redis)
+    assert got[tally.Count("loop", "", "write", "POST /pulls")] == 3
+    assert got[tally.Count("loop", "pull_request", "write", "POST /pulls")] == 2
+    assert tally.counts(redis)[("loop", "write", "POST /pulls")] == 5
