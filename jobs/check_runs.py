@@ -92,6 +92,21 @@ class CheckRuns:
             self._failed = None
         self._write(update)
 
+    def discard(self, head_sha: str) -> bool:
+        """Drop the update waiting for ``head_sha``. True when this job has no check run
+        on that head (none made, none being made, none whose answer was lost), so there
+        is none to complete; False when there may be one."""
+        with self._cond:
+            while self._writing:
+                self._cond.wait()
+            if self._failed is not None and self._failed.head_sha == head_sha:
+                return False  # GitHub may have made it though its answer was lost
+            if head_sha in self._ids:
+                return False
+            if self._pending is not None and self._pending.head_sha == head_sha:
+                self._pending = None
+            return True
+
     def flush(self, timeout: float = 300.0) -> bool:
         """Wait until the update handed over is written (or failed); then write a failed
         one once more (logged if it fails again). False when ``timeout`` passed first."""

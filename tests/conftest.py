@@ -294,3 +294,48 @@ hypothesis.settings.load_profile("loopbot")
 def pytest_configure(config: pytest.Config) -> None:
     # Git in tests must not read the developer's ~/.gitconfig.
     os.environ.setdefault("GIT_CONFIG_NOSYSTEM", "1")
+
+
+# The longest tests start first, one at the head of each xdist worker's share: pytest-
+# xdist (``--dist worksteal``) hands worker k the k-th run of the collection, in order,
+# and a worker with nothing left steals from the end of another's. A three-minute test
+# that starts last runs alone at the end (CI's wall time); two at the head of one share
+# run one after the other. Measured with ``pytest -n 4 --dist worksteal --durations=60``
+# (2026-11-28); a test named here that is renamed only loses its place, nothing fails.
+LONG_FIRST = (
+    "tests/io/test_bench_smoke.py::test_benchmark_runs_in_smoke_mode[chaos.py]",
+    "tests/io/test_bench_smoke.py::test_benchmark_runs_in_smoke_mode[loop_overhead.py",
+    "tests/e2e/test_redis_failover.py::test_a_failover_that_loses_the_last_writes_is_repaired",
+    "tests/e2e/agents/test_claude_code.py::test_a_killed_worker_s_loop_resumes_the_same_session_on_another_worker",
+    "tests/e2e/agents/test_opencode.py::test_a_killed_worker_s_opencode_session_resumes_on_another_worker",
+    "tests/e2e/test_app_create.py::test_app_create_writes_an_env_file_that_web_and_worker_run_to_a_merge",
+    "tests/e2e/sandbox/test_containment.py::test_the_same_attacks_fail_for_a_non_root_worker",
+    "tests/e2e/test_github_limits.py::test_two_workers_pause_together_at_the_installation_s_limit",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next(
+            (i for i, name in enumerate(LONG_FIRST) if item.nodeid.startswith(name)),
+            len(LONG_FIRST),
+        )
+
+    long = sorted((it for it in items if rank(it) < len(LONG_FIRST)), key=rank)
+    rest = [it for it in items if rank(it) == len(LONG_FIRST)]
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    # The shares as xdist's first hand-out cuts them (each idle worker in turn gets the
+    # pending tests divided by the workers left); the long tests dealt round to them.
+    sizes, left = [], len(items)
+    for k in range(workers):
+        sizes.append(left // (workers - k))
+        left -= sizes[-1]
+    heads: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    for j, item in enumerate(long):
+        heads[j % workers].append(item)
+    ordered: list[pytest.Item] = []
+    for k in range(workers):
+        take = max(sizes[k] - len(heads[k]), 0)
+        ordered += heads[k] + rest[:take]
+        del rest[:take]
+    items[:] = ordered + rest

@@ -232,6 +232,12 @@ class LoopRecord(BaseModel):
     # reviewed one's (bot/core/rules/same_change.py): a diff's text does not show every
     # change (a binary file's bytes), so no other head is ever taken for one reviewed.
     catch_up: dict[str, str] = Field(default_factory=dict)
+    # Such a catch-up's own check run ("loopbot": verify passed on the merged head), not
+    # written by the loop when no rule requires it by name: the critic writes it if it
+    # reviews that head again; when the approval carries, the critic's one check run
+    # there says verify passed on it (issue 43: one write where two said the same).
+    # {"sha", "title", "summary"}; empty when none waits.
+    loop_check_waiting: dict[str, str] = Field(default_factory=dict)
     # What the agent's conversation has been given, each once (bot/core/rules/discussion.py,
     # bot/core/rules/nested_guidance.py): the ids of the issue's comments (maintainers'
     # comments shown, or left out for room) and the nested AGENTS.md paths.

@@ -12,7 +12,7 @@ from bot.io.github.pulls import PullInfo
 from bot.io.logs import get_logger
 from jobs.agents.agent import Outcome
 from jobs.loop import evidence
-from jobs.loop.runner import RunnerBase
+from jobs.loop.runner import CHECK_NAME, RunnerBase
 
 log = get_logger("loopbot.loop")
 
@@ -62,9 +62,9 @@ class PullRequests(RunnerBase):
         # Opened once; a later verified turn (a review fix) updates the same pull request.
         opened = "pr_opened" if record.pr_number != pull.number else "pr_updated"
         self.store.event(self.key, opened, pr=pull.number, sha=pull.head_sha)
-        self._check_run(
-            "completed", conclusion="success", title=f"verify passed on turn {record.turn}"
-        )
+        title = f"verify passed on turn {record.turn}"
+        if not (caught_up and self._check_left_to_critic(base, title)):
+            self._check_run("completed", conclusion="success", title=title)
         if self.config.critic.enabled or self.config.merge.enabled:
             stage = Status.REVIEWING if self.config.critic.enabled else Status.MERGING
             if not self._advance(stage, quiet=caught_up):
@@ -72,6 +72,29 @@ class PullRequests(RunnerBase):
             job = "critic" if stage is Status.REVIEWING else "merge gate"
             return f"pull request #{pull.number} opened; {job} queued"
         return self._finish(Status.COMPLETED, Reason.PR_OPENED, f"pull request #{pull.number}")
+
+    def _check_left_to_critic(self, base: str, title: str) -> bool:
+        """A clean catch-up's head: its check run is left to the critic (written by it
+        only if it reviews the head again; when the approval carries, the critic's run
+        says verify passed here). Not when a rule requires the loop's run by name, or
+        the rules cannot be read, or no critic runs, or this job's run on the head is
+        made or on its way. True when left."""
+        if not self.config.critic.enabled:
+            return False
+        required, read = self.gh.required_checks_read(self.repo, base)
+        if not read or CHECK_NAME in required:
+            return False
+        record = self._record()
+        if self._checks is not None and not self._checks.discard(record.head_sha):
+            return False
+        self._set(
+            loop_check_waiting={
+                "sha": record.head_sha,
+                "title": title,
+                "summary": messages.status_line(record),
+            }
+        )
+        return True
 
     def _caught_up_pull(self, record: LoopRecord) -> PullInfo | None:
         """The loop's pull request, still open on the pushed head; None when the full

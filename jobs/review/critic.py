@@ -181,6 +181,7 @@ class Critic:
             # past what the critic reads whole (MAX_DIFF_CHARS), so a person reviews it.
             sha = gh.pull(self.repo, record.pr_number).head_sha
             self.store.event(self.key, "diff_too_large", sha=sha, error=str(exc)[:300])
+            record = self._loop_check_written(gh, record, sha)
             gh.add_labels(self.repo, self.issue, [config.labels.needs_human])
             return self._finish(
                 gh,
@@ -195,6 +196,7 @@ class Critic:
             # A verdict belongs to a commit: asking again about the same head is how a
             # flip-flopping critic would override its own sev1. It stands until the head
             # changes, a writer dismisses the finding, or a person takes over.
+            record = self._loop_check_written(gh, record, sha)
             return self._stands(gh, record, sha, earlier, diff, config)
         digest = patch_digest(diff)
         # A writer's edit or request that came after the catch-up's verify waits for a
@@ -216,6 +218,9 @@ class Critic:
             )
             if carried is not None:
                 return self._carried(gh, record, sha, carried, digest, diff, config)
+        # Reviewed again: the head's own check run, which the loop left to this job
+        # (``LoopRecord.loop_check_waiting``), is written as the loop would have.
+        record = self._loop_check_written(gh, record, sha)
         if record.catch_up.get("to") == sha:
             # A clean catch-up's steps were quiet (dropped at its job's end): the status
             # comment still shows what came before it (the gate's wait, say). It is
@@ -451,6 +456,9 @@ class Critic:
         self.store.event(self.key, "review_carried", sha=sha, reviewed=reviewed)
 
         def save(r: LoopRecord) -> None:
+            # This head's check run below says verify passed on it: the loop's, left to
+            # this job, is not written (issue 43).
+            r.loop_check_waiting = {}
             r.verdicts = {**r.verdicts, sha: "approve"}
             r.patches = {**r.patches, sha: digest}
             r.reviewed_sha = sha
@@ -468,7 +476,7 @@ class Critic:
             summary=(
                 f"This head makes the same change as {reviewed}, which the critic approved: "
                 "the default branch was merged in and the pull request's own diff did not "
-                "change. verify ran again on this head."
+                f"change. verify passed again on this head (`{record.verify_command}`)."
             ),
         )
         plan = plan_for_reviewed_head(
@@ -480,6 +488,26 @@ class Critic:
             unread_chars=max(len(diff) - MAX_DIFF_CHARS, 0),
         )
         return self._act(gh, record, plan, config)
+
+    def _loop_check_written(self, gh: Installation, record: LoopRecord, sha: str) -> LoopRecord:
+        """The loop's check run it left to this job (a clean catch-up's head, see
+        ``jobs/loop/pull_request.py``), written on that head, as the loop would have:
+        this job does not carry the approval there. None waiting: nothing to do."""
+        waiting = record.loop_check_waiting
+        if not waiting:
+            return record
+        if waiting.get("sha") == sha:
+            gh.upsert_check_run(
+                self.repo,
+                lifecycle.LOOP_CHECK,
+                sha,
+                status="completed",
+                conclusion="success",
+                title=waiting.get("title", "verify passed"),
+                summary=waiting.get("summary", ""),
+            )
+        # Written, or its head is not the pull request's any more: nothing waits.
+        return self.store.set_fields(self.key, loop_check_waiting={})
 
     def _act(
         self, gh: Installation, record: LoopRecord, plan: Plan, config: repo_config.RepoConfig

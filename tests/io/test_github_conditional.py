@@ -8,6 +8,7 @@ read; without it, they stay in the process, per token."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 from redis import Redis
@@ -258,17 +259,36 @@ def test_redis_failing_fails_no_read_and_is_logged_once(
     gh: Installation, github: GitHubServer, redis: Redis
 ) -> None:
     """The bodies' Redis refuses every connection (the pace's still answers): reads are
-    sent unconditionally and succeed."""
-    dead = Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
+    sent unconditionally and succeed, and the store is left alone for a while after the
+    first failure (redis-py retries a refused connection ten times, with backoff: seconds
+    a read would wait each time)."""
+
+    class Dead(Redis):
+        tries = 0
+
+        def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+            Dead.tries += 1
+            return super().pipeline(*args, **kwargs)
+
+        def delete(self, *names: Any) -> Any:
+            Dead.tries += 1
+            return super().delete(*names)
+
+    dead = Dead(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
     gh.bodies = RedisBodies(dead, gh.installation_id)  # before the first request
     with capture_logs() as logs:
         for _ in range(3):
             assert gh.issue(REPO, 1).title == "Bug"
-        gh.rewrite_issue(REPO, 1, "k", "Bug", "Still breaks")  # a write's DEL fails too
+        gh.rewrite_issue(REPO, 1, "k", "Bug", "Still breaks")  # a write's DEL rests too
         assert gh.issue(REPO, 1).title == "Bug"
     assert answered_304(github, ISSUE) == 0
     assert [e["event"] for e in logs].count("github.etag_store_failed") == 1
+    assert Dead.tries == 1  # the first read's; the others left the store alone
     assert etag_keys(redis) == []
+    # Once the rest is over, it is tried again (and fails again, logged no more).
+    gh.bodies._rest_until = 0.0  # type: ignore[attr-defined]
+    assert gh.issue(REPO, 1).title == "Bug"
+    assert Dead.tries == 2
 
 
 def test_no_body_over_256_kib_is_kept_in_redis(

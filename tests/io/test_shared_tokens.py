@@ -10,6 +10,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from pydantic import SecretStr
 from redis import Redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from structlog.testing import capture_logs
 
 from bot.core.settings import Settings
 from bot.io.github.client import GitHubApp
@@ -84,9 +87,17 @@ def test_a_value_planted_or_moved_in_redis_is_never_used(settings: Settings, red
     assert held is not None and held.token == "ghs_one"
 
 
-def test_redis_down_mints_as_before(github: GitHubServer, settings: Settings) -> None:
+def test_redis_down_mints_as_before(github: GitHubServer, settings: Settings, redis: Redis) -> None:
+    """The tokens' Redis refusing every connection: the App mints its token from GitHub,
+    as without Redis, and keeps it in the process; the failure is logged, not raised."""
     iid = github.add_installation("acme")
-    dead = Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.3)
-    shared = SharedTokens(dead, settings.github_app_id, settings.private_key_pem())
-    assert shared.get(iid) is None
-    shared.put(iid, Held("t", time.time() + 3600, {}), ttl=600)  # logged, not raised
+    github.add_repo(REPO, {"README.md": "hi\n"}, installation_id=iid)
+    dead = Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.3, retry=Retry(NoBackoff(), 0))
+    made = app(settings, redis)
+    made._shared_tokens = SharedTokens(dead, settings.github_app_id, settings.private_key_pem())
+    with capture_logs() as logs:
+        token = made.installation_token(iid)
+        assert made.installation_token(iid) == token  # the process's copy
+    assert token.startswith("ghs_") and mints(github) == 1
+    assert [e["event"] for e in logs].count("github.token_cache_failed") == 2  # get, put
+    assert made.installation(iid).repo(REPO).full_name == REPO  # and it works

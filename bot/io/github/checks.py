@@ -73,9 +73,16 @@ class Checks(InstallationBase):
         on older GitHub Enterprise Server, and protection may be hidden), which the gate
         reads as "every check on the head counts".
         """
+        return self.required_checks_read(repo, branch)[0] or None
+
+    def required_checks_read(self, repo: str, branch: str) -> tuple[frozenset[str], bool]:
+        """The check names ``branch`` requires, and whether both the rulesets and the
+        protection could be read (False: a name may be required that is not listed)."""
         owner, name = _split(repo)
         names: set[str] = set()
+        read = True
         with contextlib.suppress(NotFound, Forbidden):
+            read = False
             for rule in self._list(
                 lambda gh, n: gh.rest.repos.get_branch_rules(
                     owner, name, branch, per_page=100, page=n
@@ -85,6 +92,8 @@ class Checks(InstallationBase):
                     params = rule.get("parameters") or {}
                     for check in params.get("required_status_checks") or []:
                         names.add(str(check.get("context")))
+            read = True
+        rules_read, read = read, False
         with contextlib.suppress(NotFound, Forbidden):
             d = self._call(lambda gh: gh.rest.repos.get_branch(owner, name, branch).json())
             protection = d.get("protection") or {}
@@ -92,7 +101,8 @@ class Checks(InstallationBase):
             if protection.get("enabled", True) and checks.get("enforcement_level") != "off":
                 names.update(str(c) for c in checks.get("contexts") or [])
                 names.update(str(c.get("context")) for c in checks.get("checks") or [])
-        return frozenset(names) or None
+            read = True
+        return frozenset(names), rules_read and read
 
     def upsert_check_run(
         self,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -59,6 +60,10 @@ MAX_BODY = 1024 * 1024
 # incompressible files, gone 15 minutes after the loops stop reading them.
 REDIS_MAX_BODY = 256 * 1024
 REDIS_TTL = 15 * 60  # seconds
+# After a Redis error the bodies' store is left alone this long: redis-py retries a
+# refused connection ten times with backoff, seconds that every read would wait for a
+# body it would then send without anyway.
+REDIS_REST = 30.0  # seconds
 # Headers that describe the stored body as it came over the wire, not as kept (decoded).
 _WIRE = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 
@@ -144,19 +149,23 @@ class RedisBodies:
     so a write drops its resource's bodies with one DEL and they expire together. A
     read costs one round trip before it is sent (the entry, its TTL refreshed) and, after
     a 200 with an ETag, one more (the new entry). Redis failing never fails a read: it is
-    sent unconditionally, and the failure logged once."""
+    sent unconditionally, the failure logged once, and the store left alone for
+    ``REDIS_REST`` seconds before it is tried again."""
 
     def __init__(self, redis: Redis, installation_id: int, max_body: int = REDIS_MAX_BODY) -> None:
         self.redis = redis
         self.installation_id = installation_id
         self.max_body = max_body
         self._failed = False
+        self._rest_until = 0.0  # monotonic: no Redis call before then (it just failed)
 
     def whose(self, request: httpx.Request) -> str:
         """The installation, whatever its token: a token lasts an hour."""
         return str(self.installation_id)
 
     def get(self, key: Key) -> Body | None:
+        if self._resting():
+            return None
         name, field = self._where(key)
         try:
             pipe = self.redis.pipeline(transaction=False)
@@ -169,7 +178,7 @@ class RedisBodies:
         return _unpacked(raw) if isinstance(raw, bytes) else None
 
     def put(self, key: Key, body: Body) -> None:
-        if len(body.content) > self.max_body:
+        if len(body.content) > self.max_body or self._resting():
             return
         name, field = self._where(key)
         headers = tuple((k, v) for k, v in body.headers if k.lower() in _KEPT)
@@ -182,6 +191,8 @@ class RedisBodies:
             self._failure("put", e)
 
     def forget(self, whose: str, path: str) -> None:
+        if self._resting():
+            return  # what it held lapses: its TTL, and every read asks GitHub anyway
         try:
             self.redis.delete(self._name(path))
         except RedisError as e:
@@ -194,7 +205,11 @@ class RedisBodies:
         _, url, accept = key
         return self._name(_path(url)), f"{accept} {url}"
 
+    def _resting(self) -> bool:
+        return time.monotonic() < self._rest_until
+
     def _failure(self, what: str, e: RedisError) -> None:
+        self._rest_until = time.monotonic() + REDIS_REST
         if not self._failed:
             self._failed = True
             log.warning(

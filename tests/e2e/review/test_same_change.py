@@ -91,6 +91,14 @@ def test_a_clean_catch_up_is_verified_without_a_turn_and_its_approval_carries(
     ]
     assert len(runs) == 1 and runs[0]["conclusion"] == "success", runs
     assert runs[0]["output"]["title"].startswith("approve: the change approved on"), runs
+    # One check run on the merged head, not two saying the same (issue 43): the loop's
+    # own ("verify passed") is left to the critic, whose run says verify passed there.
+    assert "verify passed again on this head" in runs[0]["output"]["summary"]
+    on_head = [
+        c["name"] for c in github.repo(REPO).check_runs.values() if c["head_sha"] == carried["sha"]
+    ]
+    assert on_head == ["loopbot/critic"], on_head
+    assert r.loop_check_waiting == {}
     assert github.file_at(REPO, "main", "notes/1.md") == "noted\n"
     assert github.file_at(REPO, "main", "notes/2.md") == "noted\n"
     # The catch-up cost GitHub no write beyond its head's check runs (issue 43): the
@@ -150,7 +158,50 @@ def test_a_catch_up_that_moves_the_change_s_context_is_reviewed_again(
     assert events(redis, late, "base_merged") == [{"base": "main", "conflicts": []}]
     assert events(redis, late, "review_carried") == []
     assert sum(1 for b in model.requests if is_critic(b)) == 3  # the late loop's twice
+    # Reviewed again: the merged head's own check run, left by the loop, was written by
+    # the critic's job, as the loop would have, before its review's.
+    r = Store(redis).get(f"{REPO}#{late}")
+    assert r is not None and r.loop_check_waiting == {}
+    head = r.catch_up["to"]
+    on_head = [
+        (c["name"], c["conclusion"])
+        for c in github.repo(REPO).check_runs.values()
+        if c["head_sha"] == head
+    ]
+    assert on_head == [("loopbot", "success"), ("loopbot/critic", "success")], on_head
     assert github.file_at(REPO, "main", "lines.txt") == "A\nb\nc\nD\ne\nf\ng\n"
+
+
+def test_a_clean_catch_up_writes_the_loop_s_check_run_a_rule_requires(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """The default branch requires the `loopbot` check by name: the merged head gets
+    the loop's own run as well as the critic's, and the loop merges."""
+
+    def agent(body: dict[str, Any]) -> m.Item:
+        if is_critic(body):
+            return report()
+        if any(b.get("type") == "tool_result" for b in body["messages"][-1]["content"]):
+            return m.text("Done.")
+        return m.write_file(f"notes/{which(body)}.md", "noted\n")
+
+    sample_repo(github, loop_yml="verify: test -d notes\n")
+    github.require_checks(REPO, "main", ["loopbot"])
+    first, second = open_issue(github, "one", "Do one."), open_issue(github, "two", "Do two.")
+    model.responder = agent
+    label(github, "writer", first)
+    label(github, "writer", second)
+    drain(rounds=30)
+    (late,) = [n for n in (first, second) if events(redis, n, "base_merged")]
+    r = Store(redis).get(f"{REPO}#{late}")
+    assert r is not None and (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    (carried,) = events(redis, late, "review_carried")
+    on_head = sorted(
+        (c["name"], c["conclusion"])
+        for c in github.repo(REPO).check_runs.values()
+        if c["head_sha"] == carried["sha"]
+    )
+    assert on_head == [("loopbot", "success"), ("loopbot/critic", "success")], on_head
 
 
 CHECK = (

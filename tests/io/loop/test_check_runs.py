@@ -256,3 +256,21 @@ def test_a_held_update_that_came_while_another_waited_in_line_is_not_sent_in_its
     assert run["status"] == "completed"
     assert runs(github, heads[0]) == []  # pushed over before its turn came
     assert (posts(github), patches(github)) == (before[0] + 1, before[1])
+
+
+def test_an_update_discarded_before_it_is_written_makes_no_check_run(
+    github: GitHubServer, settings: Settings, redis: Redis
+) -> None:
+    """A clean catch-up leaves its head's check run to the critic: the ``in_progress``
+    held for that head is dropped, and nothing is written at the job's end. A head whose
+    run is made already is not dropped: it must be completed."""
+    gh, heads = setup(github, settings, redis)
+    checks = CheckRuns(gh, REPO, NAME, Fence(), "acme/widgets#1")
+    checks.submit(update(heads[0], new_head=True, hold=60.0))  # held for its completion
+    assert checks.discard(heads[0]) is True
+    assert checks.flush(10) is True
+    assert runs(github, heads[0]) == []
+    checks.send(update(heads[1], new_head=True))
+    assert len(runs(github, heads[1])) == 1
+    assert checks.discard(heads[1]) is False  # made: the caller completes it
+    assert checks.discard(heads[2]) is True  # nothing of this job's on it
