@@ -1,0 +1,75 @@
+"""Red team (issue 43, f26addf): a clean catch-up's head whose `loopbot` check run is
+left to the critic. Each test is a way the head could end up needing `loopbot` without
+it, or with a run left wrong."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from redis import Redis
+
+from bot.core.record import Status
+from bot.io.store import Store
+from bot.standins import anthropic as m
+from bot.standins.anthropic import AnthropicServer
+from bot.standins.github import GitHubServer
+from jobs.loop.pull_request import PullRequests
+from tests.conftest import Web
+from tests.e2e.review.test_review_merge import is_critic, report
+from tests.e2e.review.test_same_change import events, which
+from tests.helpers import REPO, label, open_issue, sample_repo
+
+
+def _agent(body: dict[str, Any]) -> m.Item:
+    if is_critic(body):
+        return report()
+    if any(b.get("type") == "tool_result" for b in body["messages"][-1]["content"]):
+        return m.text("Done.")
+    return m.write_file(f"notes/{which(body)}.md", "noted\n")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a rule requiring `loopbot` added after the catch-up left its run to the critic: "
+    "the carried approval writes only `loopbot/critic`, the gate leaves `loopbot` out of "
+    "the required checks (OWN_CHECKS) and merges a head without the run the rule requires "
+    "(real GitHub would refuse the merge; the stand-in's REST merge does not check)",
+)
+def test_a_rule_added_after_the_catch_up_left_its_run_still_gets_loopbot(
+    github: GitHubServer,
+    model: AnthropicServer,
+    web: Web,
+    redis: Redis,
+    drain: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rules are read when the loop leaves its run to the critic; a maintainer adds
+    a ruleset requiring `loopbot` right after. The merged head must still get `loopbot`
+    (success), and the loop merges (or at least never ends short of it)."""
+    original = PullRequests._check_left_to_critic
+
+    def left_then_rule_added(self: PullRequests, base: str, title: str) -> bool:
+        left = original(self, base, title)
+        if left:
+            github.require_checks(REPO, "main", ["loopbot"], ruleset=True)
+        return left
+
+    monkeypatch.setattr(PullRequests, "_check_left_to_critic", left_then_rule_added)
+    sample_repo(github, loop_yml="verify: test -d notes\n")
+    first, second = open_issue(github, "one", "Do one."), open_issue(github, "two", "Do two.")
+    model.responder = _agent
+    label(github, "writer", first)
+    label(github, "writer", second)
+    drain(rounds=30)
+    (late,) = [n for n in (first, second) if events(redis, n, "base_merged")]
+    r = Store(redis).get(f"{REPO}#{late}")
+    assert r is not None
+    head = r.catch_up.get("to") or r.head_sha
+    on_head = sorted(
+        (c["name"], c["status"], c["conclusion"])
+        for c in github.repo(REPO).check_runs.values()
+        if c["head_sha"] == head
+    )
+    assert ("loopbot", "completed", "success") in on_head, (on_head, r.status, r.reason)
+    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), (r.status, r.reason, r.detail)
