@@ -108,13 +108,6 @@ def test_a_catch_up_whose_rules_read_fails_once_leaves_no_run_in_progress(
         assert r is not None and (r.status, r.reason) == (Status.COMPLETED, "merged"), r
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a rule requiring `loopbot` added after the critic carried the approval (the "
-    "loop's run left to it, not written) and before the gate: the gate leaves `loopbot` "
-    "out of the required checks (OWN_CHECKS) and merges a head without it (real GitHub "
-    "would refuse the merge; the stand-in's REST merge does not check)",
-)
 def test_a_rule_added_after_the_approval_carried_still_gets_loopbot(
     github: GitHubServer,
     model: AnthropicServer,
