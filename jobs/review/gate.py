@@ -467,14 +467,15 @@ class Gate:
         """The loop's own check run (``lifecycle.LOOP_CHECK``, "verify passed") on
         ``head`` when the head is a clean catch-up's, verify passed there, and no such
         run is on it: the loop left it to the critic (``LoopRecord.loop_check_waiting``),
-        and the approval carried without it."""
+        and the approval carried without it. One left ``in_progress`` is completed."""
         verify = record.last_verify
         if record.catch_up.get("to") != head or verify.get("sha") != head:
             return
         if verify.get("passed") is not True:
             return
-        if any(c.name == lifecycle.LOOP_CHECK for c in gh.check_runs(self.repo, head)):
-            return
+        runs = gh.check_runs(self.repo, head)
+        if any(c.name == lifecycle.LOOP_CHECK and c.status == "completed" for c in runs):
+            return  # one still in progress (a held update that went out) is completed
         gh.upsert_check_run(
             self.repo,
             lifecycle.LOOP_CHECK,
