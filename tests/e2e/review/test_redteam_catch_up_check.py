@@ -108,7 +108,9 @@ def test_a_catch_up_whose_rules_read_fails_once_leaves_no_run_in_progress(
         assert r is not None and (r.status, r.reason) == (Status.COMPLETED, "merged"), r
 
 
+@pytest.mark.parametrize("require_checks", [True, False])
 def test_a_rule_added_after_the_approval_carried_still_gets_loopbot(
+    require_checks: bool,
     github: GitHubServer,
     model: AnthropicServer,
     web: Web,
@@ -116,7 +118,9 @@ def test_a_rule_added_after_the_approval_carried_still_gets_loopbot(
     drain: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The same, the ruleset added once the approval carried (the gate is queued)."""
+    """The same, the ruleset added once the approval carried (the gate is queued);
+    also with ``merge.require_checks: false`` (the gate reads no checks, GitHub still
+    would refuse the merge)."""
     from jobs.review.critic import Critic
 
     original = Critic._carried
@@ -127,7 +131,10 @@ def test_a_rule_added_after_the_approval_carried_still_gets_loopbot(
         return out
 
     monkeypatch.setattr(Critic, "_carried", carried_then_rule_added)
-    sample_repo(github, loop_yml="verify: test -d notes\n")
+    yml = "verify: test -d notes\n"
+    if not require_checks:
+        yml += "merge:\n  require_checks: false\n"
+    sample_repo(github, loop_yml=yml)
     first, second = open_issue(github, "one", "Do one."), open_issue(github, "two", "Do two.")
     model.responder = _agent
     label(github, "writer", first)
@@ -143,3 +150,33 @@ def test_a_rule_added_after_the_approval_carried_still_gets_loopbot(
         if c["head_sha"] == head
     )
     assert ("loopbot", "completed", "success") in on_head, (on_head, r.status, r.reason)
+    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), (r.status, r.reason)
+    assert [e["by"] for e in events(redis, late, "loop_check_written")] == ["gate"]
+
+
+def test_a_catch_up_whose_base_rules_answer_403_writes_the_loop_s_run(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    """The rulesets cannot be read (403 on every try): a name may be required that is
+    not listed, so the loop writes its own run on the merged head, and the loop merges."""
+    github.inject("GET", r"/rules/branches/", 403, times=1000)
+    sample_repo(github, loop_yml="verify: test -d notes\n")
+    first, second = open_issue(github, "one", "Do one."), open_issue(github, "two", "Do two.")
+    model.responder = _agent
+    label(github, "writer", first)
+    label(github, "writer", second)
+    drain(rounds=30)
+    (late,) = [n for n in (first, second) if events(redis, n, "base_merged")]
+    r = Store(redis).get(f"{REPO}#{late}")
+    assert r is not None and (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    (carried,) = events(redis, late, "review_carried")
+    on_head = sorted(
+        (c["name"], c["status"], c["conclusion"])
+        for c in github.repo(REPO).check_runs.values()
+        if c["head_sha"] == carried["sha"]
+    )
+    assert on_head == [
+        ("loopbot", "completed", "success"),
+        ("loopbot/critic", "completed", "success"),
+    ], on_head
+    assert events(redis, late, "loop_check_written") == []  # the loop's, not the gate's
