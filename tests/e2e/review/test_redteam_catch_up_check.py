@@ -16,6 +16,7 @@ from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from jobs.loop.pull_request import PullRequests
 from tests.conftest import Web
+from tests.e2e.review.test_redteam_receipt_shown import scheduled_now
 from tests.e2e.review.test_review_merge import is_critic, report
 from tests.e2e.review.test_same_change import events, which
 from tests.helpers import REPO, label, open_issue, sample_repo
@@ -76,28 +77,31 @@ def test_a_catch_up_whose_rules_read_fails_once_leaves_no_run_in_progress(
     drain: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The rules' read fails (a 502) once, after the catch-up's push: the job errs, its
-    held ``in_progress`` goes out at its end, and a retry runs. No `loopbot` run is left
-    ``in_progress`` on any head, and the merged head's `loopbot` (if any) is a success."""
-    from bot.io.github.checks import Checks
+    """The loop's read of the rules fails (a 502) once, after the catch-up's push and
+    the pull request's update: the job errs and RQ retries it (it runs a turn, which
+    changes nothing, and writes the run itself). No `loopbot` run is left
+    ``in_progress`` on any head, and both loops merge."""
     from bot.io.github.failures import GitHubError
 
-    original = Checks.required_checks_read
+    original = PullRequests._check_left_to_critic
     failed: list[str] = []
 
-    def flaky(self: Checks, repo: str, branch: str) -> tuple[frozenset[str], bool]:
-        if not failed:
-            failed.append(branch)
+    def flaky(self: PullRequests, base: str, title: str) -> bool:
+        if not failed:  # the loop's read of the rules, not the gate's
+            failed.append(base)
             raise GitHubError("502 Bad Gateway", 502)
-        return original(self, repo, branch)
+        return original(self, base, title)
 
-    monkeypatch.setattr(Checks, "required_checks_read", flaky)
+    monkeypatch.setattr(PullRequests, "_check_left_to_critic", flaky)
     sample_repo(github, loop_yml="verify: test -d notes\n")
     first, second = open_issue(github, "one", "Do one."), open_issue(github, "two", "Do two.")
     model.responder = _agent
     label(github, "writer", first)
     label(github, "writer", second)
     drain(rounds=40)
+    for _ in range(5):  # the loop's retry, scheduled by RQ (the test worker has none)
+        scheduled_now(redis)
+        drain(rounds=40)
     assert failed == ["main"]
     runs = list(github.repo(REPO).check_runs.values())
     stuck = [(c["name"], c["head_sha"][:10]) for c in runs if c["status"] != "completed"]
