@@ -217,7 +217,6 @@ class Critic:
                 kind=record.kind,
             )
             if carried is not None:
-                record = self._loop_check_required(gh, record, sha, pull.base_ref)
                 return self._carried(gh, record, sha, carried, digest, diff, config)
         # Reviewed again: the head's own check run, which the loop left to this job
         # (``LoopRecord.loop_check_waiting``), is written as the loop would have.
@@ -489,20 +488,6 @@ class Critic:
             unread_chars=max(len(diff) - MAX_DIFF_CHARS, 0),
         )
         return self._act(gh, record, plan, config)
-
-    def _loop_check_required(
-        self, gh: Installation, record: LoopRecord, sha: str, base: str
-    ) -> LoopRecord:
-        """Before an approval carries onto a head whose loop run was left to this job:
-        the rules read again, and the loop's run written when a rule now requires it by
-        name or the rules cannot be read (one added since the catch-up read them: red
-        team, issue 43). Otherwise nothing."""
-        if record.loop_check_waiting.get("sha") != sha:
-            return record
-        required, read = gh.required_checks_read(self.repo, base)
-        if read and lifecycle.LOOP_CHECK not in required:
-            return record
-        return self._loop_check_written(gh, record, sha)
 
     def _loop_check_written(self, gh: Installation, record: LoopRecord, sha: str) -> LoopRecord:
         """The loop's check run it left to this job (a clean catch-up's head, see
