@@ -30,13 +30,6 @@ def _agent(body: dict[str, Any]) -> m.Item:
     return m.write_file(f"notes/{which(body)}.md", "noted\n")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a rule requiring `loopbot` added after the catch-up left its run to the critic: "
-    "the carried approval writes only `loopbot/critic`, the gate leaves `loopbot` out of "
-    "the required checks (OWN_CHECKS) and merges a head without the run the rule requires "
-    "(real GitHub would refuse the merge; the stand-in's REST merge does not check)",
-)
 def test_a_rule_added_after_the_catch_up_left_its_run_still_gets_loopbot(
     github: GitHubServer,
     model: AnthropicServer,
