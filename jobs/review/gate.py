@@ -181,11 +181,14 @@ class Gate:
             pull = gh.pull(self.repo, record.pr_number)
             now = time.time()
             since = record.gate_since or now
-            required = (
-                gh.required_checks(self.repo, pull.base_ref)
-                if config.merge.require_checks
-                else None
-            )
+            named, read = gh.required_checks_read(self.repo, pull.base_ref)
+            required = (named or None) if config.merge.require_checks else None
+            # A clean catch-up's head whose loop run was left to the critic, which
+            # carried its approval there: a rule requiring that run by name (one added
+            # since the loop and the critic read the rules), or rules that cannot be
+            # read, get it written before any merge (red team, issue 43).
+            if not read or lifecycle.LOOP_CHECK in named:
+                self._loop_check_owed(gh, record, pull.head_sha)
             loop = LoopId(self.repo, self.issue)
             # A holder of the repository's merge slot keeps it while its gate runs, whatever
             # it decides (its new head's checks can take longer than the slot's time).
@@ -459,6 +462,30 @@ class Gate:
         # fallback if one is lost. One timer per loop at a time, however often it wakes.
         if self.rt.redis.set(f"loopbot:gate-timer:{self.key}", "1", nx=True, ex=after - 5):
             enqueue_gate(self.rt.redis, self.repo, self.issue, after=after)
+
+    def _loop_check_owed(self, gh: Installation, record: LoopRecord, head: str) -> None:
+        """The loop's own check run (``lifecycle.LOOP_CHECK``, "verify passed") on
+        ``head`` when the head is a clean catch-up's, verify passed there, and no such
+        run is on it: the loop left it to the critic (``LoopRecord.loop_check_waiting``),
+        and the approval carried without it. One left ``in_progress`` is completed."""
+        verify = record.last_verify
+        if record.catch_up.get("to") != head or verify.get("sha") != head:
+            return
+        if verify.get("passed") is not True:
+            return
+        runs = gh.check_runs(self.repo, head)
+        if any(c.name == lifecycle.LOOP_CHECK and c.status == "completed" for c in runs):
+            return  # one still in progress (a held update that went out) is completed
+        gh.upsert_check_run(
+            self.repo,
+            lifecycle.LOOP_CHECK,
+            head,
+            status="completed",
+            conclusion="success",
+            title=f"verify passed on turn {record.turn}",
+            summary=messages.status_line(record),
+        )
+        self.store.event(self.key, "loop_check_written", sha=head, by="gate")
 
     def _facts(
         self,

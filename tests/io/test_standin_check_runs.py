@@ -52,3 +52,39 @@ def test_check_runs_are_refused_as_github_refuses_them(
         verify=client_tls(),
     )
     assert patched.status_code == 200, patched.text
+
+
+def test_a_merge_the_base_s_required_checks_do_not_pass_is_refused(
+    github: GitHubServer, settings: Settings, redis: Redis
+) -> None:
+    """As GitHub answers (405, 'Required status check "X" is expected.'): a required
+    check missing, in progress or failing on the head refuses the merge; passed, it
+    merges."""
+    iid = github.add_installation("acme")
+    repo = github.add_repo(REPO, {"README.md": "hi\n"}, installation_id=iid)
+    sha = gitrepo.seed(repo.path, "loop/issue-1", {"a.txt": "a\n"}, "turn 1")
+    github.require_checks(REPO, "main", ["loopbot"])
+    token = GitHubApp(settings, redis=redis).installation(iid).token()
+    auth = {"Authorization": f"token {token}"}
+
+    def call(method: str, path: str, **body: Any) -> httpx.Response:
+        return httpx.request(
+            method,
+            f"{settings.api_url}/repos/{REPO}{path}",
+            json=body,
+            headers=auth,
+            verify=client_tls(),
+        )
+
+    pull = call("POST", "/pulls", head="loop/issue-1", base="main", title="t").json()["number"]
+    refused = call("PUT", f"/pulls/{pull}/merge", merge_method="squash", sha=sha)
+    assert refused.status_code == 405, refused.text
+    assert refused.json()["message"] == 'Required status check "loopbot" is expected.'
+    call("POST", "/check-runs", name="loopbot", head_sha=sha, status="in_progress")
+    assert call("PUT", f"/pulls/{pull}/merge", merge_method="squash").status_code == 405
+    call("POST", "/check-runs", name="loopbot", head_sha=sha, conclusion="failure")
+    assert call("PUT", f"/pulls/{pull}/merge", merge_method="squash").status_code == 405
+    call("POST", "/check-runs", name="loopbot", head_sha=sha, conclusion="success")
+    merged = call("PUT", f"/pulls/{pull}/merge", merge_method="squash")
+    assert merged.status_code == 200 and merged.json()["merged"], merged.text
+    assert [r[1] for r in repo.merge_refusals] == [405, 405, 405]

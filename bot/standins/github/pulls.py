@@ -269,8 +269,9 @@ def merge(state: State, owner: str, name: str, number: int) -> Response:
 
 
 def _refuse_by_rules(repo: Repo, pull: Pull, issue: Issue, body: dict[str, Any]) -> None:
-    """The base branch's rules and the repository's merge methods, as GitHub refuses a
-    merge they forbid (405, its words); every refusal is recorded for the tests."""
+    """The base branch's rules (reviews, conversations, required checks) and the
+    repository's merge methods, as GitHub refuses a merge they forbid (405, its words);
+    every refusal is recorded for the tests."""
     if pull.merged or issue.state != "open":
         return  # _squash answers that
     if pull.base in repo.merge_queues:  # merge_queue.py takes it from here
@@ -282,6 +283,12 @@ def _refuse_by_rules(repo: Repo, pull: Pull, issue: Issue, body: dict[str, Any])
         rule = review_rules.rule_for(repo, pull.base)
         prefix = "Repository rule violations found\n\n" if rule and rule.source == "ruleset" else ""
         why = prefix + blockers[0]
+    if why is None and (pending := review_rules.required_checks_pending(repo, pull)):
+        # GitHub's 405 for a required check missing, pending or failing on the head
+        # (reported: 'Required status check "Codacy/PR Quality Review" is expected.').
+        ruleset = pending[0] in repo.ruleset_checks.get(pull.base, [])
+        prefix = "Repository rule violations found\n\n" if ruleset else ""
+        why = f'{prefix}Required status check "{pending[0]}" is expected.'
     if why is not None:
         repo.merge_refusals.append((pull.number, 405, why))
         abort(error(405, why))

@@ -274,3 +274,39 @@ def test_an_update_discarded_before_it_is_written_makes_no_check_run(
     assert len(runs(github, heads[1])) == 1
     assert checks.discard(heads[1]) is False  # made: the caller completes it
     assert checks.discard(heads[2]) is True  # nothing of this job's on it
+
+
+def test_an_update_discarded_while_it_waits_in_github_s_line_is_never_written(
+    github: GitHubServer, settings: Settings, redis: Redis
+) -> None:
+    """Red team (issue 43): the thread has joined the line for its write when the clean
+    catch-up discards the head's update: it goes with nothing, and no run is made."""
+    gh, heads = setup(github, settings, redis)
+    assert gh.pace is not None
+    checks = CheckRuns(gh, REPO, NAME, Fence(), "acme/widgets#1")
+    gh.pace.pause(1.5, "a test's 403", slower=False)  # GitHub's line is long
+    checks.submit(update(heads[0], new_head=True))  # not held: it joins the line
+    time.sleep(0.3)
+    assert checks.discard(heads[0]) is True
+    assert checks.flush(timeout=30)
+    assert runs(github, heads[0]) == []
+
+
+def test_an_update_whose_answer_was_lost_is_not_discarded_and_is_completed_once(
+    github: GitHubServer, settings: Settings, redis: Redis
+) -> None:
+    """Red team (issue 43): GitHub made the ``in_progress`` run but its answer was lost:
+    the discard says there may be one, and the loop's completion finds and completes it
+    (one run on the head, never one left ``in_progress``)."""
+    gh, heads = setup(github, settings, redis)
+    checks = CheckRuns(gh, REPO, NAME, Fence(), "acme/widgets#1")
+    github.inject("POST", r"/check-runs$", 502, after=True, times=1)
+    checks.submit(update(heads[0], new_head=True))
+    deadline = time.monotonic() + 10
+    while not runs(github, heads[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert checks.discard(heads[0]) is False
+    checks.send(update(heads[0], "completed", conclusion="success"))
+    assert checks.flush(timeout=30)
+    (run,) = runs(github, heads[0])
+    assert (run["status"], run["conclusion"]) == ("completed", "success")
