@@ -62,6 +62,7 @@ def test_a_merge_the_base_s_required_checks_do_not_pass_is_refused(
     merges."""
     iid = github.add_installation("acme")
     repo = github.add_repo(REPO, {"README.md": "hi\n"}, installation_id=iid)
+    gitrepo.git(repo.path, "branch", "loop/issue-1", "main")  # from main, as a loop's
     sha = gitrepo.seed(repo.path, "loop/issue-1", {"a.txt": "a\n"}, "turn 1")
     github.require_checks(REPO, "main", ["loopbot"])
     token = GitHubApp(settings, redis=redis).installation(iid).token()
