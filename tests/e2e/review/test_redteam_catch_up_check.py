@@ -11,23 +11,13 @@ from redis import Redis
 
 from bot.core.record import Status
 from bot.io.store import Store
-from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from jobs.loop.pull_request import PullRequests
 from tests.conftest import Web
 from tests.e2e.review.test_redteam_receipt_shown import scheduled_now
-from tests.e2e.review.test_review_merge import is_critic, report
-from tests.e2e.review.test_same_change import events, which
-from tests.helpers import REPO, label, open_issue, sample_repo
-
-
-def _agent(body: dict[str, Any]) -> m.Item:
-    if is_critic(body):
-        return report()
-    if any(b.get("type") == "tool_result" for b in body["messages"][-1]["content"]):
-        return m.text("Done.")
-    return m.write_file(f"notes/{which(body)}.md", "noted\n")
+from tests.e2e.review.test_same_change import caught_up, events, runs_on, start_two
+from tests.helpers import REPO
 
 
 def test_a_rule_added_after_the_catch_up_left_its_run_still_gets_loopbot(
@@ -50,21 +40,12 @@ def test_a_rule_added_after_the_catch_up_left_its_run_still_gets_loopbot(
         return left
 
     monkeypatch.setattr(PullRequests, "_check_left_to_critic", left_then_rule_added)
-    sample_repo(github, loop_yml="verify: test -d notes\n")
-    first, second = open_issue(github, "one", "Do one."), open_issue(github, "two", "Do two.")
-    model.responder = _agent
-    label(github, "writer", first)
-    label(github, "writer", second)
+    first, second = start_two(github, model)
     drain(rounds=30)
-    (late,) = [n for n in (first, second) if events(redis, n, "base_merged")]
+    late = caught_up(redis, first, second)
     r = Store(redis).get(f"{REPO}#{late}")
     assert r is not None
-    head = r.catch_up.get("to") or r.head_sha
-    on_head = sorted(
-        (c["name"], c["status"], c["conclusion"])
-        for c in github.repo(REPO).check_runs.values()
-        if c["head_sha"] == head
-    )
+    on_head = runs_on(github, r.catch_up.get("to") or r.head_sha)
     assert ("loopbot", "completed", "success") in on_head, (on_head, r.status, r.reason)
     assert (r.status, r.reason) == (Status.COMPLETED, "merged"), (r.status, r.reason, r.detail)
 
@@ -93,11 +74,7 @@ def test_a_catch_up_whose_rules_read_fails_once_leaves_no_run_in_progress(
         return original(self, base, title)
 
     monkeypatch.setattr(PullRequests, "_check_left_to_critic", flaky)
-    sample_repo(github, loop_yml="verify: test -d notes\n")
-    first, second = open_issue(github, "one", "Do one."), open_issue(github, "two", "Do two.")
-    model.responder = _agent
-    label(github, "writer", first)
-    label(github, "writer", second)
+    first, second = start_two(github, model)
     drain(rounds=40)
     for _ in range(5):  # the loop's retry, scheduled by RQ (the test worker has none)
         scheduled_now(redis)
@@ -138,21 +115,12 @@ def test_a_rule_added_after_the_approval_carried_still_gets_loopbot(
     yml = "verify: test -d notes\n"
     if not require_checks:
         yml += "merge:\n  require_checks: false\n"
-    sample_repo(github, loop_yml=yml)
-    first, second = open_issue(github, "one", "Do one."), open_issue(github, "two", "Do two.")
-    model.responder = _agent
-    label(github, "writer", first)
-    label(github, "writer", second)
+    first, second = start_two(github, model, yml=yml)
     drain(rounds=30)
-    (late,) = [n for n in (first, second) if events(redis, n, "base_merged")]
+    late = caught_up(redis, first, second)
     r = Store(redis).get(f"{REPO}#{late}")
     assert r is not None
-    head = r.catch_up.get("to") or r.head_sha
-    on_head = sorted(
-        (c["name"], c["status"], c["conclusion"])
-        for c in github.repo(REPO).check_runs.values()
-        if c["head_sha"] == head
-    )
+    on_head = runs_on(github, r.catch_up.get("to") or r.head_sha)
     assert ("loopbot", "completed", "success") in on_head, (on_head, r.status, r.reason)
     assert (r.status, r.reason) == (Status.COMPLETED, "merged"), (r.status, r.reason)
     assert [e["by"] for e in events(redis, late, "loop_check_written")] == ["gate"]
@@ -164,21 +132,13 @@ def test_a_catch_up_whose_base_rules_answer_403_writes_the_loop_s_run(
     """The rulesets cannot be read (403 on every try): a name may be required that is
     not listed, so the loop writes its own run on the merged head, and the loop merges."""
     github.inject("GET", r"/rules/branches/", 403, times=1000)
-    sample_repo(github, loop_yml="verify: test -d notes\n")
-    first, second = open_issue(github, "one", "Do one."), open_issue(github, "two", "Do two.")
-    model.responder = _agent
-    label(github, "writer", first)
-    label(github, "writer", second)
+    first, second = start_two(github, model)
     drain(rounds=30)
-    (late,) = [n for n in (first, second) if events(redis, n, "base_merged")]
+    late = caught_up(redis, first, second)
     r = Store(redis).get(f"{REPO}#{late}")
     assert r is not None and (r.status, r.reason) == (Status.COMPLETED, "merged"), r
     (carried,) = events(redis, late, "review_carried")
-    on_head = sorted(
-        (c["name"], c["status"], c["conclusion"])
-        for c in github.repo(REPO).check_runs.values()
-        if c["head_sha"] == carried["sha"]
-    )
+    on_head = runs_on(github, carried["sha"])
     assert on_head == [
         ("loopbot", "completed", "success"),
         ("loopbot/critic", "completed", "success"),

@@ -30,6 +30,49 @@ def events(redis: Redis, n: int, kind: str) -> list[dict[str, Any]]:
     return [e["data"] for e in Store(redis).events(f"{REPO}#{n}") if e["kind"] == kind]
 
 
+NOTES = "verify: test -d notes\n"  # each loop adds a note of its own: git merges them alone
+
+
+def notes_agent(body: dict[str, Any]) -> m.Item:
+    """Each loop writes ``notes/<its issue>.md`` and says done; the critic approves."""
+    if is_critic(body):
+        return report()
+    if any(b.get("type") == "tool_result" for b in body["messages"][-1]["content"]):
+        return m.text("Done.")
+    return m.write_file(f"notes/{which(body)}.md", "noted\n")
+
+
+def start_two(
+    github: GitHubServer,
+    model: AnthropicServer,
+    responder: Any = notes_agent,
+    yml: str = NOTES,
+    extra: dict[str, str] | None = None,
+) -> tuple[int, int]:
+    """Two issues of one repository labelled at once (not run yet)."""
+    sample_repo(github, loop_yml=yml, extra=extra)
+    first, second = open_issue(github, "one", "Do one."), open_issue(github, "two", "Do two.")
+    model.responder = responder
+    label(github, "writer", first)
+    label(github, "writer", second)
+    return first, second
+
+
+def caught_up(redis: Redis, *issues: int) -> int:
+    """The one loop of ``issues`` that merged the default branch in (another merged first)."""
+    (late,) = [n for n in issues if events(redis, n, "base_merged")]
+    return late
+
+
+def runs_on(github: GitHubServer, head: str) -> list[tuple[str, str, str]]:
+    """The check runs on ``head``: (name, status, conclusion), sorted."""
+    return sorted(
+        (c["name"], c["status"], c["conclusion"])
+        for c in github.repo(REPO).check_runs.values()
+        if c["head_sha"] == head
+    )
+
+
 def two_loops(
     github: GitHubServer,
     model: AnthropicServer,
@@ -39,11 +82,7 @@ def two_loops(
     yml: str,
     extra: dict[str, str] | None = None,
 ) -> tuple[int, int]:
-    sample_repo(github, loop_yml=yml, extra=extra)
-    first, second = open_issue(github, "one", "Do one."), open_issue(github, "two", "Do two.")
-    model.responder = responder
-    label(github, "writer", first)
-    label(github, "writer", second)
+    first, second = start_two(github, model, responder, yml, extra)
     drain(rounds=30)
     store = Store(redis)
     for n in (first, second):
@@ -56,14 +95,7 @@ def two_loops(
 def test_a_clean_catch_up_is_verified_without_a_turn_and_its_approval_carries(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:
-    def agent(body: dict[str, Any]) -> m.Item:
-        if is_critic(body):
-            return report()
-        if any(b.get("type") == "tool_result" for b in body["messages"][-1]["content"]):
-            return m.text("Done.")
-        return m.write_file(f"notes/{which(body)}.md", "noted\n")
-
-    first, second = two_loops(github, model, redis, drain, agent, "verify: test -d notes\n")
+    first, second = two_loops(github, model, redis, drain, notes_agent, NOTES)
     # Which loop merged first is the worker's order: the other caught up.
     caught = [n for n in (first, second) if events(redis, n, "base_merged")]
     assert len(caught) == 1, caught
@@ -177,31 +209,17 @@ def test_a_clean_catch_up_writes_the_loop_s_check_run_a_rule_requires(
 ) -> None:
     """The default branch requires the `loopbot` check by name: the merged head gets
     the loop's own run as well as the critic's, and the loop merges."""
-
-    def agent(body: dict[str, Any]) -> m.Item:
-        if is_critic(body):
-            return report()
-        if any(b.get("type") == "tool_result" for b in body["messages"][-1]["content"]):
-            return m.text("Done.")
-        return m.write_file(f"notes/{which(body)}.md", "noted\n")
-
-    sample_repo(github, loop_yml="verify: test -d notes\n")
+    first, second = start_two(github, model)
     github.require_checks(REPO, "main", ["loopbot"])
-    first, second = open_issue(github, "one", "Do one."), open_issue(github, "two", "Do two.")
-    model.responder = agent
-    label(github, "writer", first)
-    label(github, "writer", second)
     drain(rounds=30)
-    (late,) = [n for n in (first, second) if events(redis, n, "base_merged")]
+    late = caught_up(redis, first, second)
     r = Store(redis).get(f"{REPO}#{late}")
     assert r is not None and (r.status, r.reason) == (Status.COMPLETED, "merged"), r
     (carried,) = events(redis, late, "review_carried")
-    on_head = sorted(
-        (c["name"], c["conclusion"])
-        for c in github.repo(REPO).check_runs.values()
-        if c["head_sha"] == carried["sha"]
-    )
-    assert on_head == [("loopbot", "success"), ("loopbot/critic", "success")], on_head
+    assert runs_on(github, carried["sha"]) == [
+        ("loopbot", "completed", "success"),
+        ("loopbot/critic", "completed", "success"),
+    ]
 
 
 CHECK = (

@@ -11,12 +11,11 @@ from redis import Redis
 from bot.core.record import Status
 from bot.io.github import tally
 from bot.io.store import Store
-from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from tests.conftest import Web
-from tests.e2e.review.test_review_merge import is_critic, report
-from tests.helpers import REPO, label, open_issue, sample_repo
+from tests.e2e.review.test_same_change import start_two
+from tests.helpers import REPO
 
 
 def _writes(redis: Redis) -> dict[tuple[str, str, str], int]:
@@ -29,20 +28,7 @@ def _writes(redis: Redis) -> dict[tuple[str, str, str], int]:
 def test_every_write_of_a_loop_names_the_phase_that_made_it(
     github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
 ) -> None:
-    def agent(body: dict[str, Any]) -> m.Item:
-        if is_critic(body):
-            return report()
-        which = body["messages"][0]["content"][0]["text"].split("issue #")[1].split()[0]
-        last = body["messages"][-1]["content"]
-        if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in last):
-            return m.text(f"Done {which}.")
-        return m.write_file(f"notes/{which.strip('.:')}.md", "noted\n")
-
-    sample_repo(github, loop_yml="verify: test -d notes\n")
-    issues = [open_issue(github, f"note {i}", "Add a note.") for i in range(2)]
-    model.responder = agent
-    for n in issues:
-        label(github, "writer", n)
+    issues = list(start_two(github, model))
     drain(rounds=30)
     store = Store(redis)
     records = [store.get(f"{REPO}#{n}") for n in issues]
