@@ -36,11 +36,12 @@ from bot.core.record import (
     approve,
     intake_hash,
 )
-from bot.core.rules import budget, intake
-from bot.core.rules import findings as flog
-from bot.core.rules import review as review_rules
+from bot.core.rules import intake
 from bot.core.rules.lifecycle import Create, Refused, Requeue, Restart, may_start
-from bot.core.rules.review import AfterDismissal, after_dismissal
+from bot.core.rules.loop import budget
+from bot.core.rules.pull import findings as flog
+from bot.core.rules.pull import review as review_rules
+from bot.core.rules.pull.review import AfterDismissal, after_dismissal
 from bot.core.text import messages
 from bot.core.text import metric as metric_text
 from bot.core.text.messages import code_span
@@ -608,7 +609,7 @@ def _dismiss(rt: Runtime, gh: Installation, cmd: DismissFinding) -> str:
             r.finding_log, fid, by=cmd.actor, reason=cmd.reason, sha=head, at=time.time()
         )
         # loopbot's held-out finding: the dismissal is of this evidence (these tests as
-        # this head has them), not of every later test change (bot/core/rules/review.py).
+        # this head has them), not of every later test change (bot/core/rules/pull/review.py).
         review_rules.bind_dismissal(r.finding_log, fid, r.test_evidence)
         # The last review's findings, as the loop's next prompt and the gate read them.
         r.findings = [x for x in r.findings if x.get("id") != fid]

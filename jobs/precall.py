@@ -19,8 +19,8 @@ import anthropic
 from bot.core.pricing import usage_from
 from bot.core.record import LoopRecord, Usage
 from bot.core.repo_config import Ceilings
-from bot.core.rules import budget
-from bot.core.rules.budget import Budget, Exhausted, Spent
+from bot.core.rules.loop import budget
+from bot.core.rules.loop.budget import Budget, Exhausted, Spent
 from bot.core.settings import Settings
 from bot.io.logs import get_logger
 

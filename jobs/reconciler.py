@@ -48,8 +48,8 @@ from bot.core import repo_config
 from bot.core.ids import LoopId
 from bot.core.record import ACTIVE, LoopRecord, Reason, Status
 from bot.core.rules import recovery
-from bot.core.rules.budget import Call
 from bot.core.rules.lifecycle import SPEND_HELD, Guard, Requeue
+from bot.core.rules.loop.budget import Call
 from bot.core.spend import retention
 from bot.io.github.failures import GitHubError
 from bot.io.logs import get_logger

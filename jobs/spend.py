@@ -30,7 +30,7 @@ from redis import Redis
 
 from bot.core.record import LoopRecord, Usage
 from bot.core.repo_config import RepoConfig
-from bot.core.rules.budget import Call
+from bot.core.rules.loop.budget import Call
 from bot.core.settings import Settings
 from bot.core.spend.caps import MICRO, Cap, caps_for, counter, full
 from bot.io.logs import get_logger

@@ -11,7 +11,7 @@ must exist.
   model (a misspelt first part, ``critc.enabled``, is not recognised as a key);
 - each relative link (and image) points at a file that exists, and its ``#anchor`` at a
   heading of the target, by GitHub's slug rules.
-- each repository path a code span is made of (``bot/core/rules/context.py``,
+- each repository path a code span is made of (``bot/core/rules/loop/context.py``,
   ``tests/io/test_webhook.py::test_ping_is_200``) exists, and a test it names is defined
   there: the security page cites the tests that show each claim.
 

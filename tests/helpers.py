@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from redis import Redis
 
-from bot.core.rules.merge import Facts, classify_checks
+from bot.core.rules.pull.merge import Facts, classify_checks
 from bot.core.settings import Settings, load_settings
 from bot.io.queues import CONTROL_QUEUE, LOOP_QUEUE
 from bot.standins import anthropic as m

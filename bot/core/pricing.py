@@ -151,7 +151,7 @@ def known(model: str) -> bool:
 
 def price_of(model: str) -> tuple[float, float]:
     """(input, output) per million tokens at the model's highest tier: what a bound on
-    a call's cost (``bot.core.rules.budget``) must assume."""
+    a call's cost (``bot.core.rules.loop.budget``) must assume."""
     p = price(model).highest
     return p.input, p.output
 

@@ -204,15 +204,16 @@ class LoopRecord(BaseModel):
     # to fix the code instead (one, then a person decides).
     test_evidence: dict[str, Any] = Field(default_factory=dict)
     tamper_turns: int = 0
-    # Findings that persist across review rounds (bot/core/rules/findings.py), and the verdict on
-    # each reviewed head: a sha in ``verdicts`` is never reviewed again.
+    # Findings that persist across review rounds (bot/core/rules/pull/findings.py), and the verdict
+    # on each reviewed head: a sha in ``verdicts`` is never reviewed again.
     finding_log: list[dict[str, Any]] = Field(default_factory=list)
     next_finding: int = 1
     verdicts: dict[str, str] = Field(default_factory=dict)
-    # The change each reviewed head makes (bot/core/rules/same_change.py): a head whose
+    # The change each reviewed head makes (bot/core/rules/pull/same_change.py): a head whose
     # change is one already approved (the default branch merged in) is not asked again.
     patches: dict[str, str] = Field(default_factory=dict)
-    # One budget over the issue's whole life (bot/core/rules/budget.py): never reset by a restart.
+    # One budget over the issue's whole life (bot/core/rules/loop/budget.py): never reset
+    # by a restart.
     total_turns: int = 0
     active_seconds: float = 0.0  # banked by the store at each write of an active record
     budget_limits: dict[str, float] = Field(default_factory=dict)  # name -> limit in force
@@ -229,7 +230,7 @@ class LoopRecord(BaseModel):
     base_clean: bool = False
     # The last such catch-up that verify passed on with no turn: {"from": the head it
     # merged the base into, "to": the merged head}. Only that head's change can be the
-    # reviewed one's (bot/core/rules/same_change.py): a diff's text does not show every
+    # reviewed one's (bot/core/rules/pull/same_change.py): a diff's text does not show every
     # change (a binary file's bytes), so no other head is ever taken for one reviewed.
     catch_up: dict[str, str] = Field(default_factory=dict)
     # Such a catch-up's own check run ("loopbot": verify passed on the merged head), not
@@ -238,8 +239,8 @@ class LoopRecord(BaseModel):
     # there says verify passed on it (issue 43: one write where two said the same).
     # {"sha", "title", "summary"}; empty when none waits.
     loop_check_waiting: dict[str, str] = Field(default_factory=dict)
-    # What the agent's conversation has been given, each once (bot/core/rules/discussion.py,
-    # bot/core/rules/nested_guidance.py): the ids of the issue's comments (maintainers'
+    # What the agent's conversation has been given, each once (bot/core/rules/loop/discussion.py,
+    # bot/core/rules/loop/nested_guidance.py): the ids of the issue's comments (maintainers'
     # comments shown, or left out for room) and the nested AGENTS.md paths.
     comments_delivered: list[int] = Field(default_factory=list)
     guidance_delivered: list[str] = Field(default_factory=list)
@@ -249,7 +250,7 @@ class LoopRecord(BaseModel):
     # In line for a slot (max_parallel, LOOPBOT_MAX_PARALLEL): queued, its job not yet
     # enqueued; None once admitted (or never held back).
     waiting: Waiting | None = None
-    # -- metric loops (label labels.optimize; jobs/loop/metric.py, bot/core/rules/metric.py) --
+    # -- metric loops (label labels.optimize; jobs/loop/metric.py, bot/core/rules/loop/metric.py) --
     kind: str = "code"  # "code": a fix loop (labels.ready); "metric": a metric loop
     # The agent backend its last run coded with (loop.yml's, or a writer's label): the
     # report and the metrics file the agent's usage under it (bot/core/spend/report.py).
@@ -273,7 +274,7 @@ class LoopRecord(BaseModel):
     # the sub-issues /loop-split created. {} = not triaged.
     triage: dict[str, Any] = Field(default_factory=dict)
     # -- end triage -----------------------------------------------------------------------
-    # -- milestones (bot/core/rules/sections.py, jobs/loop/job.py) ---------------------------
+    # -- milestones (bot/core/rules/loop/sections.py, jobs/loop/job.py) ---------------------------
     # The approved issue's sections, each {title, text, done, preticked, audit_rounds,
     # start_sha, and once audited audited_sha (the head its last audit judged),
     # dirty_sha (the head whose blocking findings stand), dirty_sev1 (they were sev1s)
@@ -291,7 +292,7 @@ class LoopRecord(BaseModel):
     # post_action (loop.yml): one best-effort turn after a clean final audit, run once:
     # {status: pending|kept|dropped|none|failed, base: the reviewed sha it ran on, sha: its
     # commit (kept), summary, why (dropped)}. The gate accepts exactly that commit on top
-    # of the reviewed sha (bot/core/rules/merge.py).
+    # of the reviewed sha (bot/core/rules/pull/merge.py).
     post_action: dict[str, Any] = Field(default_factory=dict)
     # -- end milestones ------------------------------------------------------------------
     created_at: float = Field(default_factory=time.time)

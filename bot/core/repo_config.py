@@ -260,7 +260,7 @@ class LimitsConfig(_Strict):
     max_changed_files: int = Field(100, ge=1)
     """A change with more changed files is not merged on its own: `loop:needs-human`,
     with the numbers."""
-    # The issue's whole-life budgets: bot/core/rules/budget.py.
+    # The issue's whole-life budgets: bot/core/rules/loop/budget.py.
     max_tokens: int | None = Field(None, ge=1)
     """Tokens (all kinds) over the issue's whole life. Unset: the operator's
     `LOOPBOT_MAX_TOKENS`."""
@@ -439,7 +439,7 @@ class RepoConfig(_Strict):
     """The issue's whole-life budgets and the size of a change merged on its own."""
     triage: TriageConfig = TriageConfig()
     """Readiness triage."""
-    milestones: Literal["off", "on", "auto"] = "on"  # bot/core/rules/sections.py
+    milestones: Literal["off", "on", "auto"] = "on"  # bot/core/rules/loop/sections.py
     """`on`: an issue with a task list (two or more `- [ ]`) or `## Milestone` headings
     is worked section by section, each audited; `auto`: also ask the model to propose
     sections for an issue that has none; `off`: every issue is one section."""

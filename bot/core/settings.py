@@ -151,8 +151,8 @@ class Settings(BaseSettings):
     max_tool_budget: int = Field(1000, alias="LOOPBOT_MAX_TOOL_BUDGET", ge=1)
     max_wall_hours: float = Field(12.0, alias="LOOPBOT_MAX_WALL_HOURS", gt=0)
     max_wait_checks_minutes: int = Field(240, alias="LOOPBOT_MAX_WAIT_CHECKS_MINUTES", ge=1)
-    # The whole-life budget of one issue (bot/core/rules/budget.py): tokens of every kind (input,
-    # output, cache reads and writes) and turns, summed over every run and restart.
+    # The whole-life budget of one issue (bot/core/rules/loop/budget.py): tokens of every kind
+    # (input, output, cache reads and writes) and turns, summed over every run and restart.
     max_tokens: int = Field(100_000_000, alias="LOOPBOT_MAX_TOKENS", ge=1)
     max_total_turns: int = Field(200, alias="LOOPBOT_MAX_TOTAL_TURNS", ge=1)
     # Loops admitted at once across every repository (bot/core/rules/pace.py), and the

@@ -31,7 +31,7 @@ from bot.core.formats import RECORD_FORMAT, check_record_format
 from bot.core.ids import LoopId
 from bot.core.record import ACTIVE, LoopRecord, Status, summarize
 from bot.core.rules import event_size
-from bot.core.rules.budget import alive_until
+from bot.core.rules.loop.budget import alive_until
 from bot.core.spend import retention
 from bot.io.logs import get_logger
 
@@ -127,9 +127,10 @@ class Store:
                     fn(record)
                     now = time.time()
                     if was_active:
-                        # The hours budget (bot/core/rules/budget.py): the time between two
-                        # writes of a working loop was spent; time it sat failed is not, nor
-                        # time a running loop's worker was gone (its heartbeats had stopped).
+                        # The hours budget (bot/core/rules/loop/budget.py): the time
+                        # between two writes of a working loop was spent; time it sat failed
+                        # is not, nor time a running loop's worker was gone (its heartbeats
+                        # had stopped).
                         end = alive_until(_s(beat), last, now) if running and beat else now
                         record.active_seconds += max(0.0, end - last)
                     record.updated_at = now

@@ -28,7 +28,7 @@ from werkzeug.serving import make_server
 
 from bot.core.ids import LoopId
 from bot.core.record import TERMINAL, LoopRecord, Status
-from bot.core.rules import metric as metric_rules
+from bot.core.rules.loop import metric as metric_rules
 from bot.core.settings import load_settings
 from bot.io.logs import configure
 from bot.io.redis import connect

@@ -30,7 +30,7 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from bot.core.ids import LoopId
 from bot.core.record import SUMMARY_FIELDS, LoopRecord, Status
-from bot.core.rules import budget
+from bot.core.rules.loop import budget
 from bot.core.settings import Settings
 from bot.core.spend.report import parse_since, report
 from bot.core.text import sessionlog

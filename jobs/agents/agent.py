@@ -7,7 +7,7 @@ made), too many stalls, cancellation, a refusal, the context window, or a reply 
 mid-tool-call twice; the reason is returned, never swallowed. A reply that must not be
 kept (refused, cut, or cut inside a tool call) never reaches the conversation, so the
 stored conversation is always one the Messages API accepts; its usage is still counted. Those
-rules are pure decisions in ``bot.core.rules.agent_stop``; this module does the I/O. The
+rules are pure decisions in ``bot.core.rules.loop.agent_stop``; this module does the I/O. The
 conversation is a list of plain dicts so it can be stored in Redis and continued by
 another worker.
 """
@@ -24,10 +24,10 @@ import anthropic
 
 from bot.core.pricing import usage_from
 from bot.core.record import Usage
-from bot.core.rules import agent_stop as rules
-from bot.core.rules import budget, context
-from bot.core.rules.agent_stop import End, Go, Stop
-from bot.core.rules.budget import Budget, Spent
+from bot.core.rules.loop import agent_stop as rules
+from bot.core.rules.loop import budget, context
+from bot.core.rules.loop.agent_stop import End, Go, Stop
+from bot.core.rules.loop.budget import Budget, Spent
 from jobs import precall
 from jobs.agents.tools import TOOLS, ToolBox
 
@@ -236,7 +236,7 @@ class Agent:
         self.client = client
         self.model = model
         # The model's context window (the Models API's max_input_tokens) and the share of
-        # it past which the conversation is shrunk before a call (bot/core/rules/context.py).
+        # it past which the conversation is shrunk before a call (bot/core/rules/loop/context.py).
         self.window = window
         self.window_of = window_of or (lambda model: window)  # the fallback model's too
         self._learned: dict[str, int] = {}  # windows the API named in "prompt is too long"

@@ -36,7 +36,8 @@ from typing import Any
 
 from bot.core.models import ModelSpec
 from bot.core.repo_config import McpServer
-from bot.core.rules import budget, event_size
+from bot.core.rules import event_size
+from bot.core.rules.loop import budget
 from bot.io.logs import get_logger
 from bot.io.store import Store
 from jobs import precall

@@ -50,7 +50,7 @@ import httpx
 from bot.core import attachments
 from bot.core.models import ModelSpec, thinking_params
 from bot.core.record import Usage
-from bot.core.rules import budget
+from bot.core.rules.loop import budget
 from bot.io.logs import get_logger
 from jobs import precall
 from jobs.gateway.usage import MessagesUsage

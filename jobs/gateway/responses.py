@@ -32,7 +32,7 @@ import httpx
 
 from bot.core.pricing import usage_from_responses
 from bot.core.record import Usage
-from bot.core.rules import budget
+from bot.core.rules.loop import budget
 from bot.core.settings import Settings
 from bot.io.logs import get_logger
 from jobs.gateway.messages import ModelGateway, Refused, has_media

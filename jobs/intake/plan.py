@@ -21,7 +21,7 @@ from bot.core import repo_config
 from bot.core.commands import ControlCommand
 from bot.core.models import thinking_params
 from bot.core.record import LoopRecord, Usage, intake_hash
-from bot.core.rules import sections
+from bot.core.rules.loop import sections
 from bot.core.text import messages
 from bot.core.text.prompts import FENCE, fence_safe
 from bot.core.text.visible import visible, without_invisible

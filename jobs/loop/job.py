@@ -17,8 +17,9 @@ import anthropic
 from bot.core import openai_models, repo_config
 from bot.core.models import ModelSpec, thinking_params
 from bot.core.record import ACTIVE, LoopRecord, Reason, Status, intake_hash
-from bot.core.rules import budget, intake, push_refusal
-from bot.core.rules import turns as transitions
+from bot.core.rules import intake, push_refusal
+from bot.core.rules.loop import budget
+from bot.core.rules.loop import turns as transitions
 from bot.core.text import messages, prompts
 from bot.io.attachments import Attachments
 from bot.io.github import tally
@@ -194,8 +195,8 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
                 repo_config.clamped_comment(clamped),
             )
             self.store.event(self.key, "config_clamped", notes=clamped)
-        # One budget over the issue's life (bot/core/rules/budget.py); the record keeps the limits
-        # for the status comment and the dashboard.
+        # One budget over the issue's life (bot/core/rules/loop/budget.py); the record keeps the
+        # limits for the status comment and the dashboard.
         self.budget = budget.Budget.of(config, self.rt.ceilings)
         self._set(
             max_turns=config.max_turns,
@@ -765,7 +766,7 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
     def _before_turn(
         self, record: LoopRecord, issue: IssueInfo, max_turns: int
     ) -> transitions.RunTurn | str:
-        """The rules before every turn (bot/core/rules/turns.py): the turn to run, or how
+        """The rules before every turn (bot/core/rules/loop/turns.py): the turn to run, or how
         the loop ended (issue closed, the loop's label gone, cancelled, out of turns, or
         the approved text edited by someone who may not approve it: then a comment says
         how to approve it again)."""
@@ -816,7 +817,7 @@ class LoopRunner(SectionAudits, PostAction, BaseVerify, HeldOut, PullRequests, H
 def _max_tokens(spec: ModelSpec) -> int:
     """The agent's output limit per call, never above what the model allows. Thinking
     shares it with the answer; a reply cut by it is continued or retried larger
-    (``bot.core.rules.agent_stop``), so the usual limit stays small for the budget's
+    (``bot.core.rules.loop.agent_stop``), so the usual limit stays small for the budget's
     worst case."""
     return min(MAX_TOKENS, spec.max_output)
 

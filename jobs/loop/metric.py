@@ -24,7 +24,7 @@ runner's worktree, sandbox, agent, lease and GitHub client:
   nothing kept the loop fails with no pull request. After the pull request, review
   findings, requests and failing checks get ordinary fix turns (``LoopRunner._turns``).
 
-The decisions are pure (``bot/core/rules/metric.py``); the texts are in
+The decisions are pure (``bot/core/rules/loop/metric.py``); the texts are in
 ``bot/core/text/metric.py``.
 """
 
@@ -35,9 +35,10 @@ from typing import Any, assert_never
 
 from bot.core.record import LoopRecord, Reason, Status
 from bot.core.repo_config import MetricConfig
-from bot.core.rules import budget, intake
-from bot.core.rules import metric as rules
-from bot.core.rules import turns as transitions
+from bot.core.rules import intake
+from bot.core.rules.loop import budget
+from bot.core.rules.loop import metric as rules
+from bot.core.rules.loop import turns as transitions
 from bot.core.text import metric as text
 from bot.core.text import prompts
 from bot.core.text.defuse import one_line

@@ -7,7 +7,7 @@ from typing import Any
 
 from bot.core import attachments as attachment_rules
 from bot.core.record import LoopRecord
-from bot.core.rules import discussion, nested_guidance
+from bot.core.rules.loop import discussion, nested_guidance
 from bot.core.text import attachments as words
 from bot.core.text import prompts
 from bot.io.attachments import Attachments
@@ -89,7 +89,7 @@ class TurnNews(RunnerBase):
     def _discussion(self, delivered: set[int]) -> discussion.Selection:
         """The issue's comments not delivered yet that may go to the agent: by people who
         can write (asked once per author per turn, and only for comments that pass the
-        other rules), within the prompt's room (bot/core/rules/discussion.py)."""
+        other rules), within the prompt's room (bot/core/rules/loop/discussion.py)."""
         pending = discussion.candidates(self.gh.comments(self.repo, self.issue_number), delivered)
         writes = {
             login: self.gh.can_write(self.repo, login) for login in discussion.authors(pending)

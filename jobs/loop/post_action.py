@@ -7,8 +7,8 @@ from typing import Any
 
 from bot.core.evidence import held_out
 from bot.core.record import Reason, Status
-from bot.core.rules import budget
-from bot.core.rules.merge import protected_changes
+from bot.core.rules.loop import budget
+from bot.core.rules.pull.merge import protected_changes
 from bot.core.text import prompts
 from bot.core.text.defuse import one_line
 from bot.io.logs import get_logger
@@ -40,7 +40,7 @@ class PostAction(RunnerBase):
         passes on it and it touches no protected path and stays small; otherwise dropped
         (the unpushed commit reset away) and the gate gets the approved head as it was.
         Its summary is kept either way. Never audited again: the gate accepts exactly this
-        one commit on top of the reviewed sha (``bot.core.rules.merge.post_action_head``)."""
+        one commit on top of the reviewed sha (``bot.core.rules.pull.merge.post_action_head``)."""
         record = self._record()
         pa = dict(record.post_action)
         reviewed = str(pa.get("base") or "")

@@ -17,9 +17,10 @@ from typing import Any
 from bot.core import repo_config
 from bot.core.ids import LoopId
 from bot.core.record import LoopRecord, Reason, Status
-from bot.core.rules import budget, discussion, nested_guidance, push_refusal
-from bot.core.rules import metric as metric_rules
-from bot.core.rules import turns as transitions
+from bot.core.rules import push_refusal
+from bot.core.rules.loop import budget, discussion, nested_guidance
+from bot.core.rules.loop import metric as metric_rules
+from bot.core.rules.loop import turns as transitions
 from bot.core.text import messages
 from bot.core.text.defuse import one_line
 from bot.io.github import tally

@@ -1,6 +1,6 @@
 """Milestones in a loop: before a turn, whether the current section is done and audited
 (the section auditor, through the loop's lease-fenced store), and the audit's outcome.
-The decisions are in ``bot/core/rules/sections.py``."""
+The decisions are in ``bot/core/rules/loop/sections.py``."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from typing import Any, assert_never
 
 import jobs.review.critic as critic_job
 from bot.core.record import LoopRecord, Reason, Status, intake_hash
-from bot.core.rules import findings as flog
-from bot.core.rules import intake, review, sections
-from bot.core.rules.review import CriticReport
+from bot.core.rules import intake
+from bot.core.rules.loop import sections
+from bot.core.rules.pull import findings as flog
+from bot.core.rules.pull import review
+from bot.core.rules.pull.review import CriticReport
 from bot.core.text import messages, prompts
 from bot.io.logs import get_logger
 from bot.io.store import LeaseLost
@@ -44,7 +46,7 @@ SectionStep = _SectionNext | _AllAudited | str
 
 
 class SectionAudits(RunnerBase):
-    """The section audits of a loop with milestones (``bot.core.rules.sections``)."""
+    """The section audits of a loop with milestones (``bot.core.rules.loop.sections``)."""
 
     def _sections_ready(self, record: LoopRecord, issue: Any, *, first: bool) -> str | None:
         """Read the sections of the approved text (again, when a writer's edit changed

@@ -20,10 +20,11 @@ from bot.core.evidence import held_out
 from bot.core.ids import LoopId
 from bot.core.models import ModelSpec, merged, thinking_params
 from bot.core.record import LoopRecord, Reason, Status, Usage
-from bot.core.rules import findings as flog
-from bot.core.rules import intake, sections
+from bot.core.rules import intake
 from bot.core.rules.lifecycle import Guard, Requeue
-from bot.core.rules.review import (
+from bot.core.rules.loop import sections
+from bot.core.rules.pull import findings as flog
+from bot.core.rules.pull.review import (
     NO_TEST,
     NO_TEST_FINGERPRINT,
     OWN_FINGERPRINTS,
@@ -49,8 +50,8 @@ from bot.core.rules.review import (
     tests_changed_finding,
     tests_changed_stands,
 )
-from bot.core.rules.review_check import check_run
-from bot.core.rules.same_change import carried_from, patch_digest
+from bot.core.rules.pull.review_check import check_run
+from bot.core.rules.pull.same_change import carried_from, patch_digest
 from bot.core.text import messages, prompts
 from bot.core.text import metric as metric_text
 from bot.io.attachments import Attachments

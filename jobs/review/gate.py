@@ -1,4 +1,4 @@
-"""The merge gate job: re-read the issue and PR now, decide (``bot.core.rules.merge``), act.
+"""The merge gate job: re-read the issue and PR now, decide (``bot.core.rules.pull.merge``), act.
 
 Woken by the critic, by ``check_suite``/``check_run`` webhooks, and by its own timer
 while checks are pending. The squash merge pins the reviewed sha, so GitHub itself
@@ -18,9 +18,9 @@ from bot.core import repo_config
 from bot.core.evidence import held_out
 from bot.core.ids import LoopId
 from bot.core.record import TERMINAL, LoopRecord, Reason, Status
-from bot.core.rules.codeowners import required_owners
 from bot.core.rules.lifecycle import Guard, Requeue
-from bot.core.rules.merge import (
+from bot.core.rules.pull.codeowners import required_owners
+from bot.core.rules.pull.merge import (
     AlreadyMerged,
     AwaitPeople,
     CheckResult,
@@ -45,7 +45,7 @@ from bot.core.rules.merge import (
     protected_changes,
     queue_removal,
 )
-from bot.core.rules.review import TESTS_CHANGED_FINGERPRINT, dismissal_holds
+from bot.core.rules.pull.review import TESTS_CHANGED_FINGERPRINT, dismissal_holds
 from bot.core.spend import lines as spend_lines
 from bot.core.text import messages, receipt
 from bot.io.github import tally

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bot.core.rules.review import (
+from bot.core.rules.pull.review import (
     CriticReport,
     check_answers,
 )

@@ -26,7 +26,7 @@ combines it with tools, constraining the text answer while tool calls stay free.
 model ``spec``, the call also asks for adaptive thinking at the review's effort
 (``bot.core.models.thinking_params``); thinking blocks go back to the model exactly as it
 wrote them. A reply cut at ``max_tokens`` inside a tool call is dropped, never run or
-kept, and asked for once more with twice the limit (``bot.core.rules.agent_stop``, as for
+kept, and asked for once more with twice the limit (``bot.core.rules.loop.agent_stop``, as for
 the agent; within the model's output limit); cut again, the tool rounds end.
 """
 
@@ -44,7 +44,7 @@ import anthropic
 from bot.core.models import ModelSpec, merged, thinking_params
 from bot.core.pricing import usage_from
 from bot.core.record import Usage
-from bot.core.rules import agent_stop, budget
+from bot.core.rules.loop import agent_stop, budget
 from bot.io.logs import get_logger
 from jobs.agents.agent import add_user_text, with_cache_points
 from jobs.review.checkout import ReviewCheckout, review_checkout
@@ -97,8 +97,8 @@ def worst_next(
     model: str, request: dict[str, Any], last: Usage | None, added: list[dict[str, Any]]
 ) -> float:
     """The most the next call could cost, by the issue budget's own bounds
-    (:mod:`bot.core.rules.budget`): no token shorter than a byte, every input token a cache write,
-    a full ``max_tokens`` written. After a call, its tokens as the API counted them plus
+    (:mod:`bot.core.rules.loop.budget`): no token shorter than a byte, every input token a cache
+    write, a full ``max_tokens`` written. After a call, its tokens as the API counted them plus
     the ``added`` messages; before the first, the whole ``request``."""
     if last is None:
         bound = budget.input_bound(request)

@@ -9,7 +9,7 @@ from redis import Redis
 
 from bot.core import repo_config
 from bot.core.record import Reason, Status
-from bot.core.rules import turns as transitions
+from bot.core.rules.loop import turns as transitions
 from bot.core.settings import Settings
 from bot.io.store import Store
 from bot.standins import anthropic as m

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from redis import Redis
 
 from bot.core.record import LoopRecord, Reason, Status, Usage
-from bot.core.rules import budget
 from bot.core.rules.lifecycle import SPEND_HELD
+from bot.core.rules.loop import budget
 from bot.core.settings import Settings
 from bot.core.spend.caps import MICRO, Period, Scope, caps_for, counter
 from bot.io.store import Store
@@ -30,7 +30,7 @@ from tests.conftest import Web
 from tests.helpers import REPO, comment, label, open_issue, sample_repo
 
 # A cheap model, so that a cap of a few cents admits some calls: each call's worst case
-# (bot.core.rules.budget.worst_call: 8,192 output tokens at $5/M, the input as cache
+# (bot.core.rules.loop.budget.worst_call: 8,192 output tokens at $5/M, the input as cache
 # writes) is about five cents.
 MODEL = "claude-haiku-4-5"
 CAP = 0.07

@@ -1,5 +1,5 @@
-"""Red team: the discussion (bot/core/rules/discussion.py, bot/core/text/prompts.py) and
-nested AGENTS.md (bot/core/rules/nested_guidance.py, jobs.tree.worktree.files_at) attacked
+"""Red team: the discussion (bot/core/rules/loop/discussion.py, bot/core/text/prompts.py) and
+nested AGENTS.md (bot/core/rules/loop/nested_guidance.py, jobs.tree.worktree.files_at) attacked
 by people without write access and by a hostile default branch.
 
 Each test states one promise and tries to break it; where a docstring tells how, that is
@@ -17,7 +17,7 @@ import pytest
 
 from bot.core.models import clamp_effort
 from bot.core.repo_config import Ceilings, ModelPolicy, load
-from bot.core.rules import discussion, nested_guidance
+from bot.core.rules.loop import discussion, nested_guidance
 from bot.core.text import prompts
 from bot.standins.gitrepo import git as plain_git
 from jobs.tree.worktree import files_at

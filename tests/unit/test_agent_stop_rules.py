@@ -1,4 +1,4 @@
-"""When an agent turn stops (bot.core.rules.agent_stop): one table row per case."""
+"""When an agent turn stops (bot.core.rules.loop.agent_stop): one table row per case."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bot.core.rules.agent_stop import (
+from bot.core.rules.loop.agent_stop import (
     DOOM_REPEATS,
     MAX_OUTPUT_TOKENS,
     MAX_STALLS,

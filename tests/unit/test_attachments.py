@@ -18,7 +18,7 @@ from bot.core.attachments import (
     redirect_allowed,
     sort,
 )
-from bot.core.rules import context
+from bot.core.rules.loop import context
 
 GH = "https://api.github.com"
 LOCAL = "http://127.0.0.1:8080"

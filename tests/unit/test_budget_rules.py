@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.core.rules import budget
+from bot.core.rules.loop import budget
 
 
 @pytest.mark.parametrize(

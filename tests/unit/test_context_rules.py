@@ -1,4 +1,4 @@
-"""bot/core/rules/context.py: shrinking a conversation keeps it valid for the Messages API
+"""bot/core/rules/loop/context.py: shrinking a conversation keeps it valid for the Messages API
 and keeps what the agent needs (the issue, its decisions, files, the latest failure)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from bot.core.rules import context
-from bot.core.rules.context import BRIEF_MARK, Gauge
+from bot.core.rules.loop import context
+from bot.core.rules.loop.context import BRIEF_MARK, Gauge
 from bot.standins.anthropic import invalid
 
 Msg = dict[str, Any]

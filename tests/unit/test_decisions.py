@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 import pytest
 
 from bot.core.record import LoopRecord, Status, can_restart, should_start
-from bot.core.rules import turns as t
-from bot.core.rules.merge import (
+from bot.core.rules.loop import turns as t
+from bot.core.rules.pull.merge import (
     AlreadyMerged,
     Decision,
     Facts,
@@ -29,7 +29,7 @@ from bot.core.rules.merge import (
     protected_changes,
     summarize_checks,
 )
-from bot.core.rules.review import (
+from bot.core.rules.pull.review import (
     Category,
     CodeAgain,
     CriticReport,

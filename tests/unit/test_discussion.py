@@ -1,5 +1,5 @@
 """Which issue comments and nested AGENTS.md files reach the agent, and how a prompt shows
-them (bot/core/rules/discussion.py, bot/core/rules/nested_guidance.py, prompts)."""
+them (bot/core/rules/loop/discussion.py, bot/core/rules/loop/nested_guidance.py, prompts)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from bot.core.record import LoopRecord
-from bot.core.rules import discussion, nested_guidance
+from bot.core.rules.loop import discussion, nested_guidance
 from bot.core.text import prompts
 
 

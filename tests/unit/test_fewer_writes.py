@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot.core.rules.same_change import carried_from, patch_digest
+from bot.core.rules.pull.same_change import carried_from, patch_digest
 from bot.core.text import receipt
 from bot.io.github.tally import route
 

@@ -1,5 +1,6 @@
-"""Findings that persist across review rounds (bot/core/rules/findings.py) and the pure rules in
-bot/core/rules/review.py that use them: ids, fingerprints, answers, dismissals, stored verdicts."""
+"""Findings that persist across review rounds (bot/core/rules/pull/findings.py) and the pure
+rules in bot/core/rules/pull/review.py that use them: ids, fingerprints, answers,
+dismissals, stored verdicts."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 
 from bot.core.commands import DismissFinding
 from bot.core.record import Reason, Status
-from bot.core.rules import findings as flog
-from bot.core.rules.review import (
+from bot.core.rules.pull import findings as flog
+from bot.core.rules.pull.review import (
     NO_TEST,
     AfterDismissal,
     CodeAgain,
@@ -306,8 +307,8 @@ def test_loop_dismiss_from_a_bot_is_ignored() -> None:
 def test_a_dismissed_nit_raised_again_as_sev1_reopens() -> None:
     """Red team: a writer dismissed F2 as a sev3 nit; later the critic raises the same
     fingerprint as a sev1. That is a new judgement: it reopens and blocks."""
-    from bot.core.rules import findings as flog
-    from bot.core.rules.review import Finding
+    from bot.core.rules.pull import findings as flog
+    from bot.core.rules.pull.review import Finding
 
     nit = Finding(
         severity="sev3",

@@ -308,22 +308,24 @@ def test_every_room_is_a_package_on_disk() -> None:
 
 
 # A folder of more than this many modules has stopped drawing itself: its concerns want
-# rooms of their own (the flat jobs/ of 45 modules was the case in point).
+# rooms of their own (the flat jobs/ of 45 modules was the case in point; bot/core/rules at
+# 23 and the local GitHub at 17 were split the same way).
 MAX_ROOM_MODULES = 15
 
 
 def test_no_room_outgrows_itself() -> None:
-    """Each room, and the modules directly in jobs/, at most ``MAX_ROOM_MODULES``."""
+    """Each folder of bot/ and jobs/ (a room of jobs/, jobs/ itself, a layer's part such
+    as bot/core/rules or the local GitHub) holds at most ``MAX_ROOM_MODULES`` modules."""
     sizes: dict[str, int] = {}
-    for name in JOBS_MODULES:
+    for name in MODULES:
         if modules()[name].path.endswith("__init__.py"):
             continue
-        parts = name.split(".")
-        where = ".".join(parts[:2]) if len(parts) > 2 else "jobs (directly)"
-        sizes[where] = sizes.get(where, 0) + 1
+        folder = name.rsplit(".", 1)[0]
+        sizes[folder] = sizes.get(folder, 0) + 1
     big = {where: n for where, n in sizes.items() if n > MAX_ROOM_MODULES}
     assert not big, f"rooms past {MAX_ROOM_MODULES} modules (split them): {big}"
-    assert sizes["jobs.loop"] >= 10 and sizes["jobs (directly)"] >= 10, sizes  # it counted
+    # It counted: the biggest rooms as they are.
+    assert sizes["jobs.loop"] >= 10 and sizes["jobs"] >= 10 and sizes["bot.io.github"] >= 10, sizes
 
 
 @pytest.mark.parametrize(
@@ -571,7 +573,7 @@ LAZY = """\
 from typing import TYPE_CHECKING
 
 from bot.core import ids
-from bot.core.rules import turns as t
+from bot.core.rules.loop import turns as t
 from jobs.loop import job as loop
 
 if TYPE_CHECKING:
@@ -593,7 +595,7 @@ def test_imports_are_found_with_where_they_are() -> None:
     ]
     assert found == [
         ("bot.core.ids", 3, False, False),
-        ("bot.core.rules.turns", 4, False, False),
+        ("bot.core.rules.loop.turns", 4, False, False),
         ("jobs.loop.job", 5, False, False),
         ("bot.io.store", 8, False, True),
         ("bot.io.redis", 10, False, False),

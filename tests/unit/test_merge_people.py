@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from bot.core.record import Reason
-from bot.core.rules import codeowners
-from bot.core.rules.merge import AwaitPeople, Merge, Refuse, Wait, decide, head_approvers
+from bot.core.rules.pull import codeowners
+from bot.core.rules.pull.merge import AwaitPeople, Merge, Refuse, Wait, decide, head_approvers
 from tests.helpers import merge_facts
 
 

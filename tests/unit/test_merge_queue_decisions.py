@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from bot.core.record import Reason
-from bot.core.rules.merge import (
+from bot.core.rules.pull.merge import (
     QUEUE_CHECKS,
     AwaitPeople,
     Enqueue,

@@ -1,4 +1,4 @@
-"""Metric loops: the pure rules (bot/core/rules/metric.py) and their texts."""
+"""Metric loops: the pure rules (bot/core/rules/loop/metric.py) and their texts."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from bot.core import repo_config
 from bot.core.record import LoopRecord
 from bot.core.repo_config import MetricConfig
-from bot.core.rules import metric as rules
-from bot.core.rules.metric import End, Go, Reading, Row, Verdict
+from bot.core.rules.loop import metric as rules
+from bot.core.rules.loop.metric import End, Go, Reading, Row, Verdict
 from bot.core.text import messages
 from bot.core.text import metric as text
 

@@ -18,7 +18,7 @@ from bot.core.pricing import (
     price_of,
     usage_from,
 )
-from bot.core.rules import budget
+from bot.core.rules.loop import budget
 
 
 def usage(inp: int = 0, out: int = 0, cw: int = 0, cr: int = 0) -> SimpleNamespace:
@@ -42,7 +42,7 @@ def test_every_listed_model_is_priced_and_cache_writes_cost_what_the_budget_assu
     for p in filter(None, (PRICES[model], PRICES[model].long)):
         assert p.input > 0 and p.output > p.input
         # A 5-minute cache write is 1.25x input: the most an input token can cost, which
-        # is what bot.core.rules.budget bounds a call with.
+        # is what bot.core.rules.loop.budget bounds a call with.
         assert p.cache_write == pytest.approx(p.input * budget.CACHE_WRITE)
         assert 0 < p.cache_read < p.input
     assert known(model)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from bot.core.record import LoopRecord
-from bot.core.rules import metric as rules
 from bot.core.rules.command_paths import named_paths
+from bot.core.rules.loop import metric as rules
 from bot.core.text import metric as text
 
 TRACKED = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bot.core.record import LoopRecord, Reason, Status
 from bot.core.rules import lifecycle
-from bot.core.rules import sections as s
+from bot.core.rules.loop import sections as s
 from bot.core.text import prompts
 
 

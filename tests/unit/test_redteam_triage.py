@@ -9,7 +9,7 @@ criteria into milestones.
 
 from __future__ import annotations
 
-from bot.core.rules import sections
+from bot.core.rules.loop import sections
 from bot.core.text import messages
 
 MARKER = "<!-- loopbot:split -->"

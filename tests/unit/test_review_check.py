@@ -1,4 +1,4 @@
-"""The critic's check run (bot/core/rules/review_check.py): one row per verdict and mix
+"""The critic's check run (bot/core/rules/pull/review_check.py): one row per verdict and mix
 of findings."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from bot.core.rules.review import CriticReport, Finding
-from bot.core.rules.review_check import check_run, conclusion
+from bot.core.rules.pull.review import CriticReport, Finding
+from bot.core.rules.pull.review_check import check_run, conclusion
 
 
 def finding(severity: str, line: int | None = 3, **fields: Any) -> Finding:

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from bot.core.record import Reason, Status
-from bot.core.rules import sections as s
-from bot.core.rules.merge import Merge, Review, decide, post_action_head
+from bot.core.rules.loop import sections as s
+from bot.core.rules.pull.merge import Merge, Review, decide, post_action_head
 from tests.helpers import HEAD, merge_facts
 
 TASKS = """\

@@ -13,8 +13,8 @@ import pytest
 
 from bot.core.evidence import held_out, runs
 from bot.core.evidence.runs import Counts
-from bot.core.rules import review
-from bot.core.rules.merge import Refuse, decide
+from bot.core.rules.pull import review
+from bot.core.rules.pull.merge import Refuse, decide
 from tests.e2e.review.test_receipt import FACTS
 
 # (runner output, runner, counts): the summary lines as each runner prints them.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from bot.core.record import LoopRecord, Status
-from bot.core.rules import budget
+from bot.core.rules.loop import budget
 from bot.core.text import messages
 from bot.core.text.numbers import duration, plural
 

@@ -10,7 +10,7 @@ With the runners' summaries (``bot.core.evidence.runs``) on the base and the hea
 tests, newly skipped or expected-to-fail ones, or none at all, say the same.
 
 The evidence is loopbot's, not the critic's opinion: it becomes a sev1 finding of its
-own (``bot.core.rules.review.TESTS_CHANGED``), the agent gets one turn to fix the code
+own (``bot.core.rules.pull.review.TESTS_CHANGED``), the agent gets one turn to fix the code
 instead, and then a person decides. When the issue itself asks for a test to change
 (``asks_for_test_change``), the agent is not told to undo it: the evidence goes
 straight to a person, who merges by dismissing the finding.
@@ -31,7 +31,7 @@ from typing import Any
 
 from bot.core.evidence import runs
 from bot.core.evidence.paths import is_test_path
-from bot.core.rules import metric
+from bot.core.rules.loop import metric
 from bot.core.text.messages import code_span
 
 # A test runner's own configuration (the metric loop's guard list, and the shared files

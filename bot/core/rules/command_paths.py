@@ -1,7 +1,7 @@
 """The repository paths shell commands run, read without running anything: the script an
 interpreter runs, the tests a runner is given, followed through ``cd``, ``sh -c``, make
 recipes, npm scripts and tox. It reads shell, make, npm and tox, not metrics: metric
-loops (bot/core/rules/metric.py ``protected_paths``) use it to keep the measurement and
+loops (bot/core/rules/loop/metric.py ``protected_paths``) use it to keep the measurement and
 the guard's tests out of the agent's reach.
 
 Nothing here reads a clock, a file or the network: files come through ``read``."""

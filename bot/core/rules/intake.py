@@ -2,7 +2,7 @@
 
 The ready label (or ``/loop-restart``) by a writer records the title and body it approved
 (``LoopRecord.approved_*``). An edit by anyone else stops the loop; a writer's edit is the
-new approved text. The decisions are here and in ``bot.core.rules.turns``; the I/O is in
+new approved text. The decisions are here and in ``bot.core.rules.loop.turns``; the I/O is in
 ``jobs.dispatch`` (the ``issues.edited`` webhook) and ``jobs.loop.job`` (the check before a turn).
 """
 

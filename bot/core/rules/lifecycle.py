@@ -25,7 +25,7 @@ from bot.core.record import (
     can_restart,
     should_start,
 )
-from bot.core.rules import sections
+from bot.core.rules.loop import sections
 
 Changes = dict[str, Any]
 
@@ -107,7 +107,7 @@ def requeue(record: LoopRecord, why: Requeue, *, note: str = "", actor: str = ""
         case Requeue.RESTART:
             return queued | {
                 # A fresh turn, error and review budget (never a fresh money or hours
-                # budget: bot/core/rules/budget.py). Idle turns too: a stop for
+                # budget: bot/core/rules/loop/budget.py). Idle turns too: a stop for
                 # no_changes must not recur at the first idle turn; and review rounds:
                 # a loop stopped for critic_rounds_exhausted would stop again at once.
                 "turn": 0,

@@ -8,7 +8,7 @@ them (``bot.core.repo_config.clamp``). Days and months are UTC calendar periods.
 
 Spend is counted in micro-dollars (integers: Redis adds them atomically and exactly). A
 call is admitted only when every cap still has room for its worst case
-(``bot.core.rules.budget.worst_call``), which is reserved at once and replaced by what the
+(``bot.core.rules.loop.budget.worst_call``), which is reserved at once and replaced by what the
 call was billed when it returns (``bot.io.spend``); so the counted spend never passes a
 cap, and what the API billed never passes the counted spend.
 """

@@ -6,8 +6,8 @@ import re
 from collections.abc import Sequence
 
 from bot.core.record import TERMINAL, LoopRecord, Status, Waiting
-from bot.core.rules import budget
-from bot.core.rules import metric as metric_rules
+from bot.core.rules.loop import budget
+from bot.core.rules.loop import metric as metric_rules
 from bot.core.rules.pace import PLACES_SHOWN
 from bot.core.spend import lines as spend_lines
 from bot.core.text import metric as metric_text
@@ -75,7 +75,7 @@ def _progress(r: LoopRecord) -> str:
     return f"turn {total} ({r.turn} of {r.max_turns} this round)"
 
 
-# -- milestones (bot/core/rules/sections.py) ---------------------------------------------------
+# -- milestones (bot/core/rules/loop/sections.py) --------------------------------------------------
 
 
 def section_where(r: LoopRecord) -> str:
@@ -377,7 +377,7 @@ def triage_comment(
 
 def spec_section(criteria: Sequence[str], actor: str) -> str:
     """What ``/loop-accept-spec`` appends to the issue body: plain bullets, not a task
-    list, which milestones would read as the issue's plan (bot/core/rules/sections.py)."""
+    list, which milestones would read as the issue's plan (bot/core/rules/loop/sections.py)."""
     return (
         f"{SPEC_HEADING}\n\n"
         f"_Proposed by loopbot's readiness triage; accepted by @{actor}._\n\n"

@@ -1,5 +1,5 @@
 """What a metric loop says: its prompts, its comments, its part of the pull request and of
-the critic's prompt. Pure text over plain data (``bot/core/rules/metric.py``).
+the critic's prompt. Pure text over plain data (``bot/core/rules/loop/metric.py``).
 
 Descriptions come from the model, outputs from the repository's commands: in comments
 they are cleaned to one line and escaped for a table cell (the GitHub client defuses
@@ -14,8 +14,8 @@ from typing import Any
 
 from bot.core.record import LoopRecord
 from bot.core.repo_config import MetricConfig
-from bot.core.rules import metric as rules
-from bot.core.rules.metric import Report, Row
+from bot.core.rules.loop import metric as rules
+from bot.core.rules.loop.metric import Report, Row
 from bot.core.text.defuse import code_block, code_span
 from bot.core.text.prompts import FENCE, approved_edit, fence_safe, fenced
 from bot.core.text.visible import visible

@@ -7,8 +7,8 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
-from bot.core.rules.discussion import Selection
-from bot.core.rules.nested_guidance import Guidance
+from bot.core.rules.loop.discussion import Selection
+from bot.core.rules.loop.nested_guidance import Guidance
 from bot.core.text.visible import visible
 
 TAIL_CHARS = 4000
@@ -66,7 +66,7 @@ def issue_prompt(
 
 
 def discussion(selection: Selection, *, first: bool) -> str:
-    """The maintainers' comments on the issue (``bot.core.rules.discussion``), fenced
+    """The maintainers' comments on the issue (``bot.core.rules.loop.discussion``), fenced
     like the issue: in the first prompt (``first``) the discussion so far, in a later one
     the comments since the last turn; "" when there are none."""
     if not selection.shown:
@@ -228,7 +228,7 @@ def guidance(files: dict[str, str | None], *, reviewer: bool = False) -> str:
     )
 
 
-# -- milestones (bot/core/rules/sections.py) ----------------------------------------------------
+# -- milestones (bot/core/rules/loop/sections.py) --------------------------------------------------
 
 
 def section_prompt(sections: Sequence[dict[str, Any]], index: int, *, full: bool) -> str:

@@ -1,9 +1,9 @@
 """The merge receipt: every condition the gate checked, on the exact sha, as one table.
 
-Pure: built from the same ``Facts`` that ``bot.core.rules.merge.decide`` decided on, so the receipt
-shows what the decision was made from, not a second reading of GitHub. The gate posts it
-on the pull request just before merging (or when it refuses), and adds the merge commit
-after the merge.
+Pure: built from the same ``Facts`` that ``bot.core.rules.pull.merge.decide`` decided on,
+so the receipt shows what the decision was made from, not a second reading of GitHub. The
+gate posts it on the pull request just before merging (or when it refuses), and adds the
+merge commit after the merge.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from bot.core.rules.merge import Facts, reviewed_head, scope_problem
+from bot.core.rules.pull.merge import Facts, reviewed_head, scope_problem
 from bot.core.text.defuse import code_span
 
 Result = Literal["pass", "fail", "pending", "unknown", "info"]

@@ -153,7 +153,7 @@ def _timeline_event(lines: list[_Line], kind: str, data: dict[str, Any]) -> None
             n = _int(data.get("round"))
             what = "final audit" if data.get("final_audit") else "review"
             lines.append(_Line(f"{what} round {n} — reviewing…", review=n))
-        case "section_audit_started":  # milestones (bot/core/rules/sections.py)
+        case "section_audit_started":  # milestones (bot/core/rules/loop/sections.py)
             lines.append(
                 _Line(
                     f"section {_int(data.get('section'))} audit round {_int(data.get('round'))}"
@@ -181,7 +181,7 @@ def _timeline_event(lines: list[_Line], kind: str, data: dict[str, Any]) -> None
             lines.append(_Line(f"{what} by {_who(data.get('actor'))}"))
         case "split":
             lines.append(_Line(f"split into sub-issues by {_who(data.get('actor'))}"))
-        case "metric_iteration":  # metric loops (bot/core/rules/metric.py)
+        case "metric_iteration":  # metric loops (bot/core/rules/loop/metric.py)
             lines.append(
                 _Line(
                     f"iteration {_int(data.get('iteration'))} — {_word(data.get('status'))}"

@@ -11,7 +11,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from bot.core.rules import codeowners
+from bot.core.rules.pull import codeowners
 from bot.io.github.failures import Forbidden, NotFound, Unprocessable
 from bot.io.github.plumbing import _split
 from bot.io.github.repos import Repos

@@ -8,7 +8,7 @@ from typing import Any
 from flask import Flask, Response, abort, g, jsonify, request
 
 from bot.standins import gitrepo
-from bot.standins.github import merge_queue
+from bot.standins.github.merging import merge_queue
 from bot.standins.github.shapes import event_base
 from bot.standins.github.state import State
 from bot.standins.github.wire import Json, add_routes, error, page

@@ -14,7 +14,7 @@ from typing import Any
 from flask import Flask, Response, abort, g, jsonify, request
 from graphql import GraphQLError, build_schema, graphql_sync
 
-from bot.standins.github import merge_queue, review_rules
+from bot.standins.github.merging import merge_queue, review_rules
 from bot.standins.github.state import Issue, Pull, Repo, State
 from bot.standins.github.wire import Json, add_routes, error
 

@@ -11,8 +11,8 @@ from flask import Flask, Response, abort, jsonify, request
 
 from bot.core.diffmap import right_side_lines
 from bot.standins import gitrepo
-from bot.standins.github import review_rules
 from bot.standins.github.issues import set_issue_state
+from bot.standins.github.merging import review_rules
 from bot.standins.github.shapes import event_base, pull_json
 from bot.standins.github.state import Issue, Pull, Repo, State, User
 from bot.standins.github.wire import Json, add_routes, error, now, page

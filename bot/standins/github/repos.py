@@ -9,7 +9,7 @@ from fnmatch import fnmatchcase
 from flask import Flask, Response, abort, g, jsonify, request
 
 from bot.standins import gitrepo
-from bot.standins.github import merge_queue, review_rules
+from bot.standins.github.merging import merge_queue, review_rules
 from bot.standins.github.shapes import repo_json
 from bot.standins.github.state import State
 from bot.standins.github.wire import Json, add_routes, error, page

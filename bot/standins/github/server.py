@@ -27,12 +27,12 @@ from bot.standins.github import (
     graphql,
     issues,
     manifests,
-    merge_queue,
     pulls,
     repos,
     shapes,
     webhooks,
 )
+from bot.standins.github.merging import merge_queue
 from bot.standins.github.state import Fault, MergeQueueRule, Repo, State
 from bot.standins.github.wire import Json, now
 

@@ -4,7 +4,7 @@ fields every webhook payload carries."""
 from __future__ import annotations
 
 from bot.standins import gitrepo
-from bot.standins.github.review_rules import merge_state_status
+from bot.standins.github.merging.review_rules import merge_state_status
 from bot.standins.github.state import Issue, Pull, Repo, State, User
 from bot.standins.github.wire import Json, now
 

@@ -1,6 +1,6 @@
 """One budget per issue over its whole life: dollars, tokens, turns and wall-clock hours.
 
-The pure rules (bot/core/rules/budget.py) first, then the check before a model call against the
+The pure rules (bot/core/rules/loop/budget.py) first, then the check before a model call against the
 local Anthropic server's token counter, then loops end to end with real workers: a
 budget is checked before each call (a call that could cross it is never made), summed
 across restarts, and its exhaustion ends the loop and asks a person.
@@ -19,8 +19,8 @@ from redis import Redis
 from bot.core import repo_config
 from bot.core.pricing import price_of
 from bot.core.record import LoopRecord, Status, Usage
-from bot.core.rules import budget
-from bot.core.rules.budget import Budget, Call, Spent
+from bot.core.rules.loop import budget
+from bot.core.rules.loop.budget import Budget, Call, Spent
 from bot.core.settings import Settings, load_settings
 from bot.core.text import messages
 from bot.io.store import Store

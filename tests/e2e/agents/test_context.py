@@ -13,7 +13,7 @@ from typing import Any
 from redis import Redis
 
 from bot.core.record import Status
-from bot.core.rules.context import BRIEF_MARK
+from bot.core.rules.loop.context import BRIEF_MARK
 from bot.io.store import Store
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer

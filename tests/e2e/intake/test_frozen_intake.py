@@ -206,7 +206,7 @@ def critic_approves() -> m.Reply:
 def test_routing_and_before_turn() -> None:
     from bot.core.commands import IssueEdited
     from bot.core.record import Reason
-    from bot.core.rules import turns as transitions
+    from bot.core.rules.loop import turns as transitions
     from bot.core.rules.routing import Enqueue, Ignore, route
 
     base = {

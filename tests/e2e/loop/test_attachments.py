@@ -24,7 +24,7 @@ from redis import Redis
 
 from bot.core.ids import LoopId
 from bot.core.record import Reason, Status
-from bot.core.rules.context import BRIEF_MARK
+from bot.core.rules.loop.context import BRIEF_MARK
 from bot.io.attachments import Attachments
 from bot.io.store import Store
 from bot.standins import anthropic as m

@@ -11,7 +11,7 @@ import pytest
 from redis import Redis
 
 from bot.core.record import Reason, Status
-from bot.core.rules import turns as transitions
+from bot.core.rules.loop import turns as transitions
 from bot.core.text import prompts
 from bot.io.store import Store
 from bot.standins import anthropic as m

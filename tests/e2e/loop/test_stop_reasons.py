@@ -17,7 +17,7 @@ import pytest
 from redis import Redis
 
 from bot.core.record import Status
-from bot.core.rules.agent_stop import CONTINUE, MAX_OUTPUT_TOKENS
+from bot.core.rules.loop.agent_stop import CONTINUE, MAX_OUTPUT_TOKENS
 from bot.io.store import Store
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer

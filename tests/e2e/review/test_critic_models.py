@@ -16,7 +16,7 @@ import pytest
 from redis import Redis
 
 from bot.core.models import ModelSpec
-from bot.core.rules.review import output_schema
+from bot.core.rules.pull.review import output_schema
 from bot.io.store import Store
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer

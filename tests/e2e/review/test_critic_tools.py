@@ -13,7 +13,7 @@ from typing import Any
 import anthropic
 import pytest
 
-from bot.core.rules.review import output_schema
+from bot.core.rules.pull.review import output_schema
 from bot.core.settings import Settings
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer, Reply

@@ -17,7 +17,7 @@ from bot.io.store import Store
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
-from bot.standins.github.merge_queue import REFUSAL
+from bot.standins.github.merging.merge_queue import REFUSAL
 from bot.standins.github.state import MergeQueueRule, ReviewRule
 from tests.conftest import Web
 from tests.e2e.review.test_review_merge import FIX, YML, ci_status, finding, is_critic, report

@@ -15,7 +15,7 @@ import pytest
 from redis import Redis
 
 from bot.core.record import Reason, Status
-from bot.core.rules.merge import (
+from bot.core.rules.pull.merge import (
     Merge,
     Refuse,
     Wait,
@@ -426,7 +426,7 @@ def test_one_failed_read_of_the_checks_is_retried_and_then_merges(
 def test_a_default_branch_that_moved_since_verify_is_merged_in_and_verified_again() -> None:
     """Red team: someone merged to main while the critic reviewed; the squash would have
     landed a combination nobody verified."""
-    from bot.core.rules.merge import FixConflicts
+    from bot.core.rules.pull.merge import FixConflicts
 
     decision = decide(replace(FACTS, base_included=False))
     assert isinstance(decision, FixConflicts) and "moved" in decision.why

@@ -1,6 +1,6 @@
 """A loop that catches up with the default branch (another loop merged first) and whose
 own change stays the same: verify on the merged head, no turn, the approval carries, no
-second review (bot/core/rules/same_change.py). The change's context moved by the base,
+second review (bot/core/rules/pull/same_change.py). The change's context moved by the base,
 or verify failing on the merged head, and it is reviewed again / coded again. Real RQ
 worker, git and sandbox; the local GitHub and model."""
 

@@ -15,8 +15,8 @@ import anthropic
 from redis import Redis
 
 from bot.core.models import ModelSpec
-from bot.core.rules import budget
 from bot.core.rules import event_size as es
+from bot.core.rules.loop import budget
 from bot.io.store import Store
 from jobs.agents import cli
 from jobs.agents.agent import Limits

@@ -17,8 +17,8 @@ from typing import Any
 import anthropic
 
 from bot.core.models import ModelSpec
-from bot.core.rules import budget
-from bot.core.rules.budget import Budget, Spent
+from bot.core.rules.loop import budget
+from bot.core.rules.loop.budget import Budget, Spent
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from jobs import precall

@@ -16,8 +16,8 @@ import httpx2
 
 from bot.core.models import ModelSpec
 from bot.core.pricing import usage_from
-from bot.core.rules import budget
-from bot.core.rules.budget import Budget, Spent
+from bot.core.rules.loop import budget
+from bot.core.rules.loop.budget import Budget, Spent
 from jobs import precall
 from jobs.gateway import messages as gateway
 

@@ -14,7 +14,7 @@ from bot.core import openai_models
 from bot.core.models import ModelSpec
 from bot.core.pricing import OPENAI_UNKNOWN, is_openai, price, usage_from, usage_from_responses
 from bot.core.repo_config import McpServer
-from bot.core.rules import budget
+from bot.core.rules.loop import budget
 from jobs.agents import codex
 from jobs.gateway import messages
 from jobs.gateway.responses import ResponsesGateway, _ResponsesUsage

@@ -20,7 +20,7 @@ from PIL import Image
 
 from bot.core import repo_config
 from bot.core.models import ModelSpec
-from bot.core.rules import budget
+from bot.core.rules.loop import budget
 from bot.core.settings import SettingsError, load_settings
 from jobs import precall
 from jobs.agents import claude_code, session

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from bot.core.rules import triage
-from bot.core.rules.review import output_schema
+from bot.core.rules.pull.review import output_schema
 from bot.standins.anthropic import format_invalid
 from jobs.intake import plan
 

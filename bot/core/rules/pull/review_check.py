@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bot.core.rules.review import CriticReport
+from bot.core.rules.pull.review import CriticReport
 
 # GitHub's annotation levels for the critic's severities.
 LEVELS = {"sev1": "failure", "sev2": "warning", "sev3": "notice"}

@@ -292,7 +292,7 @@ def after_audit(
 ) -> AfterAudit:
     """What follows the audit of section ``index`` (its ``audit_rounds`` not yet counted),
     with ``sev1`` blocking findings standing after it (the finding log's, dismissals
-    left out): the critic's rules (``bot.core.rules.review.plan_after_review``) on one
+    left out): the critic's rules (``bot.core.rules.pull.review.plan_after_review``) on one
     section. A sev1 sends it back to coding, up to ``max_rounds`` audits (since a person
     last restarted the loop: ``round_base``), then a person decides; so does a sev1
     raised in ``REPEAT_LIMIT`` audits (``repeated``: its title, path and count) and a

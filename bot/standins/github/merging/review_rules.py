@@ -24,7 +24,7 @@ GitHub's documented behaviour, kept here:
 
 from __future__ import annotations
 
-from bot.core.rules import codeowners
+from bot.core.rules.pull import codeowners
 from bot.standins import gitrepo
 from bot.standins.github.state import Pull, Repo, ReviewRule
 from bot.standins.github.wire import Json

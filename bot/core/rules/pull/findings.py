@@ -31,7 +31,7 @@ _ID = re.compile(r"^F[1-9][0-9]*$")
 
 
 class Raised(Protocol):
-    """A finding as the critic reports it (``bot.core.rules.review.Finding`` is one)."""
+    """A finding as the critic reports it (``bot.core.rules.pull.review.Finding`` is one)."""
 
     @property
     def severity(self) -> str: ...

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from bot.core.diffmap import right_side_lines
 from bot.core.evidence import held_out
 from bot.core.record import Reason, Status
-from bot.core.rules import findings as flog
+from bot.core.rules.pull import findings as flog
 from bot.core.text.messages import safe_text
 
 Severity = Literal["sev1", "sev2", "sev3"]
@@ -305,7 +305,7 @@ def place_findings(
     report: CriticReport, diff: str, ids: Mapping[str, str] | None = None
 ) -> tuple[list[Inline], list[Finding]]:
     """Split findings into inline comments (on a line the diff shows) and the rest.
-    ``ids``: finding id by ``bot.core.rules.findings`` fingerprint, shown before each title."""
+    ``ids``: finding id by ``bot.core.rules.pull.findings`` fingerprint, shown before each title."""
     lines = right_side_lines(diff)
     inline, rest = [], []
     for f in report.findings:
@@ -437,8 +437,8 @@ REPEAT_LIMIT = 3
 
 def fingerprint(f: Finding) -> str:
     """The same sev1 problem across rounds, for the repeat count: its file and its title,
-    case and punctuation folded. Unlike a finding's id (``bot.core.rules.findings``), the category
-    is left out: a critic that files the same problem under another heading is still
+    case and punctuation folded. Unlike a finding's id (``bot.core.rules.pull.findings``), the
+    category is left out: a critic that files the same problem under another heading is still
     repeating itself. Reworded titles do not match, which only means no early escalation."""
     return f"{f.path}|{flog.fold(f.title)}"
 
@@ -466,7 +466,7 @@ def repeated(blocking: Sequence[Finding], seen: Mapping[str, int]) -> tuple[Find
 
 
 def as_finding(entry: Mapping[str, Any]) -> Finding:
-    """A finding-log entry (``bot.core.rules.findings``) as the critic reported it."""
+    """A finding-log entry (``bot.core.rules.pull.findings``) as the critic reported it."""
     return Finding.model_validate(
         {k: entry[k] for k in ("severity", "category", "path", "line", "title", "body")}
     )
@@ -598,7 +598,7 @@ def after_dismissal(
 
     A section audit's finding (``section``) on a loop with no ``pull`` request yet: the
     loop resumes, and before coding passes the section when its last audit judged this
-    head, or audits it again (``bot.core.rules.sections.resume``)."""
+    head, or audits it again (``bot.core.rules.loop.sections.resume``)."""
     if not (
         severity == "sev1"
         and status in (Status.REFUSED, Status.FAILED)

@@ -95,7 +95,8 @@ def cut_short(end: str) -> Stop | None:
         return Stop(Status.STALLED, Reason.STALL_TIMEOUT, "the model stopped answering")
     if end == "resource_limit":
         return Stop(Status.FAILED, Reason.RESOURCE_LIMIT)
-    if end == "budget_exhausted":  # the agent's detail names the budget (bot/core/rules/budget.py)
+    # The agent's detail names the budget (bot/core/rules/loop/budget.py).
+    if end == "budget_exhausted":
         return Stop(Status.FAILED, Reason.BUDGET)
     return None
 

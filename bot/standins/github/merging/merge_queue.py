@@ -31,8 +31,8 @@ check timeout is not enforced, and REBASE lands like SQUASH (one commit on the b
 from __future__ import annotations
 
 from bot.standins import gitrepo
-from bot.standins.github import review_rules
 from bot.standins.github.issues import set_issue_state
+from bot.standins.github.merging import review_rules
 from bot.standins.github.pulls import after_merge, closing_references
 from bot.standins.github.shapes import event_base, pull_json
 from bot.standins.github.state import MergeQueueRule, Pull, QueueEntry, Repo, State, User

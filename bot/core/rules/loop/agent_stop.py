@@ -162,7 +162,7 @@ class Refused:
 class ContextWindow:
     """The reply filled the model's context window (``model_context_window_exceeded``):
     it is cut, so it is dropped. The agent shrinks the conversation and asks again
-    (``bot.core.rules.context``); the turn ends here only when nothing more comes off."""
+    (``bot.core.rules.loop.context``); the turn ends here only when nothing more comes off."""
 
     end: ClassVar[Literal["context_window"]] = "context_window"
     detail: ClassVar[str] = "the conversation reached the model's context window"

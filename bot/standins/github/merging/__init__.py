@@ -1,0 +1,2 @@
+"""The local GitHub's merge rules: reviews, conversations, required checks and the merge
+queue, as GitHub enforces them."""
