@@ -7,6 +7,7 @@ state before the catch-up. Real RQ worker, git and sandbox; the local GitHub and
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from redis import Redis
@@ -14,13 +15,20 @@ from redis import Redis
 from bot.core.record import Status
 from bot.io.queues import enqueue_gate
 from bot.io.store import Store
-from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
+from jobs import status_comment
 from tests.conftest import Web
-from tests.e2e.review.test_review_merge import ci_status, is_critic, report
-from tests.e2e.review.test_same_change import events, two_loops, which
-from tests.helpers import REPO, label, open_issue, sample_repo
+from tests.e2e.review.test_review_merge import ci_status
+from tests.e2e.review.test_same_change import (
+    LINES,
+    LINES_YML,
+    context_agent,
+    events,
+    start_two,
+    two_loops,
+)
+from tests.helpers import REPO
 
 
 def test_a_catch_up_reviewed_again_shows_reviewing_while_the_critic_reviews(
@@ -28,36 +36,19 @@ def test_a_catch_up_reviewed_again_shows_reviewing_while_the_critic_reviews(
 ) -> None:
     shown: list[str] = []  # the late loop's status comment, while its second review runs
 
-    def agent(body: dict[str, Any]) -> m.Item:
-        if is_critic(body):
-            store = Store(redis)
-            for n in (1, 2):
-                r = store.get(f"{REPO}#{n}")
-                if r and r.status == Status.REVIEWING and r.catch_up.get("to"):
-                    # The model is what takes long: the held edit (HOLD) has gone out by
-                    # the time a real review ends. Wait as long here.
-                    import time
-
-                    from jobs import status_comment
-
-                    time.sleep(status_comment.HOLD + 1.5)
-                    assert r.status_comment_id is not None
-                    shown.append(github.repo(REPO).comments[r.status_comment_id]["body"])
-            return report()
-        if any(b.get("type") == "tool_result" for b in body["messages"][-1]["content"]):
-            return m.text("Done.")
-        if which(body) == "1":
-            return m.replace("lines.txt", "a\n", "A\n")
-        return m.replace("lines.txt", "d\n", "D\n")
+    def review_lands() -> None:
+        store = Store(redis)
+        for n in (1, 2):
+            r = store.get(f"{REPO}#{n}")
+            if r and r.status == Status.REVIEWING and r.catch_up.get("to"):
+                # The model is what takes long: the held edit (HOLD) has gone out by the
+                # time a real review ends. Wait as long here.
+                time.sleep(status_comment.HOLD + 1.5)
+                assert r.status_comment_id is not None
+                shown.append(github.repo(REPO).comments[r.status_comment_id]["body"])
 
     first, second = two_loops(
-        github,
-        model,
-        redis,
-        drain,
-        agent,
-        "verify: test -f lines.txt\n",
-        extra={"lines.txt": "a\nb\nc\nd\ne\nf\ng\n"},
+        github, model, redis, drain, context_agent(review_lands), LINES_YML, LINES
     )
     (late,) = [n for n in (first, second) if events(redis, n, "base_merged")]
     assert events(redis, late, "review_carried") == []  # reviewed again
@@ -74,34 +65,17 @@ def test_a_catch_up_after_a_wait_for_checks_does_not_show_that_wait_while_review
     the base moved and sends it to catch up, cleanly, and the critic reviews it again
     (the change's context moved). The status comment must not say "waiting for
     checks" all that while."""
-    import time
-
-    from jobs import status_comment
-
-    sample_repo(
-        github, loop_yml="verify: test -f lines.txt\n", extra={"lines.txt": "a\nb\nc\nd\ne\nf\ng\n"}
-    )
-    github.require_checks(REPO, "main", ["ci/test"])
     shown: list[str] = []
 
-    def agent(body: dict[str, Any]) -> m.Item:
-        if is_critic(body):
-            r = Store(redis).get(f"{REPO}#2")
-            if r and r.status == Status.REVIEWING and r.catch_up.get("to"):
-                time.sleep(status_comment.HOLD + 1.5)  # a real review takes that long
-                assert r.status_comment_id is not None
-                shown.append(github.repo(REPO).comments[r.status_comment_id]["body"])
-            return report()
-        if any(b.get("type") == "tool_result" for b in body["messages"][-1]["content"]):
-            return m.text("Done.")
-        if which(body) == "1":
-            return m.replace("lines.txt", "a\n", "A\n")
-        return m.replace("lines.txt", "d\n", "D\n")
+    def review_lands() -> None:
+        r = Store(redis).get(f"{REPO}#2")
+        if r and r.status == Status.REVIEWING and r.catch_up.get("to"):
+            time.sleep(status_comment.HOLD + 1.5)  # a real review takes that long
+            assert r.status_comment_id is not None
+            shown.append(github.repo(REPO).comments[r.status_comment_id]["body"])
 
-    model.responder = agent
-    first, second = open_issue(github, "one", "Do one."), open_issue(github, "two", "Do two.")
-    label(github, "writer", first)
-    label(github, "writer", second)
+    first, second = start_two(github, model, context_agent(review_lands), LINES_YML, LINES)
+    github.require_checks(REPO, "main", ["ci/test"])
     drain(rounds=30)
     store = Store(redis)
     for n in (first, second):

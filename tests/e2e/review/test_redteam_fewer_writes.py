@@ -20,7 +20,7 @@ from bot.standins.github import GitHubServer
 from jobs.review import critic as critic_job
 from tests.conftest import Web
 from tests.e2e.review.test_receipt import no_waiting, receipt_body, start
-from tests.e2e.review.test_review_merge import FIX, is_critic, record, report
+from tests.e2e.review.test_review_merge import fixing_agent, is_critic, record, report
 from tests.e2e.review.test_same_change import events, which
 from tests.helpers import REPO, label, open_issue, sample_repo
 
@@ -35,18 +35,11 @@ def test_a_receipt_whose_post_fails_after_the_merge_is_posted_by_the_retried_gat
     drain: Any,
     no_waiting: None,
 ) -> None:
-    def agent(body: dict[str, Any]) -> m.Item:
-        if is_critic(body):
-            # The status comment's next edit is the gate's, with the receipt: GitHub
-            # fails every try of the first gate run at it (the merge itself went through).
-            github.inject("PATCH", r"/issues/comments/\d+$", 502, times=failures.MAX_ATTEMPTS)
-            return report()
-        last = body["messages"][-1]["content"]
-        if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
-            return m.text("Fixed add.")
-        return FIX
-
-    model.responder = agent
+    # The status comment's next edit is the gate's, with the receipt: GitHub fails every
+    # try of the first gate run at it (the merge itself went through).
+    model.responder = fixing_agent(
+        lambda: github.inject("PATCH", r"/issues/comments/\d+$", 502, times=failures.MAX_ATTEMPTS)
+    )
     start(github)
     drain()
     r = record(redis)
@@ -74,18 +67,12 @@ def test_a_critic_retry_never_lets_the_first_try_s_held_in_progress_overwrite_it
     monkeypatch.setattr(critic_job, "ERROR_BACKOFF", (0.0,))
     tries: list[str] = []
 
-    def agent(body: dict[str, Any]) -> m.Item:
-        if is_critic(body):
-            if not tries:  # the first try's review: GitHub fails it, every retry
-                github.inject("POST", r"/pulls/\d+/reviews$", 502, times=failures.MAX_ATTEMPTS)
-            tries.append("critic")
-            return report()
-        last = body["messages"][-1]["content"]
-        if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
-            return m.text("Fixed add.")
-        return FIX
+    def review_lands() -> None:
+        if not tries:  # the first try's review: GitHub fails it, every retry
+            github.inject("POST", r"/pulls/\d+/reviews$", 502, times=failures.MAX_ATTEMPTS)
+        tries.append("critic")
 
-    model.responder = agent
+    model.responder = fixing_agent(review_lands)
     start(github)
     drain()
     r = record(redis)

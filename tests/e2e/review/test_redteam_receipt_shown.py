@@ -12,7 +12,6 @@ from redis import Redis
 
 from bot.core.record import Status
 from bot.io.github import failures
-from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from jobs import reconciler
@@ -20,7 +19,7 @@ from jobs.review import gate as merge_gate
 from jobs.runtime import Runtime
 from tests.conftest import Web
 from tests.e2e.review.test_receipt import no_waiting, receipt_body, start
-from tests.e2e.review.test_review_merge import FIX, is_critic, record, report
+from tests.e2e.review.test_review_merge import fixing_agent, record
 from tests.helpers import REPO
 
 __all__ = ["no_waiting"]  # the fixture, used by name
@@ -48,17 +47,8 @@ def failing_after_review(github: GitHubServer, tries: int) -> Any:
     of a comment (the status comment's next edit is the gate's, with the receipt) for
     ``tries`` gate runs' worth of attempts. The merge itself goes through."""
 
-    def agent(body: dict[str, Any]) -> m.Item:
-        if is_critic(body):
-            times = failures.MAX_ATTEMPTS * tries
-            github.inject("PATCH", r"/issues/comments/\d+$", 502, times=times)
-            return report()
-        last = body["messages"][-1]["content"]
-        if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
-            return m.text("Fixed add.")
-        return FIX
-
-    return agent
+    times = failures.MAX_ATTEMPTS * tries
+    return fixing_agent(lambda: github.inject("PATCH", r"/issues/comments/\d+$", 502, times=times))
 
 
 def test_a_merged_loop_s_branch_is_deleted_when_its_receipt_s_first_post_failed(
@@ -117,16 +107,9 @@ def test_a_merge_whose_answer_was_lost_still_shows_its_receipt(
     """GitHub merges, and its answer is lost (a 502 after the merge): the next try finds
     the pull request merged already. The receipt the gate held is still shown."""
 
-    def agent(body: dict[str, Any]) -> m.Item:
-        if is_critic(body):
-            github.inject("PUT", r"/pulls/\d+/merge$", 502, after=True)
-            return report()
-        last = body["messages"][-1]["content"]
-        if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
-            return m.text("Fixed add.")
-        return FIX
-
-    model.responder = agent
+    model.responder = fixing_agent(
+        lambda: github.inject("PUT", r"/pulls/\d+/merge$", 502, after=True)
+    )
     start(github)
     drain()
     r = record(redis)

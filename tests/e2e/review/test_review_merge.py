@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from redis import Redis
@@ -73,6 +74,25 @@ def ci_status(github: GitHubServer, sha: str | None, state: str, context: str) -
 
 def is_critic(body: dict[str, Any]) -> bool:
     return "output_config" in body
+
+
+def fixing_agent(
+    on_review: Callable[[], object] | None = None,
+) -> Callable[[dict[str, Any]], m.Item]:
+    """The agent fixes add() in one turn; the critic approves, calling ``on_review`` first
+    (a fault injected as the review lands, say)."""
+
+    def agent(body: dict[str, Any]) -> m.Item:
+        if is_critic(body):
+            if on_review is not None:
+                on_review()
+            return report()
+        last = body["messages"][-1]["content"]
+        if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
+            return m.text("Fixed add.")
+        return FIX
+
+    return agent
 
 
 def test_clean_report_reviews_inline_and_squash_merges(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from typing import Any
 
 from redis import Redis
@@ -40,6 +41,32 @@ def notes_agent(body: dict[str, Any]) -> m.Item:
     if any(b.get("type") == "tool_result" for b in body["messages"][-1]["content"]):
         return m.text("Done.")
     return m.write_file(f"notes/{which(body)}.md", "noted\n")
+
+
+# Loop one changes line 1 of lines.txt, loop two line 4: git merges them alone, but the
+# lines around loop two's change are not the ones the critic read (reviewed again).
+LINES = {"lines.txt": "a\nb\nc\nd\ne\nf\ng\n"}
+LINES_YML = "verify: test -f lines.txt\n"
+
+
+def context_agent(
+    on_review: Callable[[], object] | None = None,
+) -> Callable[[dict[str, Any]], m.Item]:
+    """Each loop changes its own line of lines.txt; the critic approves, calling
+    ``on_review`` first."""
+
+    def agent(body: dict[str, Any]) -> m.Item:
+        if is_critic(body):
+            if on_review is not None:
+                on_review()
+            return report()
+        if any(b.get("type") == "tool_result" for b in body["messages"][-1]["content"]):
+            return m.text("Done.")
+        if which(body) == "1":
+            return m.replace("lines.txt", "a\n", "A\n")
+        return m.replace("lines.txt", "d\n", "D\n")
+
+    return agent
 
 
 def start_two(
@@ -167,25 +194,7 @@ def test_a_catch_up_that_moves_the_change_s_context_is_reviewed_again(
 ) -> None:
     """Loop one changes line 1 of a file, loop two line 4: git merges them alone, but the
     lines around loop two's change are not the ones the critic read. Reviewed again."""
-
-    def agent(body: dict[str, Any]) -> m.Item:
-        if is_critic(body):
-            return report()
-        if any(b.get("type") == "tool_result" for b in body["messages"][-1]["content"]):
-            return m.text("Done.")
-        if which(body) == "1":
-            return m.replace("lines.txt", "a\n", "A\n")
-        return m.replace("lines.txt", "d\n", "D\n")
-
-    first, second = two_loops(
-        github,
-        model,
-        redis,
-        drain,
-        agent,
-        "verify: test -f lines.txt\n",
-        extra={"lines.txt": "a\nb\nc\nd\ne\nf\ng\n"},
-    )
+    first, second = two_loops(github, model, redis, drain, context_agent(), LINES_YML, LINES)
     (late,) = [n for n in (first, second) if events(redis, n, "base_merged")]
     assert events(redis, late, "base_merged") == [{"base": "main", "conflicts": []}]
     assert events(redis, late, "review_carried") == []
