@@ -397,6 +397,10 @@ def report(
         f"  reads answered 304 (not counted against the rate limit): "
         f"{len(not_modified) / n:.1f} per loop"
     )
+    # git's pushes are not REST writes and take no place in the pace: the loop's turns,
+    # its catch-ups, and the merged branch's deletion (jobs/tree/remote_branch.py).
+    pushes = sum(1 for at, _ in getattr(gh, "git_pushes", []) if at >= labelled)
+    print(f"  git pushes per loop (not REST writes): {pushes / n:.1f}")
     # What the shared conditional-read bodies hold in Redis at the end (15 min TTL).
     held = list(b.rt.redis.scan_iter("loopbot:etag:*"))
     fields = sum(int(b.rt.redis.hlen(k)) for k in held)

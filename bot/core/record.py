@@ -171,6 +171,9 @@ class LoopRecord(BaseModel):
     # new head, and the waiting limit counts from then.
     review_head: str = ""
     merge_sha: str = ""
+    # The head that merged: the branch is deleted only while it is still there (a push
+    # after the merge is someone's work). "" on records from before it was kept.
+    merged_head: str = ""
     resume_note: str = ""  # why the loop continues: critic findings, a human review, checks
     verify_command: str = ""
     # Frozen intake: the issue text a writer approved (by the ready label, /loop-restart

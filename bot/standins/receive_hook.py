@@ -17,7 +17,8 @@ The rules, as GitHub documents them and its users report the texts:
 - push protection (when the repository turns it on): a supported secret on a line a new
   commit adds (``GH013``, ``Push cannot contain secrets``, type, commit, path:line);
 - a ruleset restricting creation of matching refs (``GH013``, ``Cannot create ref due to
-  creations being restricted``).
+  creations being restricted``), or their deletion (``GH013``, ``Cannot delete this
+  branch``).
 
 What the stand-in decided for this push is in ``standin-push.json`` (written by
 git_http.py before each receive-pack); each refusal is appended to
@@ -162,6 +163,18 @@ def judge(rules: dict, ref: str, old: str, new: str) -> tuple[str, str, list[str
             ],
         )
     if new == ZERO:
+        if any(fnmatch.fnmatchcase(ref, p) for p in rules.get("restrict_deletion", [])):
+            return (
+                "deletion_restricted",
+                RULE_DECLINED,
+                [
+                    f"error: GH013: Repository rule violations found for {ref}.",
+                    f"Review all repository rules at {repo_url}/rules?ref={quote(ref, safe='')}",
+                    "",
+                    "- Cannot delete this branch",
+                    "",
+                ],
+            )
         return None
     commits = new_commits(new)
     if rules.get("app_push") and not rules.get("workflows"):

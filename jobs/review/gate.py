@@ -46,6 +46,7 @@ from bot.core.rules.pull.merge import (
     queue_removal,
 )
 from bot.core.rules.pull.review import TESTS_CHANGED_FINGERPRINT, dismissal_holds
+from bot.core.rules.push_refusal import Deletion
 from bot.core.spend import lines as spend_lines
 from bot.core.text import messages, receipt
 from bot.io.github import tally
@@ -59,6 +60,9 @@ from bot.io.queues import enqueue_gate
 from jobs import lifecycle, merge_slot
 from jobs.retries import with_retries
 from jobs.runtime import Runtime, current, instrumented
+from jobs.tree import remote_branch
+from jobs.tree.git import GitError
+from jobs.tree.worktree import Worktrees
 
 log = get_logger("loopbot.gate")
 RECHECK_SECONDS = 60
@@ -298,7 +302,7 @@ class Gate:
                         pr=pull.number,
                         via="merge_queue",
                     )
-                return self._completed(gh, record, pull.merge_commit_sha or "")
+                return self._completed(gh, record, pull.merge_commit_sha or "", pull.head_sha)
             case Refuse(reason=reason, why=why, to_person=to_person):
                 self._post_receipt(gh, record, table, pull.head_sha, f"Not merged: {why}.")
                 if reason is Reason.NEEDS_HUMAN or to_person:
@@ -423,7 +427,7 @@ class Gate:
         if not result.ok and not gh.queue_state(self.repo, pull.number).in_queue:
             now = gh.pull(self.repo, pull.number)
             if now.merged:  # a retried enqueue, and the queue merged the first meanwhile
-                return self._completed(gh, record, now.merge_commit_sha or "")
+                return self._completed(gh, record, now.merge_commit_sha or "", now.head_sha)
             hint = (
                 " (the App needs the Merge queues permission: accept its new permissions)"
                 if "not accessible" in result.error.lower()
@@ -719,7 +723,7 @@ class Gate:
             now = gh.pull(self.repo, record.pr_number)  # 405: merged already, or not mergeable
             if now.merged:
                 # This merge's answer was lost (a retried PUT): the held receipt is its.
-                return self._completed(gh, record, now.merge_commit_sha or "")
+                return self._completed(gh, record, now.merge_commit_sha or "", now.head_sha)
             self._set(receipt_text="")  # not this merge's: the next decision has its own
             if "merge queue" in str(exc).lower():
                 # A merge queue the rules did not show (classic protection's, which the App
@@ -737,7 +741,7 @@ class Gate:
             return self._refuse(gh, record, Reason.NOT_MERGEABLE, str(exc))
         self._set(merge_sha=result.sha)
         self.store.event(self.key, "merged", sha=result.sha, pr=record.pr_number)
-        return self._completed(gh, record, result.sha)
+        return self._completed(gh, record, result.sha, sha)
 
     def _post_receipt(
         self,
@@ -783,7 +787,7 @@ class Gate:
         if added is not None:
             gh.upsert_comment(self.repo, record.pr_number, receipt.COMMENT_KEY, added, posted.id)
 
-    def _completed(self, gh: Installation, record: LoopRecord, merge_sha: str) -> str:
+    def _completed(self, gh: Installation, record: LoopRecord, merge_sha: str, head: str) -> str:
         # Record the merge first: everything after it is tidying up that a retry may redo.
         updated = lifecycle.finish(
             self.store,
@@ -794,6 +798,7 @@ class Gate:
             if record.queue_head
             else f"squash-merged pull request #{record.pr_number}",
             merge_sha=merge_sha or record.merge_sha,  # GitHub may not say: keep what was
+            merged_head=head,
         )
         assert updated is not None  # a merge ends any loop, a cancelled one too
         self._tidy_merged(gh, updated, record.branch)
@@ -802,16 +807,40 @@ class Gate:
     def _tidy_merged(self, gh: Installation, record: LoopRecord, branch: str) -> None:
         """After the merge: the branch goes, then the receipt is shown. The held receipt
         text is cleared last (``_receipt_merged``), so a run that fails anywhere here is
-        redone whole by the gate's retry (``_receipt_pending``): a DELETE again is a 422,
-        suppressed."""
+        redone whole by the gate's retry (``_receipt_pending``): the branch's deletion
+        again finds it gone."""
         tally.enter("tidy")
-        # A repository that deletes merged head branches itself does it now: a DELETE
-        # of our own would be a write for nothing (issue 43), or a 422 once it has.
-        if not gh.repo(self.repo).delete_branch_on_merge:
-            gh.delete_branch(self.repo, branch)
+        self._delete_branch(gh, record, branch)
         self._receipt_merged(gh, record, record.merge_sha)
         # As it is now: with the receipt just shown (``record`` is from before it).
         lifecycle.post_status(self.store, gh, self.store.get(self.key) or record)
+
+    def _delete_branch(self, gh: Installation, record: LoopRecord, branch: str) -> None:
+        """The merged branch goes by ``git push``, leased on the head that merged
+        (jobs/tree/remote_branch.py says why not by REST). A repository that deletes
+        merged head branches itself does it now: nothing is sent."""
+        info = gh.repo(self.repo)
+        if info.delete_branch_on_merge:
+            return
+        mirror = Worktrees(self.rt.settings.data_dir).mirror_path(self.repo)
+        try:
+            done = remote_branch.delete(
+                mirror, info.clone_url, gh.token(), branch, record.merged_head
+            )
+        except GitError as exc:
+            # git could not reach GitHub: the REST DELETE, in the line of writes (a
+            # 422 for a branch gone already is suppressed there).
+            log.warning("gate.branch_push_failed", loop=self.key, error=str(exc)[:300])
+            gh.delete_branch(self.repo, branch)
+            return
+        if done.outcome is Deletion.DELETED or done.gone:
+            return
+        if done.outcome is Deletion.NOT_AT_HEAD:
+            why = f"a push after the merge moved it from {record.merged_head[:12]}"
+        else:
+            why = f"GitHub refused its deletion: {done.words}"
+        self.store.event(self.key, "branch_kept", branch=branch, why=why[:500])
+        log.info("gate.branch_kept", loop=self.key, branch=branch, why=why[:300])
 
     def _refuse(self, gh: Installation, record: LoopRecord, reason: Reason, why: str) -> str:
         # Always: the gate decided on the status it read under its lock, and an issue

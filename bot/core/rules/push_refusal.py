@@ -13,7 +13,10 @@ error. The texts (GitHub's documentation and its users' reports):
 - large files: ``File PATH is 120.00 MB; this exceeds GitHub's file size limit of
   100.00 MB`` and ``GH001: Large files detected``, reason ``pre-receive hook declined``;
 - a ruleset restricting creation: ``GH013`` ... ``Cannot create ref due to creations
-  being restricted``.
+  being restricted``;
+- a deletion a rule forbids: ``GH013`` ... ``Cannot delete this branch`` (a ruleset's
+  "Restrict deletions"), or ``GH006: Protected branch update failed`` ... ``Cannot delete
+  this protected branch``, reason ``protected branch hook declined`` (classic protection).
 """
 
 from __future__ import annotations
@@ -255,3 +258,26 @@ def branch_rules_stop(rules: list[dict[str, object]], branch: str, *, new: bool)
             f"would refuse loopbot's push of {code_span(branch)}.\n\n{todo}"
         )
     return None
+
+
+class Deletion(StrEnum):
+    """What became of ``git push --force-with-lease=REF:HEAD URL :REF``."""
+
+    DELETED = "deleted"
+    NOT_AT_HEAD = "not_at_head"  # the lease failed: the branch moved, or is gone
+    REFUSED = "refused"  # a rule (or the server) refused it: GitHub's words say which
+
+
+def deletion(porcelain: str, stderr: str, ref: str) -> tuple[Deletion, str] | None:
+    """The outcome of a deletion push of ``ref`` and GitHub's words for it; None when
+    the push said nothing of ``ref`` (it failed before: the network, the credentials)."""
+    statuses = [s for s in ref_statuses(porcelain) if s.ref == ref]
+    if not statuses:
+        return None
+    status = statuses[0]
+    if status.flag == "-":
+        return Deletion.DELETED, ""
+    if status.flag == "!" and status.reason == "stale info":
+        return Deletion.NOT_AT_HEAD, ""
+    words = f"{status.summary} ({status.reason})\n{remote_lines(stderr)}".strip()
+    return Deletion.REFUSED, words[:MAX_WORDS]

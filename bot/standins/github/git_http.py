@@ -28,12 +28,16 @@ def git_http(state: State, owner: str, rest: str) -> Response:
     repo = state.repos.get(f"{owner}/{name}")
     if not sep or repo is None:
         return Response("not found", status=404)
+    if state.git_down:
+        return Response("Service Unavailable", status=503)
     if not _allowed(state, repo):
         return Response(
             "auth required", status=401, headers={"WWW-Authenticate": 'Basic realm="GitHub"'}
         )
     data = request.get_data()
     if tail == "git-receive-pack":
+        with state.lock:
+            state.git_pushes.append((time.time(), repo.full_name))
         _write_rules(state, repo)
         if state.push_delay:
             time.sleep(state.push_delay)
@@ -74,6 +78,7 @@ def _write_rules(state: State, repo: Repo) -> None:
             "workflows": grant.get("permissions", {}).get("workflows") == "write",
             "push_protection": repo.push_protection,
             "restrict_creation": list(repo.restrict_creation),
+            "restrict_deletion": list(repo.restrict_deletion),
         }
     # Written whole or not at all (a new file renamed over the old): a push's hook that
     # read the file while another push wrote it failed on half a file (the fleet bench,

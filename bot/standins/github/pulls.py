@@ -346,7 +346,13 @@ def _squash(repo: Repo, pull: Pull, issue: Issue, body: dict[str, Any]) -> tuple
 def after_merge(repo: Repo, pull: Pull) -> None:
     """What GitHub does once a pull request merged: with "Automatically delete head
     branches" on, its head branch is deleted (a ``DELETE`` of it after that is a 422,
-    "Reference does not exist")."""
+    "Reference does not exist"), unless a rule forbids its deletion or another open pull
+    request has it for its head (GitHub's documentation of the setting)."""
     ref = f"refs/heads/{pull.head}"
-    if repo.delete_branch_on_merge and gitrepo.resolve(repo.path, ref):
+    if not repo.delete_branch_on_merge or repo.deletion_restricted(ref):
+        return
+    others = (p for p in repo.pulls.values() if p.number != pull.number and p.head == pull.head)
+    if any(repo.issues[p.number].state == "open" for p in others):
+        return
+    if gitrepo.resolve(repo.path, ref):
         gitrepo.git(repo.path, "update-ref", "-d", ref)

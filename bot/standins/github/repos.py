@@ -119,6 +119,9 @@ def branch_rules(state: State, owner: str, name: str, branch: str) -> Response:
     if any(fnmatchcase(f"refs/heads/{branch}", p) for p in repo.restrict_creation):
         source = {"ruleset_source_type": "Repository", "ruleset_source": repo.full_name}
         rules.append(source | {"ruleset_id": 4, "type": "creation"})
+    if repo.deletion_restricted(f"refs/heads/{branch}"):
+        source = {"ruleset_source_type": "Repository", "ruleset_source": repo.full_name}
+        rules.append(source | {"ruleset_id": 5, "type": "deletion"})
     for pattern, rule in repo.listed_rules:
         if fnmatchcase(branch, pattern):
             source = {"ruleset_source_type": "Repository", "ruleset_source": repo.full_name}
@@ -187,5 +190,7 @@ def delete_ref(state: State, owner: str, name: str, ref: str) -> tuple[str, int]
     repo = state.find_repo(owner, name)
     if not gitrepo.resolve(repo.path, f"refs/{ref}"):
         abort(error(422, "Reference does not exist"))
+    if repo.deletion_restricted(f"refs/{ref}"):  # GitHub's words, as its users report them
+        abort(error(422, "Repository rule violations found\n\nCannot delete this branch\n\n"))
     gitrepo.git(repo.path, "update-ref", "-d", f"refs/{ref}")
     return "", 204

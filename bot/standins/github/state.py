@@ -7,6 +7,7 @@ calling, and the repository, issue or pull request the URL names (or GitHub's 40
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
 import json
 import queue
@@ -178,15 +179,21 @@ class Repo:
     enqueue_calls: list[tuple[int, str, str]] = field(default_factory=list)
     queue_events: dict[int, list[Json]] = field(default_factory=dict)
     # What receive-pack refuses (bot/standins/receive_hook.py): secret scanning's push
-    # protection, and rulesets restricting creation of refs matching these patterns
-    # (fnmatch on the full ref name, e.g. ``refs/heads/loop/*``). Large files are always
-    # refused, and workflow changes from an installation without ``workflows``.
+    # protection, and rulesets restricting creation (or deletion) of refs matching these
+    # patterns (fnmatch on the full ref name, e.g. ``refs/heads/loop/*``). Large files
+    # are always refused, and workflow changes from an installation without
+    # ``workflows``. A restricted deletion is refused by REST's DELETE too, and GitHub's
+    # "Automatically delete head branches" leaves such a branch.
     push_protection: bool = False
     restrict_creation: list[str] = field(default_factory=list)
+    restrict_deletion: list[str] = field(default_factory=list)
 
     @property
     def full_name(self) -> str:
         return f"{self.owner}/{self.name}"
+
+    def deletion_restricted(self, ref: str) -> bool:
+        return any(fnmatch.fnmatchcase(ref, p) for p in self.restrict_deletion)
 
     def head_sha(self, pull: Pull) -> str:
         """The pull request's head: its branch, or where the branch was when it merged."""
@@ -195,7 +202,8 @@ class Repo:
 
     def refused_pushes(self) -> list[Json]:
         """Every ref update receive-pack refused, oldest first: ``cause`` (workflows,
-        secret, large_file, creation_restricted), ``ref``, ``new``, ``reason``."""
+        secret, large_file, creation_restricted, deletion_restricted), ``ref``, ``new``,
+        ``reason``."""
         log = self.path / REFUSED_FILE
         if not log.is_file():
             return []
@@ -263,6 +271,12 @@ class State:
         self.request_delay = 0.0
         # How long a push takes once received (github.com: often seconds).
         self.push_delay = 0.0
+        # git's smart HTTP unreachable (a 503 to every request): what GitHub's git
+        # front ends answer in an outage, while the REST API may still answer.
+        self.git_down = False
+        # Each push received (receive-pack's POST): (when, repository). Not REST writes:
+        # the fleet bench shows them beside them.
+        self.git_pushes: list[tuple[float, str]] = []
         self.requests: list[tuple[str, str, str]] = []  # (method, path, auth kind)
         # GitHub's primary rate limit (server.py): REST requests counted per credential
         # (kind, who) since ``rate_reset``, told in X-RateLimit-* headers, never refused.

@@ -1,7 +1,9 @@
 """After a merge the loop's branch goes: deleted by loopbot, or by GitHub itself when the
 repository deletes merged head branches ("Automatically delete head branches"), and
-then loopbot sends no DELETE of its own (a write for nothing at fleet scale, issue 43;
-a 422 "Reference does not exist" once GitHub has deleted it)."""
+then loopbot sends nothing of its own (a write for nothing at fleet scale, issue 43).
+loopbot deletes it by ``git push``, leased on the merged head: no REST write in the
+installation's line (jobs/tree/remote_branch.py); the REST DELETE only when git is out
+of reach; and a rule forbidding the deletion is kept to, never bypassed."""
 
 from __future__ import annotations
 
@@ -10,15 +12,18 @@ from typing import Any
 import pytest
 from redis import Redis
 
+from bot.core.ids import LoopId
 from bot.core.record import Status
+from bot.io.store import Store
 from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from tests.conftest import Web
 from tests.e2e.review.test_receipt import start
-from tests.e2e.review.test_review_merge import FIX, record, report
+from tests.e2e.review.test_review_merge import FIX, fixing_agent, record, report
 
 BRANCH = "loop/issue-1"
+KEY = LoopId("acme/widgets", 1).key
 
 
 def deletes(github: GitHubServer) -> list[str]:
@@ -43,7 +48,47 @@ def test_the_merged_branch_is_deleted_once_by_whoever_the_repository_says(
     r = record(redis)
     assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
     assert github.ref(REPO, BRANCH) is None  # gone either way
-    assert len(deletes(github)) == (0 if github_deletes else 1), deletes(github)
+    assert deletes(github) == []  # by git push, or by GitHub: no REST write
+    assert not kept(redis)
+
+
+def kept(redis: Redis) -> list[dict[str, Any]]:
+    return [e["data"] for e in Store(redis).events(KEY) if e["kind"] == "branch_kept"]
+
+
+def test_a_rule_forbidding_the_deletion_keeps_the_branch_and_the_merge(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    from tests.helpers import REPO
+
+    model.play(FIX, m.text("Fixed."), report())
+    start(github)
+    github.repo(REPO).restrict_deletion = ["refs/heads/loop/*"]
+    drain()
+    r = record(redis)
+    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    assert github.ref(REPO, BRANCH) == r.merged_head  # kept, as the rule says
+    assert deletes(github) == []  # not tried another way round the rule
+    (event,) = kept(redis)
+    assert "Cannot delete this branch" in event["why"], event
+    assert [x["cause"] for x in github.repo(REPO).refused_pushes()] == ["deletion_restricted"]
+
+
+def test_git_out_of_reach_after_the_review_deletes_the_branch_by_rest(
+    github: GitHubServer, model: AnthropicServer, web: Web, redis: Redis, drain: Any
+) -> None:
+    from tests.helpers import REPO
+
+    def git_goes_down() -> None:
+        github.git_down = True
+
+    model.responder = fixing_agent(on_review=git_goes_down)
+    start(github)
+    drain()
+    r = record(redis)
+    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    assert github.ref(REPO, BRANCH) is None
+    assert len(deletes(github)) == 1, deletes(github)
 
 
 def test_the_local_github_deletes_a_merged_head_when_the_repository_says_so(

@@ -50,7 +50,9 @@ def test_every_write_of_a_loop_names_the_phase_that_made_it(
     assert routes["POST /pulls"] == {("loop", "pull_request")}
     assert routes["POST /pulls/N/reviews"] == {("critic", "review")}
     assert routes["PUT /pulls/N/merge"] == {("gate", "merge")}
-    assert routes["DELETE /git/refs/heads/{branch}"] == {("gate", "tidy")}
+    # The merged branches go by git push (jobs/tree/remote_branch.py): no REST write.
+    assert "DELETE /git/refs/heads/{branch}" not in routes
+    assert all(github.ref(REPO, f"loop/issue-{n}") is None for n in issues)
     # The status comment is made in the loop's first seconds, held for what comes next
     # (here the whole loop, which takes less than the hold: the pull request's edit
     # makes it); its last edit (the receipt) is the tidy-up's.
