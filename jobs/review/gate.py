@@ -836,10 +836,10 @@ class Gate:
         if done.outcome is Deletion.DELETED or done.gone:
             return
         if done.outcome is Deletion.NOT_AT_HEAD:
-            why = f"a push after the merge moved it from {record.merged_head[:12]}"
+            cause, why = "moved", f"a push after the merge moved it from {record.merged_head[:12]}"
         else:
-            why = f"GitHub refused its deletion: {done.words}"
-        self.store.event(self.key, "branch_kept", branch=branch, why=why[:500])
+            cause, why = "refused", f"GitHub refused its deletion: {done.words}"
+        self.store.event(self.key, "branch_kept", branch=branch, cause=cause, why=why[:500])
         log.info("gate.branch_kept", loop=self.key, branch=branch, why=why[:300])
 
     def _refuse(self, gh: Installation, record: LoopRecord, reason: Reason, why: str) -> str:

@@ -46,9 +46,15 @@ TIMELINE_KINDS = frozenset(
         "back_to_coding",
         "handoff", "loop_resumed", "loop_restarted", "loop_cancelled", "shrink",
         "hidden_text_removed",
-        "context_shrunk", "base_merged", "merge_refused", "merged", "loop_finished",
+        "context_shrunk", "base_merged", "merge_refused", "merged", "branch_kept",
+        "loop_finished",
     }
 )  # fmt: skip
+# Why a merged branch stayed (jobs/review/gate.py ``_delete_branch``).
+KEPT = {
+    "moved": "a push after the merge moved it",
+    "refused": "GitHub refused its deletion (a rule)",
+}
 # Lines a Timeline keeps: the comment shows 12, and an event updates a line of its own
 # turn or review round, a few lines back at most. What it drops is counted.
 TIMELINE_WINDOW = 24
@@ -214,6 +220,9 @@ def _timeline_event(lines: list[_Line], kind: str, data: dict[str, Any]) -> None
             lines.append(_Line(f"merge refused ({_word(data.get('reason'))})"))
         case "merged":
             lines.append(_Line(f"merged as {_short(data.get('sha'))}"))
+        case "branch_kept":
+            why = KEPT.get(str(data.get("cause")), "not deleted")
+            lines.append(_Line(f"branch {_word(data.get('branch'))} kept: {why}"))
         case "loop_finished":
             _finished(lines, data)
 

@@ -19,6 +19,7 @@ from bot.standins import anthropic as m
 from bot.standins.anthropic import AnthropicServer
 from bot.standins.github import GitHubServer
 from tests.conftest import Web
+from tests.e2e.review.test_merge_rules import status_comment
 from tests.e2e.review.test_receipt import start
 from tests.e2e.review.test_review_merge import FIX, fixing_agent, record, report
 
@@ -71,6 +72,8 @@ def test_a_rule_forbidding_the_deletion_keeps_the_branch_and_the_merge(
     assert deletes(github) == []  # not tried another way round the rule
     (event,) = kept(redis)
     assert "Cannot delete this branch" in event["why"], event
+    # The status comment's last edit says so: the maintainer knows why it stayed.
+    assert "branch loop/issue-1 kept: GitHub refused its deletion" in status_comment(github)
     assert [x["cause"] for x in github.repo(REPO).refused_pushes()] == ["deletion_restricted"]
 
 
