@@ -679,7 +679,34 @@ def post_status(
     for people on the head's check run: a person looking at the pull request's checks
     sees what the loop waits for, in the status comment's words."""
     posted = _post_comment(store, gh, record, tail, now=now, hold=hold, quiet=quiet)
-    return _show_wait(store, gh, posted)
+    return _show_wait(store, gh, _loop_check_left(store, gh, posted))
+
+
+def _loop_check_left(store: Store, gh: Installation, record: LoopRecord) -> LoopRecord:
+    """A loop that ended (cancelled, failed, refused) while its ``loopbot`` run on a
+    clean catch-up's head was left to the critic (``LoopRecord.loop_check_waiting``),
+    before the critic wrote it or carried the approval: written now, so the head keeps
+    what the loop found there (verify passed), as it would have before issue 43. Best
+    effort: a failure is logged and the next status change tries again."""
+    waiting = record.loop_check_waiting
+    if record.active or not waiting:
+        return record
+    if waiting.get("sha") == record.head_sha:
+        try:
+            gh.upsert_check_run(
+                record.repo,
+                LOOP_CHECK,
+                record.head_sha,
+                status="completed",
+                conclusion="success",
+                title=waiting.get("title", "verify passed"),
+                summary=waiting.get("summary", ""),
+            )
+        except GitHubError as exc:
+            log.warning("status.left_check_failed", loop=record.key, error=str(exc)[:300])
+            return record
+        store.event(record.key, "loop_check_written", sha=record.head_sha, by="end")
+    return store.set_fields(record.key, loop_check_waiting={})
 
 
 def _show_wait(store: Store, gh: Installation, record: LoopRecord) -> LoopRecord:
