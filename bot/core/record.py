@@ -174,6 +174,9 @@ class LoopRecord(BaseModel):
     # The head that merged: the branch is deleted only while it is still there (a push
     # after the merge is someone's work). "" on records from before it was kept.
     merged_head: str = ""
+    # The merged branch's deletion was tried (deleted, gone, or kept and said why): a
+    # retry of the gate's tidy-up does not do it, nor say it, twice.
+    branch_tidied: bool = False
     resume_note: str = ""  # why the loop continues: critic findings, a human review, checks
     verify_command: str = ""
     # Frozen intake: the issue text a writer approved (by the ready label, /loop-restart
@@ -419,6 +422,19 @@ def people_wait(record: LoopRecord) -> str:
     return waiting_for(record) if record.phase == PEOPLE_PHASE else ""
 
 
+def tidy_pending(record: LoopRecord) -> bool:
+    """Merged (the loop completed on it), and the gate's tidy-up after the merge not
+    finished: its receipt still held on the record (the post failed), or the branch's
+    deletion not yet tried (a merge recorded with its head; a merge queue's, whose
+    receipt was posted before). The gate's retry, or the reconciler, finishes it."""
+    if record.status is not Status.COMPLETED or record.reason != Reason.MERGED:
+        return False
+    if record.pr_number is None:
+        return False
+    held = bool(record.receipt_text and record.merge_sha)
+    return held or bool(record.merged_head and not record.branch_tidied)
+
+
 def summarize(record: LoopRecord) -> dict[str, Any]:
     """The record's list view, with token totals per ``model/role`` for the metrics."""
     data = record.model_dump(mode="json", include=set(SUMMARY_FIELDS))
@@ -426,11 +442,7 @@ def summarize(record: LoopRecord) -> dict[str, Any]:
     data["waiting_for"] = waiting_for(record)
     # Merged, and the gate's tidy-up after it (the branch, the receipt, the last status)
     # not finished: the reconciler sends the gate again (``jobs.reconciler``).
-    data["tidy_pending"] = (
-        record.status is Status.COMPLETED
-        and record.reason == Reason.MERGED
-        and bool(record.receipt_text)
-    )
+    data["tidy_pending"] = tidy_pending(record)
     data["tokens"] = {
         slot: [u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens]
         for slot, u in record.usage.items()

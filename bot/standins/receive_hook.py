@@ -18,7 +18,10 @@ The rules, as GitHub documents them and its users report the texts:
   commit adds (``GH013``, ``Push cannot contain secrets``, type, commit, path:line);
 - a ruleset restricting creation of matching refs (``GH013``, ``Cannot create ref due to
   creations being restricted``), or their deletion (``GH013``, ``Cannot delete this
-  branch``).
+  branch``);
+- deleting a branch classic protection covers (``GH006: Protected branch update failed``,
+  ``Cannot delete this protected branch``, reason ``protected branch hook declined``), or
+  the default branch (``refusing to delete the current branch: REF``).
 
 What the stand-in decided for this push is in ``standin-push.json`` (written by
 git_http.py before each receive-pack); each refusal is appended to
@@ -163,6 +166,17 @@ def judge(rules: dict, ref: str, old: str, new: str) -> tuple[str, str, list[str
             ],
         )
     if new == ZERO:
+        if ref == f"refs/heads/{rules.get('default_branch', 'main')}":
+            return ("default_branch", f"refusing to delete the current branch: {ref}", [])
+        if ref.removeprefix("refs/heads/") in rules.get("classic_protected", []):
+            return (
+                "protected_branch",
+                "protected branch hook declined",
+                [
+                    f"error: GH006: Protected branch update failed for {ref}.",
+                    "error: Cannot delete this protected branch",
+                ],
+            )
         if any(fnmatch.fnmatchcase(ref, p) for p in rules.get("restrict_deletion", [])):
             return (
                 "deletion_restricted",

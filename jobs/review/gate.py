@@ -17,7 +17,7 @@ from typing import Any, assert_never
 from bot.core import repo_config
 from bot.core.evidence import held_out
 from bot.core.ids import LoopId
-from bot.core.record import TERMINAL, LoopRecord, Reason, Status
+from bot.core.record import TERMINAL, LoopRecord, Reason, Status, tidy_pending
 from bot.core.rules.lifecycle import Guard, Requeue
 from bot.core.rules.pull.codeowners import required_owners
 from bot.core.rules.pull.merge import (
@@ -46,7 +46,6 @@ from bot.core.rules.pull.merge import (
     queue_removal,
 )
 from bot.core.rules.pull.review import TESTS_CHANGED_FINGERPRINT, dismissal_holds
-from bot.core.rules.push_refusal import Deletion
 from bot.core.spend import lines as spend_lines
 from bot.core.text import messages, receipt
 from bot.io.github import tally
@@ -59,9 +58,8 @@ from bot.io.logs import get_logger
 from bot.io.queues import enqueue_gate
 from jobs import lifecycle, merge_slot
 from jobs.retries import with_retries
+from jobs.review import merged_branch
 from jobs.runtime import Runtime, current, instrumented
-from jobs.tree import remote_branch
-from jobs.tree.git import GitError
 from jobs.tree.worktree import Worktrees
 
 log = get_logger("loopbot.gate")
@@ -143,7 +141,7 @@ class Gate:
             )
             if updated is None:
                 moved = self.store.get(self.key)
-                if moved is not None and _receipt_pending(moved):
+                if moved is not None and tidy_pending(moved):
                     # Merged, and GitHub failed every try of what follows (the branch,
                     # the receipt, the status comment's "merged"): nothing on GitHub says
                     # the loop ended, so the gate comes back to say it.
@@ -170,7 +168,7 @@ class Gate:
         store = self.store
         with store.lock(f"gate:{self.key}", timeout=120, renew=True):
             record = store.get(self.key)
-            if record is not None and _receipt_pending(record):
+            if record is not None and tidy_pending(record):
                 # Merged and recorded, and its tidying up (the branch, the receipt's one
                 # post) failed: the retry does it, since nothing else on GitHub says it.
                 gh = self.rt.github.installation(record.installation_id)
@@ -722,8 +720,9 @@ class Gate:
                 return "head moved: review again" if moved else MOVED_ON
             now = gh.pull(self.repo, record.pr_number)  # 405: merged already, or not mergeable
             if now.merged:
-                # This merge's answer was lost (a retried PUT): the held receipt is its.
-                return self._completed(gh, record, now.merge_commit_sha or "", now.head_sha)
+                # This merge's answer was lost (a retried PUT): the held receipt is its,
+                # and the head it merged is the one the PUT was pinned to.
+                return self._completed(gh, record, now.merge_commit_sha or "", sha)
             self._set(receipt_text="")  # not this merge's: the next decision has its own
             if "merge queue" in str(exc).lower():
                 # A merge queue the rules did not show (classic protection's, which the App
@@ -775,7 +774,7 @@ class Gate:
                 return
             # One write: the status comment says "merged" and shows what the gate checked.
             # Sent now, raising as it fails: the text stays held, and the gate's retry
-            # shows it (``_receipt_pending``).
+            # shows it (``tidy_pending``).
             shown = self._set(merge_receipt=text)
             lifecycle.post_status(self.store, gh, shown, now=True)
             self._set(receipt_text="")
@@ -807,40 +806,14 @@ class Gate:
     def _tidy_merged(self, gh: Installation, record: LoopRecord, branch: str) -> None:
         """After the merge: the branch goes, then the receipt is shown. The held receipt
         text is cleared last (``_receipt_merged``), so a run that fails anywhere here is
-        redone whole by the gate's retry (``_receipt_pending``): the branch's deletion
+        redone whole by the gate's retry (``tidy_pending``): the branch's deletion
         again finds it gone."""
         tally.enter("tidy")
-        self._delete_branch(gh, record, branch)
+        mirror = Worktrees(self.rt.settings.data_dir).mirror_path(self.repo)
+        merged_branch.tidy(self.store, gh, record, branch, mirror)
         self._receipt_merged(gh, record, record.merge_sha)
         # As it is now: with the receipt just shown (``record`` is from before it).
         lifecycle.post_status(self.store, gh, self.store.get(self.key) or record)
-
-    def _delete_branch(self, gh: Installation, record: LoopRecord, branch: str) -> None:
-        """The merged branch goes by ``git push``, leased on the head that merged
-        (jobs/tree/remote_branch.py says why not by REST). A repository that deletes
-        merged head branches itself does it now: nothing is sent."""
-        info = gh.repo(self.repo)
-        if info.delete_branch_on_merge:
-            return
-        mirror = Worktrees(self.rt.settings.data_dir).mirror_path(self.repo)
-        try:
-            done = remote_branch.delete(
-                mirror, info.clone_url, gh.token(), branch, record.merged_head
-            )
-        except GitError as exc:
-            # git could not reach GitHub: the REST DELETE, in the line of writes (a
-            # 422 for a branch gone already is suppressed there).
-            log.warning("gate.branch_push_failed", loop=self.key, error=str(exc)[:300])
-            gh.delete_branch(self.repo, branch)
-            return
-        if done.outcome is Deletion.DELETED or done.gone:
-            return
-        if done.outcome is Deletion.NOT_AT_HEAD:
-            cause, why = "moved", f"a push after the merge moved it from {record.merged_head[:12]}"
-        else:
-            cause, why = "refused", f"GitHub refused its deletion: {done.words}"
-        self.store.event(self.key, "branch_kept", branch=branch, cause=cause, why=why[:500])
-        log.info("gate.branch_kept", loop=self.key, branch=branch, why=why[:300])
 
     def _refuse(self, gh: Installation, record: LoopRecord, reason: Reason, why: str) -> str:
         # Always: the gate decided on the status it read under its lock, and an issue
@@ -858,16 +831,6 @@ class Gate:
 
     def _set(self, **fields: object) -> LoopRecord:
         return self.store.set_fields(self.key, **fields)
-
-
-def _receipt_pending(record: LoopRecord) -> bool:
-    """The gate merged (the loop completed on it) and its receipt is still held on the
-    record: the post after the merge failed."""
-    return (
-        record.status == Status.COMPLETED
-        and record.reason == Reason.MERGED
-        and bool(record.receipt_text and record.merge_sha and record.pr_number)
-    )
 
 
 def _blocked_unexplained(state: ReviewState) -> bool:

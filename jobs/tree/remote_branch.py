@@ -30,7 +30,9 @@ from jobs.tree.git import GitError, git
 @dataclass(frozen=True)
 class Deleted:
     outcome: Deletion
-    gone: bool = False  # NOT_AT_HEAD only: GitHub has no such branch (deleted already)
+    # NOT_AT_HEAD only: GitHub has no such branch (deleted already); None when git could
+    # not tell (the branch is then kept: it is not known to be at the merged head).
+    gone: bool | None = False
     words: str = ""  # REFUSED: what GitHub said
 
 
@@ -38,7 +40,8 @@ def delete(mirror: Path, url: str, token: str, branch: str, head: str) -> Delete
     """Delete ``branch`` at ``url`` if it is still at ``head`` ("": whatever its head,
     for a record from before the head was kept). Runs in the repository's mirror when
     this machine has one, else in an empty repository made for it (a deletion sends no
-    object). Raises ``GitError`` when git got no answer for the ref."""
+    object). Raises ``GitError`` when git got no answer for the ref: then, and only
+    then, nothing was decided on GitHub's side."""
     if (mirror / "HEAD").exists():
         return _delete(mirror, url, token, branch, head)
     with tempfile.TemporaryDirectory(prefix="loopbot-delete-") as tmp:
@@ -69,6 +72,15 @@ def _delete(cwd: Path, url: str, token: str, branch: str, head: str) -> Deleted:
         raise GitError(f"git push (delete {ref}) failed: {(err[0] if err else '').strip()[-2000:]}")
     outcome, words = said
     if outcome is Deletion.NOT_AT_HEAD:
-        found = git(cwd, "ls-remote", url.strip(), ref, token=token)
-        return Deleted(outcome, gone=not found.strip())
+        return Deleted(outcome, gone=_gone(cwd, url, token, ref))
     return Deleted(outcome, words=words)
+
+
+def _gone(cwd: Path, url: str, token: str, ref: str) -> bool | None:
+    """Whether GitHub has no ``ref``; None when git could not ask. ``ls-remote`` matches
+    patterns by their tail (``x/refs/heads/b`` too): only the exact name counts."""
+    err: list[str] = []
+    out = git(cwd, "ls-remote", url.strip(), ref, token=token, check=False, stderr=err)
+    if err and "fatal" in err[0].lower():
+        return None
+    return not any(line.split("\t", 1)[-1] == ref for line in out.splitlines())

@@ -4,7 +4,6 @@ branch deleted after."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, cast
 
 from bot.io.github.failures import NotFound, Unprocessable
@@ -288,6 +287,14 @@ class Pulls(InstallationBase):
         )
         return MergeResult(sha=d.get("sha") or "", merged=bool(d.get("merged")))
 
-    def delete_branch(self, repo: str, branch: str) -> None:
-        with contextlib.suppress(NotFound, Unprocessable):  # already deleted
+    def delete_branch(self, repo: str, branch: str) -> str:
+        """Delete ``branch``: "" when it is gone (deleted now, or already); else GitHub's
+        words for its refusal (a rule forbids it: a 422 other than "Reference does not
+        exist")."""
+        try:
             self._call(lambda gh: gh.rest.git.delete_ref(*_split(repo), f"heads/{branch}"))
+        except NotFound:
+            return ""
+        except Unprocessable as exc:
+            return "" if "reference does not exist" in str(exc).lower() else str(exc)
+        return ""

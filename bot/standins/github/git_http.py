@@ -79,6 +79,8 @@ def _write_rules(state: State, repo: Repo) -> None:
             "push_protection": repo.push_protection,
             "restrict_creation": list(repo.restrict_creation),
             "restrict_deletion": list(repo.restrict_deletion),
+            "classic_protected": sorted(repo.protection),
+            "default_branch": repo.default_branch,
         }
     # Written whole or not at all (a new file renamed over the old): a push's hook that
     # read the file while another push wrote it failed on half a file (the fleet bench,

@@ -351,6 +351,8 @@ def after_merge(repo: Repo, pull: Pull) -> None:
     ref = f"refs/heads/{pull.head}"
     if not repo.delete_branch_on_merge or repo.deletion_restricted(ref):
         return
+    if repo.classic_protected(ref):
+        return
     others = (p for p in repo.pulls.values() if p.number != pull.number and p.head == pull.head)
     if any(repo.issues[p.number].state == "open" for p in others):
         return

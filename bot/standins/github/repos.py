@@ -192,5 +192,9 @@ def delete_ref(state: State, owner: str, name: str, ref: str) -> tuple[str, int]
         abort(error(422, "Reference does not exist"))
     if repo.deletion_restricted(f"refs/{ref}"):  # GitHub's words, as its users report them
         abort(error(422, "Repository rule violations found\n\nCannot delete this branch\n\n"))
+    if repo.classic_protected(f"refs/{ref}"):
+        abort(error(422, "Cannot delete this protected branch"))
+    if f"refs/{ref}" == f"refs/heads/{repo.default_branch}":
+        abort(error(422, "Cannot delete the default branch"))
     gitrepo.git(repo.path, "update-ref", "-d", f"refs/{ref}")
     return "", 204

@@ -193,10 +193,18 @@ class Repo:
         return f"{self.owner}/{self.name}"
 
     def deletion_restricted(self, ref: str) -> bool:
+        """A ruleset's "Restrict deletions" on ``ref``."""
         return any(fnmatch.fnmatchcase(ref, p) for p in self.restrict_deletion)
+
+    def classic_protected(self, ref: str) -> bool:
+        """Classic branch protection on ``ref``: it forbids deletion unless "Allow
+        deletions" is on, which is off by default (and not modelled here)."""
+        return ref.removeprefix("refs/heads/") in self.protection
 
     def head_sha(self, pull: Pull) -> str:
         """The pull request's head: its branch, or where the branch was when it merged."""
+        if pull.merged and pull.closed_head_sha:
+            return pull.closed_head_sha  # a merged pull request no longer follows its branch
         sha = gitrepo.resolve(self.path, f"refs/heads/{pull.head}")
         return sha or pull.closed_head_sha or ""
 
