@@ -176,8 +176,17 @@ def loop_branch_checks(where: str, rules: Sequence[Rule]) -> list[Check]:
                     warn=True,
                 )
             )
-        elif kind in ("pull_request", "required_status_checks", "merge_queue", "deletion"):
-            continue  # loopbot never merges into loop/* and deletes them itself, if at all
+        elif kind == "deletion":
+            checks.append(
+                Check(
+                    name,
+                    True,
+                    "deleting loop/* branches is restricted (deletion): a merged loop's "
+                    "branch stays, and its status comment says so",
+                )
+            )
+        elif kind in ("pull_request", "required_status_checks", "merge_queue"):
+            continue  # loopbot never merges into loop/*
         elif kind in MERGE_GATES:
             continue  # they gate merges into loop/*, which loopbot never makes
         elif kind == "required_linear_history":

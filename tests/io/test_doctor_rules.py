@@ -169,7 +169,10 @@ def test_unreadable_rules_say_so_and_loop_rules_of_the_default_branch_kind_are_s
     checks = repo_checks("acme/x", {"default_branch": "trunk"}, None, None, False)
     assert [c.name for c in checks] == ["acme/x rules"]
     assert checks[0].warn and "could not be read" in checks[0].detail
-    assert loop_branch_checks("acme/x", [{"type": "pull_request"}, {"type": "deletion"}]) == []
+    assert loop_branch_checks("acme/x", [{"type": "pull_request"}]) == []
+    # A merged loop's branch stays: said, not a warning (nothing waits or stops for it).
+    (kept,) = loop_branch_checks("acme/x", [{"type": "deletion"}])
+    assert kept.ok and not kept.warn and "branch stays" in kept.detail
 
 
 def test_the_listed_rules_are_githubs_documented_types(

@@ -15,7 +15,7 @@ import pytest
 from redis import Redis
 
 from bot.core.ids import LoopId
-from bot.core.record import Status
+from bot.core.record import LoopRecord, Status
 from bot.io.github import failures
 from bot.io.store import Store
 from bot.standins import anthropic as m
@@ -78,6 +78,25 @@ def a_person_pushes() -> Callable[[GitHubServer], str]:
     return push
 
 
+def merged_loop(
+    github: GitHubServer,
+    model: AnthropicServer,
+    redis: Redis,
+    drain: Any,
+    **repo: Any,
+) -> LoopRecord:
+    """One loop fixed in a turn, approved and merged; ``repo``: the repository's settings
+    set after the issue is labelled (a rule, auto-delete), before any job runs."""
+    model.play(FIX, m.text("Fixed."), report())
+    start(github)
+    for name, value in repo.items():
+        setattr(github.repo(REPO), name, value)
+    drain()
+    r = record(redis)
+    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    return r
+
+
 # -- Rule 1: a commit pushed after the merge is never deleted ---------------------------
 
 
@@ -91,11 +110,7 @@ def test_rule1_a_push_after_the_merge_keeps_the_branch(
 ) -> None:
     theirs: list[str] = []
     spy(monkeypatch, lambda: theirs.append(a_person_pushes()(github)))
-    model.play(FIX, m.text("Fixed."), report())
-    start(github)
-    drain()
-    r = record(redis)
-    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    merged_loop(github, model, redis, drain)
     assert github.ref(REPO, BRANCH) == theirs[0]
     assert rest_deletes(github) == []
     (event,) = kept(redis)
@@ -121,11 +136,7 @@ def test_rule1_git_out_of_reach_and_a_push_after_the_merge_the_rest_fallback_kee
         github.git_down = True
 
     spy(monkeypatch, push_then_git_down)
-    model.play(FIX, m.text("Fixed."), report())
-    start(github)
-    drain()
-    r = record(redis)
-    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    merged_loop(github, model, redis, drain)
     assert github.ref(REPO, BRANCH) == theirs[0], "the person's commit was deleted by REST"
     assert rest_deletes(github) == []
     assert [e["cause"] for e in kept(redis)] == ["moved"]
@@ -154,11 +165,7 @@ def test_rule1_a_failed_ls_remote_after_a_stale_lease_does_not_delete_by_rest(
         return real_git(cwd, *args, **kw)
 
     monkeypatch.setattr(remote_branch, "git", git)
-    model.play(FIX, m.text("Fixed."), report())
-    start(github)
-    drain()
-    r = record(redis)
-    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    merged_loop(github, model, redis, drain)
     assert github.ref(REPO, BRANCH) == theirs[0], "the person's commit was deleted by REST"
 
 
@@ -182,12 +189,7 @@ def test_rule2_git_out_of_reach_and_a_rule_forbidding_deletion_is_said(
         github.git_down = True
 
     spy(monkeypatch, git_down)
-    model.play(FIX, m.text("Fixed."), report())
-    start(github)
-    github.repo(REPO).restrict_deletion = ["refs/heads/loop/*"]
-    drain()
-    r = record(redis)
-    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    r = merged_loop(github, model, redis, drain, restrict_deletion=["refs/heads/loop/*"])
     assert github.ref(REPO, BRANCH) == r.merged_head  # the rule held
     assert len(rest_deletes(github)) == 1
     assert kept(redis), "the refused REST DELETE left no branch_kept event"
@@ -242,11 +244,7 @@ def test_rule3_git_down_for_the_whole_gate_one_rest_delete(
         github.git_down = True
 
     spy(monkeypatch, git_down)
-    model.play(FIX, m.text("Fixed."), report())
-    start(github)
-    drain()
-    r = record(redis)
-    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    merged_loop(github, model, redis, drain)
     assert github.ref(REPO, BRANCH) is None
     assert len(rest_deletes(github)) == 1
     assert not kept(redis)
@@ -269,11 +267,7 @@ def test_rule3_a_failing_push_that_is_not_the_network_still_ends_merged(
         return real(mirror, url, "ghs_not-a-token", branch, head)
 
     s.real = bad_token
-    model.play(FIX, m.text("Fixed."), report())
-    start(github)
-    drain()
-    r = record(redis)
-    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    merged_loop(github, model, redis, drain)
     assert github.ref(REPO, BRANCH) is None
     assert len(rest_deletes(github)) == 1
 
@@ -335,13 +329,8 @@ def test_rule4_the_token_is_in_no_log_event_comment_or_file(
         real = s.real
         # A token GitHub refuses, but the one we look for: git's error may echo it.
         s.real = lambda mi, u, t, b, h: real(mi, u, t + "x", b, h)
-    model.play(FIX, m.text("Fixed."), report())
-    start(github)
-    if fault == "refused":
-        github.repo(REPO).restrict_deletion = ["refs/heads/loop/*"]
-    drain()
-    r = record(redis)
-    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    rule = {"restrict_deletion": ["refs/heads/loop/*"]} if fault == "refused" else {}
+    merged_loop(github, model, redis, drain, **rule)
     assert s.calls
     token = s.calls[0][2]
     assert token and len(token) > 8
@@ -409,11 +398,7 @@ def test_rule5_a_retry_after_the_token_could_not_be_had_finishes(
             raise RuntimeError("injected: the tidying failed")
 
     spy(monkeypatch, boom)
-    model.play(FIX, m.text("Fixed."), report())
-    start(github)
-    drain()
-    r = record(redis)
-    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    r = merged_loop(github, model, redis, drain)
     scheduled_now(redis)  # the gate's recheck (not a transient error: not retried inline)
     drain()
     r = record(redis)
@@ -436,12 +421,7 @@ def test_rule6_auto_delete_gets_no_push_and_no_rest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     s = spy(monkeypatch)
-    model.play(FIX, m.text("Fixed."), report())
-    start(github)
-    github.repo(REPO).delete_branch_on_merge = True
-    drain()
-    r = record(redis)
-    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    merged_loop(github, model, redis, drain, delete_branch_on_merge=True)
     assert s.calls == []
     assert rest_deletes(github) == []
     assert github.ref(REPO, BRANCH) is None
@@ -456,13 +436,14 @@ def test_rule6_auto_delete_with_a_rule_forbidding_it_keeps_the_branch_and_sends_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     s = spy(monkeypatch)
-    model.play(FIX, m.text("Fixed."), report())
-    start(github)
-    github.repo(REPO).delete_branch_on_merge = True
-    github.repo(REPO).restrict_deletion = ["refs/heads/loop/*"]
-    drain()
-    r = record(redis)
-    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    r = merged_loop(
+        github,
+        model,
+        redis,
+        drain,
+        delete_branch_on_merge=True,
+        restrict_deletion=["refs/heads/loop/*"],
+    )
     assert s.calls == [] and rest_deletes(github) == []
     assert github.ref(REPO, BRANCH) == r.merged_head
 
@@ -484,11 +465,7 @@ def test_rule7_git_down_and_rest_delete_failing_every_try_still_merged(
         github.inject("DELETE", r"/git/refs/", 502, times=1000)
 
     spy(monkeypatch, git_down_rest_failing)
-    model.play(FIX, m.text("Fixed."), report())
-    start(github)
-    drain()
-    r = record(redis)
-    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    merged_loop(github, model, redis, drain)
 
 
 def test_rule7_a_deletion_raising_every_try_still_merged(
@@ -504,11 +481,7 @@ def test_rule7_a_deletion_raising_every_try_still_merged(
         raise OSError("injected: no temporary directory")
 
     spy(monkeypatch, boom)
-    model.play(FIX, m.text("Fixed."), report())
-    start(github)
-    drain()
-    r = record(redis)
-    assert (r.status, r.reason) == (Status.COMPLETED, "merged"), r
+    merged_loop(github, model, redis, drain)
 
 
 def test_rule1_a_lost_merge_answer_then_a_push_before_the_gate_reads_keeps_their_commit(

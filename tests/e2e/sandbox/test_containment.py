@@ -604,8 +604,11 @@ def test_memory_and_processes_are_bounded_per_command_not_per_process(
         time.sleep(1.5)
         results["b"] = box.run("python3 count.py 40")
         a.join()
-    # 6 x 100 MiB against 256 MiB for the whole command: not every child can hold it.
-    assert results["hog"].output.count("HELD") < 6, results["hog"].output
+    # 6 x 100 MiB against 256 MiB for the whole command: the kernel kills children (status
+    # 9, SIGKILL) to keep the command within it; a limit per process would kill none. How
+    # many printed HELD first depends on when the kills came (a child killed after it
+    # printed frees room for the next), so that count is not what is asserted.
+    assert "EXIT 9" in results["hog"].output, results["hog"].output
     assert "FORKS 60" in results["a"].output, results["a"].output
     assert "FORKS 40" in results["b"].output, results["b"].output
 

@@ -15,22 +15,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
-
 from bot.core.rules.push_refusal import Deletion
-from bot.standins import gitrepo, serving
+from bot.standins import gitrepo
 from bot.standins.github import GitHubServer
 from jobs.tree import remote_branch
 from jobs.tree.worktree import Worktrees
-from tests.io.tree.test_remote_branch import pushed
+from tests.io.tree.test_remote_branch import api, pushed
 from tests.io.tree.test_worktree import REPO, setup  # noqa: F401 - the fixture
 
 BRANCH = "loop/issue-1"
-
-
-def api(github: GitHubServer, token: str) -> httpx.Client:
-    auth = {"Authorization": f"token {token}"}
-    return httpx.Client(base_url=github.url, headers=auth, verify=serving.client_tls())
 
 
 # -- remote_branch.delete -------------------------------------------------------------

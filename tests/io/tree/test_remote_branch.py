@@ -21,6 +21,12 @@ from tests.io.tree.test_worktree import REPO, setup  # noqa: F401 - the fixture
 BRANCH = "loop/issue-1"
 
 
+def api(github: GitHubServer, token: str) -> httpx.Client:
+    """An HTTP client of the local GitHub's REST API, as the installation."""
+    auth = {"Authorization": f"token {token}"}
+    return httpx.Client(base_url=github.url, headers=auth, verify=serving.client_tls())
+
+
 def pushed(wt: Worktrees, mirror: Path, token: str, text: str) -> str:
     one = wt.checkout(REPO, 1, BRANCH, "main", mirror)
     (one.path / "a.py").write_text(text)
@@ -97,10 +103,9 @@ def test_the_local_github_refuses_a_restricted_deletion_by_rest_too(
     wt, _url, token, mirror = setup
     head = pushed(wt, mirror, token, "x = 2\n")
     github.repo(REPO).restrict_deletion = ["refs/heads/loop/*"]
-    auth = {"Authorization": f"token {token}"}
-    with httpx.Client(base_url=github.url, headers=auth, verify=serving.client_tls()) as api:
-        rules = api.get(f"/repos/{REPO}/rules/branches/{BRANCH}").json()
+    with api(github, token) as a:
+        rules = a.get(f"/repos/{REPO}/rules/branches/{BRANCH}").json()
         assert "deletion" in [r["type"] for r in rules]
-        gone = api.delete(f"/repos/{REPO}/git/refs/heads/{BRANCH}")
+        gone = a.delete(f"/repos/{REPO}/git/refs/heads/{BRANCH}")
     assert gone.status_code == 422 and "Cannot delete this branch" in gone.text
     assert github.ref(REPO, BRANCH) == head
