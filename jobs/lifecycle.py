@@ -688,24 +688,35 @@ def _loop_check_left(store: Store, gh: Installation, record: LoopRecord) -> Loop
     before the critic wrote it or carried the approval: written now, so the head keeps
     what the loop found there (verify passed), as it would have before issue 43. Best
     effort: a failure is logged and the next status change tries again."""
-    waiting = record.loop_check_waiting
-    if record.active or not waiting:
+    if record.active or not record.loop_check_waiting:
         return record
-    if waiting.get("sha") == record.head_sha:
-        try:
-            gh.upsert_check_run(
-                record.repo,
-                LOOP_CHECK,
-                record.head_sha,
-                status="completed",
-                conclusion="success",
-                title=waiting.get("title", "verify passed"),
-                summary=waiting.get("summary", ""),
-            )
-        except GitHubError as exc:
-            log.warning("status.left_check_failed", loop=record.key, error=str(exc)[:300])
-            return record
-        store.event(record.key, "loop_check_written", sha=record.head_sha, by="end")
+    try:
+        return write_left_check(store, gh, record, record.head_sha, by="end")
+    except GitHubError as exc:
+        log.warning("status.left_check_failed", loop=record.key, error=str(exc)[:300])
+        return record
+
+
+def write_left_check(
+    store: Store, gh: Installation, record: LoopRecord, sha: str, *, by: str = "critic"
+) -> LoopRecord:
+    """The ``loopbot`` run the loop left on a clean catch-up's head
+    (``LoopRecord.loop_check_waiting``), written on ``sha`` if that is the head it was
+    left on; either way nothing waits after. Raises what GitHub raised (nothing cleared)."""
+    waiting = record.loop_check_waiting
+    if not waiting:
+        return record
+    if waiting.get("sha") == sha:
+        gh.upsert_check_run(
+            record.repo,
+            LOOP_CHECK,
+            sha,
+            status="completed",
+            conclusion="success",
+            title=waiting.get("title", "verify passed"),
+            summary=waiting.get("summary", ""),
+        )
+        store.event(record.key, "loop_check_written", sha=sha, by=by)
     return store.set_fields(record.key, loop_check_waiting={})
 
 

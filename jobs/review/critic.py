@@ -494,21 +494,7 @@ class Critic:
         """The loop's check run it left to this job (a clean catch-up's head, see
         ``jobs/loop/pull_request.py``), written on that head, as the loop would have:
         this job does not carry the approval there. None waiting: nothing to do."""
-        waiting = record.loop_check_waiting
-        if not waiting:
-            return record
-        if waiting.get("sha") == sha:
-            gh.upsert_check_run(
-                self.repo,
-                lifecycle.LOOP_CHECK,
-                sha,
-                status="completed",
-                conclusion="success",
-                title=waiting.get("title", "verify passed"),
-                summary=waiting.get("summary", ""),
-            )
-        # Written, or its head is not the pull request's any more: nothing waits.
-        return self.store.set_fields(self.key, loop_check_waiting={})
+        return lifecycle.write_left_check(self.store, gh, record, sha)
 
     def _act(
         self, gh: Installation, record: LoopRecord, plan: Plan, config: repo_config.RepoConfig
